@@ -1,0 +1,18 @@
+"""spmdsim: a pure-NumPy reference simulator of JAX's SPMD ``pmap`` semantics.
+
+``spmdsim.pmap`` runs a function once per virtual device, each in its own thread on concrete NumPy blocks;
+the collectives in ``spmdsim.lax`` are barrier-synchronised rendezvous over named axes. The API mirrors
+``jax.pmap``/``jax.vmap``/``jax.lax`` so code ports by changing an import.
+"""
+from spmdsim import errors, lax
+from spmdsim._devices import VirtualDevice, device_count, devices, local_device_count, set_device_count
+from spmdsim._pmap import pmap, vmap
+from spmdsim._trace import trace
+from spmdsim.errors import (CollectiveDeadlockError, CollectiveError, CollectiveMismatchError, ReplicationError,
+                            SpmdSimError)
+
+__version__ = "0.1.0"
+
+__all__ = ["pmap", "vmap", "lax", "trace", "devices", "device_count", "local_device_count", "set_device_count",
+           "VirtualDevice", "errors", "SpmdSimError", "CollectiveError", "CollectiveMismatchError",
+           "CollectiveDeadlockError", "ReplicationError"]

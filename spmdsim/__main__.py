@@ -1,0 +1,5 @@
+import sys
+
+from spmdsim.cli import main
+
+sys.exit(main())

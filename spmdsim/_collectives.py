@@ -1,0 +1,150 @@
+"""The collective rules: what each device of one group receives, given every device's block.
+
+This module is the specification. Each rule is pure NumPy (no threads, no axis names) with the shape
+``rule(blocks, **params) -> results``: ``blocks[r]`` is the block of the device of rank ``r`` in its group
+(the position in the listed ``axis_index_groups`` group, or the axis index without groups), and
+``results[r]`` is what that device receives. Rule names and parameter names are those of JAX's primitives
+(``psum``, ``all_gather`` with ``all_gather_dimension``, ``reduce_scatter`` with ``scatter_dimension``, ...)
+so a jaxpr equation's parameters flow straight in. Compare JAX's reference semantics for collectives in
+the shard_map docs (``collective_ref(i, blocks)``).
+
+Conventions shared by all rules:
+
+- dtypes are preserved exactly (``functools.reduce(np.add, ...)``, never ``np.sum``, which widens int32);
+  the public wrappers in :mod:`spmdsim.lax` do JAX's conversions (bool -> int32 for psum) before the rule.
+- Reductions fold in rank order, left to right: ``((b0 + b1) + b2) + ...``. XLA:CPU folds the same way,
+  so float results agree with it bit for bit.
+- Results are fresh arrays, marked read-only, and shared between the devices that receive the same value
+  (JAX arrays are immutable, so no program can tell).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["COLLECTIVE_RULES", "collective_rule", "apply_grouped"]
+
+Rule = Callable[..., list]
+COLLECTIVE_RULES: dict[str, Rule] = {}
+
+
+def collective_rule(name: str):
+    def register(rule: Rule) -> Rule:
+        assert name not in COLLECTIVE_RULES, f"duplicate collective rule {name!r}"
+        COLLECTIVE_RULES[name] = rule
+        return rule
+    return register
+
+
+def _frozen(a) -> np.ndarray:
+    a = np.asarray(a)
+    a.flags.writeable = False
+    return a
+
+
+def _fresh(a: np.ndarray, block: np.ndarray) -> np.ndarray:
+    """``a`` as a read-only array that shares no memory with ``block`` (a device's own, mutable array)."""
+    if np.shares_memory(a, block):
+        a = a.copy()
+    return _frozen(a)
+
+
+def _fold(ufunc: np.ufunc, blocks: Sequence[np.ndarray]) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):  # int8 wraps, inf - inf: exactly what XLA does
+        out = functools.reduce(ufunc, blocks)
+    return _fresh(out, blocks[0])
+
+
+def _replicate(value: np.ndarray, n: int) -> list[np.ndarray]:
+    return [value] * n
+
+
+@collective_rule("psum")
+def psum(blocks):
+    """Every device receives ``b0 + b1 + ... + b_{n-1}`` (folded in rank order)."""
+    return _replicate(_fold(np.add, blocks), len(blocks))
+
+
+@collective_rule("pmax")
+def pmax(blocks):
+    """Every device receives the elementwise maximum (NaN propagates, as in XLA)."""
+    return _replicate(_fold(np.maximum, blocks), len(blocks))
+
+
+@collective_rule("pmin")
+def pmin(blocks):
+    """Every device receives the elementwise minimum (NaN propagates, as in XLA)."""
+    return _replicate(_fold(np.minimum, blocks), len(blocks))
+
+
+@collective_rule("all_gather")
+def all_gather(blocks, *, all_gather_dimension: int, tiled: bool):
+    """Every device receives all blocks in rank order: stacked on a new axis ``all_gather_dimension``
+    (non-negative, in the result's rank), or concatenated along it when ``tiled``."""
+    join = np.concatenate if tiled else np.stack
+    return _replicate(_frozen(join(blocks, axis=all_gather_dimension)), len(blocks))
+
+
+@collective_rule("reduce_scatter")
+def reduce_scatter(blocks, *, scatter_dimension: int, tiled: bool):
+    """``S = b0 + ... + b_{n-1}``; rank r receives ``S``'s r-th slice along ``scatter_dimension``:
+    the index r (the dimension is removed, its size must be n) or, when ``tiled``, the r-th of n equal
+    chunks (the dimension shrinks n-fold)."""
+    n = len(blocks)
+    total = _fold(np.add, blocks)
+    if tiled:
+        return [_fresh(c, blocks[0]) for c in np.split(total, n, axis=scatter_dimension)]
+    return [_frozen(np.take(total, r, axis=scatter_dimension)) for r in range(n)]
+
+
+@collective_rule("all_to_all")
+def all_to_all(blocks, *, split_axis: int, concat_axis: int, tiled: bool):
+    """Rank r receives, from every rank k in order, chunk r of ``b_k`` split n ways along ``split_axis``,
+    joined along ``concat_axis``: stacked on a new axis (non-tiled; ``split_axis`` is removed and must have
+    size n, ``concat_axis`` indexes the result) or concatenated (tiled)."""
+    n = len(blocks)
+    if tiled:
+        chunks = [np.split(b, n, axis=split_axis) for b in blocks]
+        return [_frozen(np.concatenate([c[r] for c in chunks], axis=concat_axis)) for r in range(n)]
+    return [_frozen(np.stack([np.take(b, r, axis=split_axis) for b in blocks], axis=concat_axis))
+            for r in range(n)]
+
+
+@collective_rule("ppermute")
+def ppermute(blocks, *, perm: Sequence[tuple[int, int]]):
+    """For each ``(src, dst)`` pair, device ``dst`` receives ``b_src``; devices that receive nothing get
+    zeros (False for bool). ``perm`` is validated by the caller (unique sources and destinations)."""
+    zeros = _frozen(np.zeros_like(blocks[0]))
+    out = [zeros] * len(blocks)
+    for src, dst in perm:
+        out[dst] = _fresh(blocks[src], blocks[src])
+    return out
+
+
+@collective_rule("pbroadcast")
+def pbroadcast(blocks, *, source: int):
+    """Every device receives ``b_source``."""
+    return _replicate(_fresh(blocks[source], blocks[source]), len(blocks))
+
+
+def apply_grouped(name: str, member_blocks: Sequence[Sequence[np.ndarray]],
+                  axis_index_groups: Sequence[Sequence[int]] | None = None, **params) -> list[list[np.ndarray]]:
+    """Apply rule ``name`` to every group, leaf by leaf.
+
+    ``member_blocks[i]`` holds the operand leaves of the device with axis index ``i``. Without groups the
+    whole axis is one group whose ranks are the axis indices; with groups, rank = position in its group.
+    Returns the result leaves per axis index.
+    """
+    rule = COLLECTIVE_RULES[name]
+    n = len(member_blocks)
+    groups = axis_index_groups if axis_index_groups is not None else (tuple(range(n)),)
+    n_leaves = len(member_blocks[0])
+    out: list[list] = [[None] * n_leaves for _ in range(n)]
+    for group in groups:
+        for leaf in range(n_leaves):
+            results = rule([member_blocks[i][leaf] for i in group], **params)
+            for i, result in zip(group, results):
+                out[i][leaf] = result
+    return out

@@ -1,0 +1,99 @@
+"""Virtual devices: how many there are, and the objects `spmdsim.devices()` returns.
+
+JAX fixes the number of CPU devices before start-up (``XLA_FLAGS=--xla_force_host_platform_device_count``
+or ``jax.config.update("jax_num_cpu_devices", n)`` before first use). spmdsim's devices are only names,
+so the count can change at any time:
+
+- at start-up from the environment variable ``SPMDSIM_NUM_DEVICES`` (default 8);
+- at run time with :func:`set_device_count`, globally or, used as a context manager, for a block.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+__all__ = ["VirtualDevice", "devices", "device_count", "local_device_count", "set_device_count"]
+
+ENV_VAR = "SPMDSIM_NUM_DEVICES"
+DEFAULT_DEVICE_COUNT = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualDevice:
+    """One virtual device. Mirrors the fields of a ``jax.Device`` that programs commonly read."""
+
+    id: int
+    platform: str = "spmdsim"
+    device_kind: str = "virtual"
+    process_index: int = 0
+
+    def __repr__(self) -> str:
+        return f"VirtualDevice(id={self.id})"
+
+
+def _check_count(n, source: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{source}: the device count must be a positive int, got {n!r}.")
+    return n
+
+
+def _count_from_env() -> int:
+    raw = os.environ.get(ENV_VAR)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_DEVICE_COUNT
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_VAR}={raw!r}: expected a positive integer such as 8.") from None
+    return _check_count(value, ENV_VAR)
+
+
+_count = _count_from_env()
+
+
+def device_count() -> int:
+    """The number of virtual devices (like ``jax.device_count()``); one process, so also the local count."""
+    return _count
+
+
+def local_device_count() -> int:
+    """Same as :func:`device_count`: spmdsim simulates one process (``jax.process_count() == 1``)."""
+    return _count
+
+
+def devices(backend=None) -> list[VirtualDevice]:
+    """The virtual devices, ``[VirtualDevice(id=0), ..., VirtualDevice(id=n-1)]`` (like ``jax.devices()``).
+
+    ``backend`` is accepted for signature compatibility and ignored: every backend is simulated.
+    """
+    return [VirtualDevice(i) for i in range(_count)]
+
+
+class set_device_count:
+    """Set the number of virtual devices; usable as a statement or as a context manager.
+
+    >>> import spmdsim
+    >>> with spmdsim.set_device_count(4):
+    ...     spmdsim.device_count()
+    4
+
+    As a plain call the new count stays in force. Used with ``with``, the previous count comes back at the
+    end of the block. Unlike JAX's ``jax_num_cpu_devices`` this may be called at any time, but not from
+    inside a mapped function (ValueError): the devices of a running call cannot change under it.
+    """
+
+    def __init__(self, n: int):
+        global _count
+        from spmdsim import _runtime  # local: _runtime imports this module
+
+        if _runtime.current_lane() is not None:
+            raise ValueError("set_device_count cannot be called inside a mapped function; call it before pmap.")
+        self.previous = _count
+        _count = _check_count(n, "set_device_count")
+
+    def __enter__(self) -> "set_device_count":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _count
+        _count = self.previous

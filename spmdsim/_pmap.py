@@ -1,0 +1,335 @@
+"""``pmap`` and ``vmap``: split the inputs along mapped axes, run one lane per index, stack the outputs.
+
+Both share one engine (:func:`_mapped_call`); they differ only where JAX's rules differ: pmap counts
+virtual devices, takes static arguments and returns device 0's value for ``out_axes=None``; vmap needs no
+devices, accepts a top-level list ``in_axes`` and ``axis_size`` without mapped arguments, and requires an
+``out_axes=None`` output to be the same in every lane.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from spmdsim import _devices, _runtime, _tree
+from spmdsim.errors import ReplicationError
+
+__all__ = ["pmap", "vmap"]
+
+
+class _Unnamed:
+    """The axis name of a map called without ``axis_name``: no user name can match it."""
+
+    def __init__(self, api: str):
+        self.api = api
+
+    def __repr__(self) -> str:
+        return f"<unnamed {self.api} axis>"
+
+
+def _check_axes_spec(spec, api: str, what: str) -> None:
+    for leaf in _tree.prefix_leaves(spec):
+        if leaf is not None and type(leaf) is not int:
+            raise TypeError(f"{api} {what} must be an int, None, or (nested) container with those types as leaves, "
+                            f"but got {leaf!r} of type {type(leaf).__name__}. Use a plain Python int such as 0.")
+
+
+def _check_axis_name(axis_name, api: str) -> None:
+    if axis_name is None:
+        return
+    if isinstance(axis_name, (int, tuple, list)) or not isinstance(axis_name, Hashable):
+        raise TypeError(f"{api}: axis_name must be a hashable name such as 'i' (not an int, tuple or list: ints "
+                        f"mean positional axes in psum, tuples mean several axes), got {axis_name!r}.")
+
+
+def _as_array(leaf, path: str, api: str) -> np.ndarray:
+    if isinstance(leaf, np.ndarray):
+        return leaf
+    arr = np.asarray(leaf)
+    if arr.dtype.kind in "OUSV":
+        raise TypeError(f"{api}: argument {path} of type {type(leaf).__name__} is not an array; mapped function "
+                        f"arguments must be arrays or numbers. Pass non-array values with "
+                        f"static_broadcasted_argnums, or close over them.")
+    return arr
+
+
+@dataclasses.dataclass
+class _Inputs:
+    """The flat leaves of the dynamic arguments and, per leaf, its mapped axis (None: broadcast)."""
+
+    paths: list[str]
+    leaves: list[np.ndarray]
+    axes: list[int | None]
+    treedef: Any
+
+    def block(self, i: int):
+        """Device ``i``'s arguments: read-only views of the caller's arrays, no copies."""
+        out = []
+        for leaf, ax in zip(self.leaves, self.axes):
+            v = leaf[(slice(None),) * ax + (i, Ellipsis)] if ax is not None else leaf.view()
+            v.flags.writeable = False
+            out.append(v)
+        return _tree.unflatten(self.treedef, out)
+
+
+def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str) -> _Inputs:
+    dyn_axes = _tree.broadcast_prefix(in_axes, dyn_args, name=f"{api} in_axes", hint=hint)
+    kw_axes = [0] * len(_tree.flatten(kwargs)[0])
+    paths, leaves, treedef = _tree.flatten_with_paths((dyn_args, kwargs))
+    paths = [("args" if p.startswith("[0]") else "kwargs") + p[3:] for p in paths]
+    axes = dyn_axes + kw_axes
+    arrays = []
+    for path, leaf, ax in zip(paths, leaves, axes):
+        arr = _as_array(leaf, path, api)
+        if ax is not None:
+            if arr.ndim == 0:
+                raise ValueError(f"{api}: in_axes={ax} maps {path}, but it is a scalar (rank 0) and has no axis {ax}. "
+                                 f"Give it in_axes=None to broadcast it to every "
+                                 f"{'device' if api == 'pmap' else 'lane'}, or add a leading axis.")
+            if not -arr.ndim <= ax < arr.ndim:
+                raise ValueError(f"{api}: in_axes={ax} is out of bounds for {path} of shape {arr.shape} "
+                                 f"(rank {arr.ndim}; valid: {-arr.ndim}..{arr.ndim - 1}).")
+            ax %= arr.ndim
+        arrays.append(arr)
+        axes[len(arrays) - 1] = ax
+    return _Inputs(paths, arrays, axes, treedef)
+
+
+def _mapped_size(inputs: _Inputs, api: str, axis_size: int | None) -> int:
+    mapped = [(p, a.shape[ax], ax) for p, a, ax in zip(inputs.paths, inputs.leaves, inputs.axes) if ax is not None]
+    if not mapped:
+        if api == "vmap" and axis_size is not None:
+            return axis_size
+        raise ValueError(f"{api} requires at least one argument with a mapped axis. Every argument has in_axes=None"
+                         f"{' (axis_size does not replace a mapped argument in pmap)' if axis_size is not None else ''}"
+                         f". Map at least one array (in_axes=0); to give every device the same value, stack copies: "
+                         f"np.broadcast_to(x, (n,) + np.shape(x)).")
+    first_path, n, first_ax = mapped[0]
+    bad = [(p, size, ax) for p, size, ax in mapped if size != n]
+    if bad:
+        listing = "; ".join(f"{p} has size {size} on axis {ax}" for p, size, ax in [mapped[0], *bad])
+        raise ValueError(f"{api} got inconsistent sizes for the mapped axis: {listing}. Every mapped argument "
+                         f"must have the same size along its mapped axis (the size comes from the first, "
+                         f"{first_path}).")
+    if axis_size is not None and axis_size != n:
+        raise ValueError(f"Specified axis_size {axis_size} doesn't match received axis_size {n} (from {first_path}).")
+    if n == 0:
+        raise ValueError(f"{api}: the mapped axis of {first_path} has size 0; there must be at least one "
+                         f"{'device' if api == 'pmap' else 'lane'}.")
+    return n
+
+
+def _check_device_count(n: int, devices: Sequence | None) -> None:
+    lane = _runtime.current_lane()
+    outer = math.prod(f.size for f in lane.frames if f.is_device) if lane is not None else 1
+    total = len(devices) if devices is not None else _devices.device_count()
+    available = total // outer
+    if n <= available:
+        return
+    where = (f"devices= lists {total}" if devices is not None else f"spmdsim.device_count() is {total}")
+    if outer > 1:
+        where += f", and the enclosing pmaps already use {outer} devices per block"
+    fix = (f"reshape the input to ({available}, {n // available}, ...) and map over the leading axis"
+           if n % available == 0 else f"pad it to a multiple of {available}, then reshape to "
+                                        f"({available}, {-(-n // available)}, ...)")
+    raise ValueError(f"pmap: the mapped axis has size {n}, but only {available} virtual devices are available "
+                     f"({where}). pmap runs one block per device and never splits an axis into chunks: {fix}, "
+                     f"or use more virtual devices: spmdsim.set_device_count({n * outer}) or "
+                     f"SPMDSIM_NUM_DEVICES={n * outer}.")
+
+
+def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int], str],
+                   check_replicated: bool):
+    """Stack per-lane output pytrees along ``out_axes``; ``None`` takes lane 0's value."""
+    paths, first_leaves, treedef = _tree.flatten_with_paths(outputs[0])
+    per_lane = [first_leaves]
+    for i, out in enumerate(outputs[1:], 1):
+        leaves, other = _tree.flatten(out)
+        if other != treedef:
+            raise ValueError(f"{api}: {lane_label(i)} returned {other}, but {lane_label(0)} returned {treedef}. "
+                             f"Every {'device' if api == 'pmap' else 'lane'} must return the same pytree structure.")
+        per_lane.append(leaves)
+    axes = _tree.broadcast_prefix(out_axes, outputs[0], name=f"{api} out_axes")
+    stacked = []
+    for k, (path, ax) in enumerate(zip(paths, axes)):
+        path = "output" + path
+        blocks = [_as_array(leaves[k], path, api) for leaves in per_lane]
+        ref = blocks[0]
+        for i, b in enumerate(blocks):
+            if b.shape != ref.shape or b.dtype != ref.dtype:
+                raise ValueError(f"{api}: {path} is {b.dtype}{list(b.shape)} on {lane_label(i)} but "
+                                 f"{ref.dtype}{list(ref.shape)} on {lane_label(0)}; outputs can only be stacked "
+                                 f"when every {'device' if api == 'pmap' else 'lane'} returns the same shape and dtype.")
+        if ax is None:
+            differ = [lane_label(i) for i, b in enumerate(blocks)
+                      if (check_replicated or api == "vmap") and not np.array_equal(b, ref, equal_nan=ref.dtype.kind in "fc")]
+            if differ:
+                cls = ReplicationError if api == "pmap" else ValueError
+                raise cls(f"{api}: {path} has out_axes=None but is not the same everywhere: {', '.join(differ)} "
+                          f"differ from {lane_label(0)}. Reduce it first (e.g. psum/pmean over the axis) or give "
+                          f"it a mapped out_axes.")
+            stacked.append(np.array(ref))
+            continue
+        if not -(ref.ndim + 1) <= ax <= ref.ndim:
+            raise ValueError(f"{api}: out_axes={ax} for {path} is out of bounds: per-"
+                             f"{'device' if api == 'pmap' else 'lane'} values have rank {ref.ndim}, so the mapped "
+                             f"axis can go at {-(ref.ndim + 1)}..{ref.ndim}.")
+        stacked.append(np.stack(blocks, axis=ax))
+    return _tree.unflatten(treedef, stacked)
+
+
+def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_name, in_axes, out_axes,
+                 axis_size: int | None, static_argnums: tuple = (), devices=None, check_replicated: bool = False,
+                 hint: str = ""):
+    statics = {}
+    if static_argnums:
+        argnums = sorted({a % len(args) if -len(args) <= a < 0 else a for a in static_argnums})
+        if argnums[-1] >= len(args):
+            raise ValueError(f"pmapped function has static_broadcasted_argnums={tuple(static_argnums)} but was called "
+                             f"with only {len(args)} positional argument{'s' if len(args) != 1 else ''}. All static "
+                             f"broadcasted arguments must be passed positionally.")
+        for a in argnums:
+            try:
+                hash(args[a])
+            except TypeError:
+                raise ValueError(f"Non-hashable static arguments are not supported, as this can lead to unexpected "
+                                 f"cache-misses. Static argument (index {a}) of type {type(args[a])} for function "
+                                 f"{getattr(fun, '__name__', fun)} is non-hashable. Pass a tuple instead of a list, "
+                                 f"or make the value an array argument.") from None
+            statics[a] = args[a]
+        dyn_argnums = [i for i in range(len(args)) if i not in statics]
+        if isinstance(in_axes, tuple):
+            if len(in_axes) != len(args):
+                raise ValueError(f"pmap in_axes has {len(in_axes)} entries, but the function was called with "
+                                 f"{len(args)} positional arguments; with static_broadcasted_argnums, in_axes has "
+                                 f"one slot per positional argument (static slots are ignored).")
+            in_axes = tuple(in_axes[i] for i in dyn_argnums)
+        args = tuple(args[i] for i in dyn_argnums)
+    if kwargs:
+        hint += (" When some arguments are passed by keyword, they are not included in the comparison to in_axes: "
+                 "each is mapped over its leading axis.")
+    inputs = _flatten_inputs(tuple(args), kwargs, in_axes, api, hint)
+    n = _mapped_size(inputs, api, axis_size)
+    if api == "pmap":
+        _check_device_count(n, devices)
+    name = axis_name if axis_name is not None else _Unnamed(api)
+
+    def body(i: int):
+        dyn, kw = inputs.block(i)
+        if statics:
+            it = iter(dyn)
+            full = [statics[k] if k in statics else next(it) for k in range(len(dyn) + len(statics))]
+            return fun(*full, **kw)
+        return fun(*dyn, **kw)
+
+    outputs = _runtime.run_mapped(body, axis_name=name, size=n, is_device=(api == "pmap"))
+    parent = _runtime.current_lane()
+    frames = parent.frames if parent is not None else ()
+
+    def lane_label(i: int) -> str:
+        return _runtime.frames_label(frames + (_runtime.Frame(name, n, i, (), api == "pmap"),))
+
+    return _stack_outputs(outputs, out_axes, api, lane_label, check_replicated)
+
+
+_PMAP_HINT = (" The value of in_axes must be a tree prefix of the tuple of arguments passed positionally to the "
+              "mapped function, e.g. in_axes=(0, None) for f(x, params); a list is not a tuple.")
+
+
+def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axes=0,
+         static_broadcasted_argnums: int | Sequence[int] = (), devices: Sequence | None = None, backend: str | None = None,
+         axis_size: int | None = None, donate_argnums: int | Sequence[int] = (), check_replicated: bool = False):
+    """Map ``fun`` over the mapped axis of its arguments, one virtual device per index; mirrors ``jax.pmap``.
+
+    Each device runs ``fun`` in its own thread on concrete NumPy blocks (so Python ``if``, ``for``, ``print``
+    and ``breakpoint()`` work per device), and may call the collectives of :mod:`spmdsim.lax` over
+    ``axis_name``.
+
+    Args:
+      fun: the per-device function. Its outputs are pytrees of arrays (or numbers).
+      axis_name: the name collectives use for this axis; hashable, not an int or tuple.
+      in_axes: int, None, or a tree prefix of the tuple of positional arguments, leaves Python ints or None.
+        Negative ints count from the end of each argument's shape. Keyword arguments are always mapped on
+        axis 0. With ``static_broadcasted_argnums`` a tuple has one slot per positional argument.
+      out_axes: int, None or a tree prefix of the output. ``k`` inserts the mapped axis at position ``k``
+        (negative: from the end of the stacked rank). None returns device 0's value.
+      static_broadcasted_argnums: positional arguments passed unchanged to every device (hashable).
+      devices: the devices to use (the first N); only the count matters. backend, donate_argnums: accepted
+        for compatibility; no effect on values.
+      axis_size: checked against the mapped size.
+      check_replicated: spmdsim only. With ``out_axes=None``, check that every device returned the same
+        value and raise :class:`~spmdsim.errors.ReplicationError` naming the ones that differ.
+
+    Returns:
+      A function returning the output pytree with NumPy arrays stacked along ``out_axes``: shape
+      ``(N, *block_shape)`` for ``out_axes=0``; dtypes as computed by the devices.
+
+    Raises:
+      ValueError: no mapped argument (also with ``axis_size``), inconsistent mapped sizes (naming the key
+        paths), a mapped size above the devices available, a non-prefix ``in_axes``/``out_axes``,
+        non-hashable or keyword-passed static arguments, a scalar with a mapped axis, empty ``devices``.
+      TypeError: ``in_axes``/``out_axes`` leaves that are not Python ints or None (at construction), a
+        non-array argument.
+      Any exception a device raises (the first in device order, with a note naming the device and the others'
+        errors in ``exc.device_errors``); CollectiveMismatchError / CollectiveDeadlockError when devices'
+        collectives cannot meet.
+
+    Differences from ``jax.pmap`` (JAX 0.10.2):
+      - NumPy dtypes are kept: float64 and int64 inputs are not canonicalised to 32 bits.
+      - Negative ``in_axes``/``out_axes`` count from the end, as in vmap; JAX 0.10 mis-shards them.
+      - Negative ``static_broadcasted_argnums`` count from the end; JAX 0.10 silently ignores them.
+      - Nested ``pmap`` works (product of sizes <= device count), with the semantics of
+        ``pmap(vmap(f, axis_name='j'), axis_name='i')``; JAX 0.10 rejects nested pmap.
+      - ``fun`` runs once per device on concrete values, not once under tracing.
+      - Mapped-size errors are ValueErrors with a fix, where JAX raises IndivisibleError or a squeeze error.
+    """
+    _check_axis_name(axis_name, "pmap")
+    if devices is not None and len(devices) == 0:
+        raise ValueError("'devices' argument to pmap must be non-empty, or None.")
+    _check_axes_spec(in_axes, "pmap", "in_axes")
+    _check_axes_spec(out_axes, "pmap", "out_axes")
+    static = (static_broadcasted_argnums,) if isinstance(static_broadcasted_argnums, int) \
+        else tuple(static_broadcasted_argnums)
+    if any(type(a) is not int for a in static):
+        raise TypeError(f"pmap: static_broadcasted_argnums must be ints, got {static_broadcasted_argnums!r}.")
+
+    @functools.wraps(fun)
+    def mapped(*args, **kwargs):
+        return _mapped_call(fun, args, kwargs, api="pmap", axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
+                            axis_size=axis_size, static_argnums=static, devices=devices,
+                            check_replicated=check_replicated, hint=_PMAP_HINT)
+
+    return mapped
+
+
+def vmap(fun: Callable, in_axes=0, out_axes=0, *, axis_name: Hashable | None = None, axis_size: int | None = None):
+    """Map ``fun`` over an axis without devices; mirrors ``jax.vmap``, run by the same engine as
+    :func:`pmap`: one lane (thread) per index, with ``axis_name`` bound for collectives.
+
+    ``pmap(vmap(f, axis_name='j'), axis_name='i')`` gives two named axes, as in JAX. ``in_axes`` may be a
+    list at the top level (as in JAX); ``axis_size`` sets the size when no argument is mapped.
+
+    Differences from ``jax.vmap``: ``fun`` runs once per lane on concrete values (per-lane Python control flow
+    works); an ``out_axes=None`` output is checked by value (JAX checks whether it depends on a mapped
+    input), raising ValueError when lanes differ.
+    """
+    _check_axis_name(axis_name, "vmap")
+    if isinstance(in_axes, list):
+        in_axes = tuple(in_axes)
+    _check_axes_spec(in_axes, "vmap", "in_axes")
+    _check_axes_spec(out_axes, "vmap", "out_axes")
+
+    @functools.wraps(fun)
+    def mapped(*args, **kwargs):
+        spec = in_axes
+        if isinstance(spec, tuple) and len(spec) != len(args):
+            raise ValueError(f"vmap in_axes must be an int, None, or a tuple of entries corresponding to the "
+                             f"positional arguments passed to the function, but got len(in_axes)={len(spec)}, "
+                             f"len(args)={len(args)}.")
+        return _mapped_call(fun, args, kwargs, api="vmap", axis_name=axis_name, in_axes=spec, out_axes=out_axes,
+                            axis_size=axis_size)
+
+    return mapped

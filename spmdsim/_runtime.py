@@ -1,0 +1,406 @@
+"""The runtime: one thread per device (a *lane*), named-axis frames, and barrier rendezvous.
+
+Vocabulary:
+
+- A **frame** binds one axis name: its size, this lane's index, and the *instance* of the mapped call that
+  bound it. Aligned nested calls (the k-th nested call of every outer device) share an instance, so a
+  collective over an outer name from inside them pairs up the lanes with equal inner coordinates, exactly
+  like ``pmap(vmap(f, axis_name='j'), axis_name='i')`` in JAX.
+- A **world** holds every lane started under one top-level call, nested calls included, behind one lock.
+  It knows every lane's state, so a collective that can never complete is reported the moment that becomes
+  certain, never after a timeout.
+- A **rendezvous** is one collective step of one communicator (the lanes that differ only in the named
+  axes). Every lane of the axis takes part, also with ``axis_index_groups``: as on hardware, one op spans the
+  whole axis and the rule runs per group. The last lane to arrive applies the rule outside the lock and
+  hands each lane its result; the others sleep on the rendezvous' own condition.
+
+A lane that raises fails the world: lanes waiting in a rendezvous wake and unwind with :class:`_Aborted`,
+lanes still computing unwind at their next collective or finish, and the top-level call raises.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Hashable, Sequence
+
+from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
+
+__all__ = ["Frame", "Lane", "current_lane", "run_mapped", "resolve_axes", "bind_collective", "user_site"]
+
+_local = threading.local()
+_call_ids = itertools.count()
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_SKIP_FILES = (_PACKAGE_DIR + os.sep, threading.__file__)
+
+# Objects with ``record(rendezvous, released_at)``, called once per completed collective (see spmdsim._trace).
+observers: list = []
+
+RUNNING, WAITING, JOINING, DONE, RAISED, ABORTED = "running", "waiting", "joining", "done", "raised", "aborted"
+
+
+class _Aborted(BaseException):
+    """Unwinds a lane after another lane failed the world. BaseException, so user ``except Exception``
+    blocks inside mapped functions do not swallow it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Frame:
+    name: Hashable
+    size: int
+    index: int
+    instance: tuple   # identifies the mapped call, equal across aligned nested calls
+    is_device: bool   # bound by pmap (True) or vmap (False)
+
+
+def user_site(depth: int = 1) -> str:
+    """``file:line`` of the innermost caller outside spmdsim (the user's line that called a collective)."""
+    f = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename.startswith(_SKIP_FILES):
+        f = f.f_back
+    if f is None:
+        return "<unknown>"
+    return f"{_short_path(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def _short_path(filename: str) -> str:
+    """Relative to the working directory when the file lies under it, else as given."""
+    if filename.startswith("<"):
+        return filename
+    rel = os.path.relpath(filename)
+    return filename if rel.startswith("..") else rel
+
+
+def frames_label(frames: Sequence[Frame]) -> str:
+    """``device 5 [i=1, j=1]``: the virtual device (row-major over the pmap frames) and every coordinate;
+    ``lane [j=2]`` under vmap only."""
+    coords = ", ".join(f"{f.name}={f.index}" for f in frames)
+    device_frames = [f for f in frames if f.is_device]
+    if not device_frames:
+        return f"lane [{coords}]"
+    device = 0
+    for f in device_frames:
+        device = device * f.size + f.index
+    return f"device {device} [{coords}]"
+
+
+class Lane:
+    """One device (pmap) or one batch element (vmap) running the mapped function in its own thread."""
+
+    __slots__ = ("world", "frames", "call", "state", "where", "seq", "nested_calls")
+
+    def __init__(self, world: "World", frames: tuple[Frame, ...], call: "_Call"):
+        self.world, self.frames, self.call = world, frames, call
+        self.state, self.where = RUNNING, ""
+        self.seq: dict = {}
+        self.nested_calls = 0
+
+    @property
+    def label(self) -> str:
+        return frames_label(self.frames)
+
+    def status_line(self) -> str:
+        text = {RUNNING: "running", JOINING: "in a nested mapped call", DONE: "returned",
+                ABORTED: "stopped"}.get(self.state, self.where)
+        if self.state == WAITING:
+            text = f"waiting in {self.where}"
+        elif self.state == RAISED:
+            text = f"raised {self.where}"
+        return f"{self.label}: {text}"
+
+
+class _Call:
+    """One mapped call's lanes; ``remaining`` counts those not finished."""
+
+    __slots__ = ("parent", "remaining")
+
+    def __init__(self, parent: Lane | None, size: int):
+        self.parent, self.remaining = parent, size
+
+
+class _Rendezvous:
+    __slots__ = ("key", "seq", "signature", "described", "size", "blocks", "lanes", "sites", "arrived",
+                 "cond", "results", "error", "arrivals")
+
+    def __init__(self, key, seq, signature, described, size, lock):
+        self.key, self.seq, self.signature, self.described, self.size = key, seq, signature, described, size
+        self.blocks: list = [None] * size
+        self.lanes: list = [None] * size
+        self.sites: list = [None] * size
+        self.arrived = 0
+        self.cond = threading.Condition(lock)
+        self.results = None
+        self.error: BaseException | None = None
+        self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled while observed
+
+
+def _membership(frames: Sequence[Frame], axes: frozenset) -> tuple | None:
+    """The communicator key of a lane with ``frames`` for a collective over the frame instances ``axes``."""
+    present = {f.instance for f in frames}
+    if not axes <= present:
+        return None
+    return axes, tuple((f.instance, f.index) for f in frames if f.instance not in axes)
+
+
+class World:
+    """Every lane of one top-level mapped call, and the open rendezvous, behind one lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lanes: list[Lane] = []
+        self.finished: list[Lane] = []
+        self.running = 0
+        self.open: dict[tuple, _Rendezvous] = {}
+        self.failure: BaseException | None = None
+
+    # -- state changes; every method below that is not `_locked` takes the lock --------------------------
+
+    def start(self, lanes: list[Lane], parent: Lane | None) -> None:
+        with self.lock:
+            self.lanes.extend(lanes)
+            self.running += len(lanes)
+            if parent is not None:
+                parent.state = JOINING
+                self.running -= 1
+
+    def finish(self, lane: Lane, state: str, where: str = "") -> None:
+        with self.lock:
+            lane.state, lane.where = state, where
+            self.running -= 1
+            if state in (DONE, RAISED):
+                self.finished.append(lane)
+            call = lane.call
+            call.remaining -= 1
+            if call.remaining == 0 and call.parent is not None:
+                call.parent.state = RUNNING
+                self.running += 1
+            if self.failure is None and state == DONE:
+                for rv in list(self.open.values()):
+                    if _membership(lane.frames, rv.key[0]) == rv.key:
+                        self._fail_locked(self._deadlock(rv, f"{lane.label} returned without reaching it"))
+                        return
+                self._check_stuck_locked()
+
+    def fail(self, error: BaseException) -> None:
+        with self.lock:
+            self._fail_locked(error)
+
+    def _fail_locked(self, error: BaseException) -> None:
+        if self.failure is not None:
+            return
+        self.failure = error
+        for rv in self.open.values():
+            rv.cond.notify_all()
+
+    # -- error reports ---------------------------------------------------------------------------------
+
+    def state_table(self) -> list[str]:
+        return [lane.status_line() for lane in self.lanes]
+
+    def _deadlock(self, rv: _Rendezvous, reason: str) -> CollectiveDeadlockError:
+        arrived = [f"  {lane.label} at {site}" for lane, site in zip(rv.lanes, rv.sites) if lane is not None]
+        table = self.state_table()
+        return CollectiveDeadlockError(
+            f"{rv.described} (step {rv.seq}) can never complete: {reason}. On real hardware this "
+            f"program hangs.\nArrived:\n" + "\n".join(arrived) + "\nEvery device:\n  " + "\n  ".join(table)
+            + "\nFix: make every device of the group call the same collectives in the same order (no "
+              "collective inside a branch or loop that only some devices take).", table)
+
+    def _check_stuck_locked(self) -> None:
+        """No lane can make progress: every unfinished lane waits in a rendezvous that lacks someone."""
+        if self.running == 0 and self.open and self.failure is None:
+            rv = min(self.open.values(), key=lambda r: r.seq)
+            missing = [lane.label for lane in self.lanes if lane.state == WAITING and lane not in rv.lanes
+                       and _membership(lane.frames, rv.key[0]) == rv.key]
+            reason = (f"{', '.join(missing)} {'waits' if len(missing) == 1 else 'wait'} in another collective"
+                      if missing else "the devices still missing are blocked elsewhere or finished")
+            self._fail_locked(self._deadlock(rv, reason))
+
+    # -- the rendezvous ----------------------------------------------------------------------------------
+
+    def rendezvous(self, lane: Lane, *, key: tuple, rank: int, size: int, signature: tuple, described: str,
+                   site: str, leaves: list, combine: Callable[[list], list]) -> list:
+        with self.lock:
+            if self.failure is not None:
+                raise _Aborted
+            seq = lane.seq.get(key, 0)
+            lane.seq[key] = seq + 1
+            rv = self.open.get((key, seq))
+            if rv is None:
+                rv = self.open[(key, seq)] = _Rendezvous(key, seq, signature, described, size, self.lock)
+                for done in self.finished:
+                    if _membership(done.frames, key[0]) == key:
+                        rv.lanes[rank], rv.sites[rank] = lane, site
+                        self._fail_locked(self._deadlock(rv, f"{done.label} {done.state} without reaching it"))
+                        raise _Aborted
+            elif rv.signature != signature or rv.lanes[rank] is not None:
+                self._fail_locked(self._mismatch(rv, lane, described, site))
+                raise _Aborted
+            rv.blocks[rank], rv.lanes[rank], rv.sites[rank] = leaves, lane, site
+            rv.arrived += 1
+            if observers:
+                rv.arrivals[rank] = time.perf_counter()
+            if rv.arrived < size:
+                lane.state, lane.where = WAITING, f"{described} (step {seq}) at {site}"
+                self.running -= 1
+                self._check_stuck_locked()
+                while rv.results is None and rv.error is None and self.failure is None:
+                    rv.cond.wait()
+                if rv.results is None:
+                    raise _Aborted
+                return rv.results[rank]
+            # Last to arrive: release the others (they are runnable again) and apply the rule unlocked.
+            del self.open[(key, seq)]
+            for other in rv.lanes:
+                if other is not lane:
+                    other.state = RUNNING
+            self.running += size - 1
+        try:
+            results = combine(rv.blocks)
+        except BaseException as e:
+            with self.lock:
+                rv.error = e
+                rv.cond.notify_all()
+            raise
+        released = time.perf_counter()
+        with self.lock:
+            rv.results = results
+            rv.cond.notify_all()
+        for observer in observers:
+            observer.record(rv, released)
+        return results[rank]
+
+    def _mismatch(self, rv: _Rendezvous, lane: Lane, described: str, site: str) -> CollectiveMismatchError:
+        lines = [f"  {other.label}: {rv.described} at {s}" for other, s in zip(rv.lanes, rv.sites)
+                 if other is not None]
+        lines.append(f"  {lane.label}: {described} at {site}")
+        return CollectiveMismatchError(
+            f"devices called different collectives at step {rv.seq} of the same communicator:\n"
+            + "\n".join(lines) + "\nOn real hardware this hangs or exchanges garbage. Fix: every device of "
+            "the group must make the same collective call (op, axis names, parameters, shapes, dtypes) in "
+            "the same order.", self.state_table())
+
+
+def current_lane() -> Lane | None:
+    """The lane running in this thread, or None outside any mapped function."""
+    return getattr(_local, "lane", None)
+
+
+def resolve_axes(lane: Lane | None, axis_names: tuple, api: str, *, phrase: str = "Found an unbound") -> list[Frame]:
+    """The frames bound to ``axis_names`` in this lane (innermost wins), in the order given.
+
+    Raises NameError for a name not bound by an enclosing pmap/vmap (JAX's class and its phrase
+    "unbound axis name: <name>"), ValueError for a repeated name.
+    """
+    if len(set(axis_names)) != len(axis_names):
+        raise ValueError(f"{api}: repeated axis in `source` argument: {axis_names!r}. Name each axis once.")
+    frames = lane.frames if lane is not None else ()
+    out = []
+    for name in axis_names:
+        for frame in reversed(frames):
+            if frame.name == name:
+                out.append(frame)
+                break
+        else:
+            bound = ", ".join(repr(f.name) for f in frames) or "none (not inside spmdsim.pmap/vmap)"
+            raise NameError(
+                f"{phrase} axis name: {name}. {api} was called with axis_name={name!r}, but the axis names "
+                f"bound here are: {bound}. To fix this, call {api} inside a function mapped with "
+                f"spmdsim.pmap(..., axis_name={name!r}) or spmdsim.vmap(..., axis_name={name!r}).")
+    return out
+
+
+def bind_collective(op: str, leaves: list, frames: list[Frame], *, params: dict, combine: Callable[[list], list],
+                    rank_frames_desc: str | None = None, site: str | None = None) -> list:
+    """Take part in one collective over ``frames`` and return this lane's result leaves.
+
+    ``combine(blocks)`` receives every lane's leaves indexed by the row-major index over ``frames`` (in
+    the order given) and returns the results in the same indexing; it runs once, in the last lane to arrive.
+    """
+    lane = current_lane()
+    size = math.prod(f.size for f in frames)
+    rank = 0
+    for f in frames:
+        rank = rank * f.size + f.index
+    key = _membership(lane.frames, frozenset(f.instance for f in frames))
+    names = tuple(f.name for f in frames)
+    avals = tuple((getattr(x, "shape", ()), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+    signature = (op, names, tuple(f.size for f in frames), tuple(sorted(params.items())), avals)
+    shown = ", ".join(f"{dt}{list(shape)}" for shape, dt in avals)
+    extra = "".join(f", {k}={v!r}" for k, v in params.items() if v is not None)
+    axis_desc = names[0] if len(names) == 1 else names
+    described = f"{op}({shown}, axis_name={axis_desc!r}{extra})"
+    return lane.world.rendezvous(lane, key=key, rank=rank, size=size, signature=signature, described=described,
+                                 site=site or user_site(2), leaves=leaves, combine=combine)
+
+
+def run_mapped(body: Callable[[int], Any], *, axis_name: Hashable, size: int, is_device: bool) -> list:
+    """Run ``body(i)`` for ``i in range(size)``, each in its own thread with ``axis_name`` bound; return
+    the results in index order.
+
+    Called from inside a lane, the new lanes join that lane's world (a nested map). Raises the first error
+    in index order with the lane named in a note and the other lanes' errors attached (``device_errors``),
+    or the world's CollectiveMismatchError/CollectiveDeadlockError.
+    """
+    parent = current_lane()
+    if parent is None:
+        world, frames, instance = World(), (), (next(_call_ids),)
+    else:
+        world, frames = parent.world, parent.frames
+        instance = frames[-1].instance + (parent.nested_calls,)
+        parent.nested_calls += 1
+    call = _Call(parent, size)
+    lanes = [Lane(world, frames + (Frame(axis_name, size, i, instance, is_device),), call) for i in range(size)]
+    results: list = [None] * size
+    errors: list[BaseException | None] = [None] * size
+
+    def target(i: int) -> None:
+        lane = lanes[i]
+        _local.lane = lane
+        try:
+            results[i] = body(i)
+        except _Aborted:
+            world.finish(lane, ABORTED)
+        except BaseException as e:
+            errors[i] = e
+            world.fail(e)
+            world.finish(lane, RAISED, f"{type(e).__name__}: {e}")
+        else:
+            world.finish(lane, DONE)
+
+    threads = [threading.Thread(target=target, args=(i,), name=f"spmdsim {lanes[i].label}", daemon=True)
+               for i in range(size)]
+    world.start(lanes, parent)
+    for t in threads:
+        t.start()
+    _join(threads, world)
+
+    raised = [(lane, e) for lane, e in zip(lanes, errors) if e is not None]
+    if raised:
+        lane, first = raised[0]
+        if not hasattr(first, "device_errors"):
+            first.add_note(f"spmdsim: raised on {lane.label}.")
+            first.device_errors = {other.label: e for other, e in raised}
+            for other, e in raised[1:]:
+                first.add_note(f"spmdsim: {other.label} also raised {type(e).__name__}: {e}")
+        raise first.with_traceback(first.__traceback__)
+    if world.failure is not None:
+        if parent is not None:
+            raise _Aborted
+        raise world.failure
+    return results
+
+
+def _join(threads: list[threading.Thread], world: World) -> None:
+    try:
+        for t in threads:
+            t.join()
+    except BaseException as e:  # KeyboardInterrupt in the caller: stop every lane, then wait for them
+        world.fail(e)
+        for t in threads:
+            t.join()
+        raise

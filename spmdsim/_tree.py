@@ -1,0 +1,73 @@
+"""Pytree helpers over optree, with JAX's conventions.
+
+``None`` is an empty subtree (not a leaf), dicts flatten in sorted-key order, namedtuples and registered
+classes are nodes: optree's defaults with ``none_is_leaf=False`` match ``jax.tree_util``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import optree
+
+__all__ = ["flatten", "flatten_with_paths", "unflatten", "keystr", "broadcast_prefix", "prefix_leaves"]
+
+flatten = optree.tree_flatten
+unflatten = optree.tree_unflatten
+
+
+def keystr(path) -> str:
+    """``('a', 0)`` -> ``"['a'][0]"``, the way ``jax.tree_util.keystr`` writes a key path."""
+    return "".join(f"[{entry!r}]" for entry in path)
+
+
+def flatten_with_paths(tree) -> tuple[list[str], list[Any], Any]:
+    paths, leaves, treedef = optree.tree_flatten_with_path(tree)
+    return [keystr(p) for p in paths], leaves, treedef
+
+
+def prefix_leaves(prefix) -> list:
+    """The leaves of an ``in_axes``/``out_axes`` tree, where ``None`` counts as a leaf."""
+    return optree.tree_leaves(prefix, none_is_leaf=True)
+
+
+def _is_prefix_leaf(node) -> bool:
+    return node is None or optree.tree_is_leaf(node, none_is_leaf=True)
+
+
+def broadcast_prefix(prefix, full, *, name: str, hint: str = "",
+                     is_prefix_leaf: Callable[[Any], bool] = _is_prefix_leaf) -> list:
+    """Expand ``prefix`` (e.g. ``in_axes``) to one entry per leaf of ``full``, in flattening order.
+
+    A prefix leaf (an int or ``None``) applies to every leaf of the subtree it stands for. Raises
+    ValueError naming the key path where ``prefix`` is not a tree prefix of ``full``, as JAX does
+    ("pytree structure error: ... at key path pmap in_axes[0][0]").
+    """
+    out: list = []
+
+    def mismatch(path, what):
+        raise ValueError(
+            f"pytree structure error: {what} at key path {name}{keystr(path)}. "
+            f"The value of {name} must be a tree prefix of the value it describes, but it was not.{hint}")
+
+    def walk(p, f, path):
+        if is_prefix_leaf(p):
+            out.extend([p] * len(optree.tree_leaves(f)))
+            return
+        if f is None or optree.tree_is_leaf(f):
+            mismatch(path, f"{name} has a subtree of type {type(p).__name__} where the value has a leaf "
+                           f"({'None' if f is None else type(f).__name__})")
+        if type(p) is not type(f):
+            mismatch(path, f"{name} has a subtree of type {type(p).__name__} but the value has a subtree "
+                           f"of type {type(f).__name__}")
+        p_level, f_level = optree.tree_flatten_one_level(p), optree.tree_flatten_one_level(f)
+        if len(p_level.children) != len(f_level.children):
+            mismatch(path, f"different lengths of {type(p).__name__}: {name} has {len(p_level.children)} "
+                           f"children, the value has {len(f_level.children)}")
+        if p_level.metadata != f_level.metadata:
+            mismatch(path, f"different pytree metadata: {p_level.metadata!r} in {name}, "
+                           f"{f_level.metadata!r} in the value")
+        for entry, pc, fc in zip(f_level.entries, p_level.children, f_level.children):
+            walk(pc, fc, (*path, entry))
+
+    walk(prefix, full, ())
+    return out

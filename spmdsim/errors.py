@@ -1,0 +1,37 @@
+"""Exceptions that only a simulator can raise.
+
+Everything that JAX itself would reject raises JAX's exception class (NameError for an unbound axis name,
+ValueError for sizes and groups, TypeError for argument types). The classes here cover what real hardware
+does not report as an error at all: it hangs, or silently computes garbage.
+"""
+from __future__ import annotations
+
+__all__ = ["SpmdSimError", "CollectiveError", "CollectiveMismatchError", "CollectiveDeadlockError",
+           "ReplicationError"]
+
+
+class SpmdSimError(Exception):
+    """Base class of spmdsim's own exceptions."""
+
+
+class CollectiveError(SpmdSimError, RuntimeError):
+    """A collective that cannot complete. ``devices`` is the state table: one line per device."""
+
+    def __init__(self, message: str, devices: list[str] | None = None):
+        super().__init__(message)
+        self.devices = list(devices or [])
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Devices of one group called different collectives (op, axes, parameters, shapes or dtypes) at the
+    same step. On hardware this hangs or corrupts data; XLA never sees it because it compiles one program."""
+
+
+class CollectiveDeadlockError(CollectiveError):
+    """A collective that some device of its group will never reach: it returned, raised, or is waiting in
+    another collective. On hardware this hangs (XLA:GPU aborts after a timeout, with no Python line)."""
+
+
+class ReplicationError(SpmdSimError, ValueError):
+    """An ``out_axes=None`` output differs between devices, found by ``pmap(..., check_replicated=True)``.
+    JAX 0.10 does not check this and silently returns device 0's value."""
