@@ -20,16 +20,6 @@ from spmdsim.errors import ReplicationError
 __all__ = ["pmap", "vmap"]
 
 
-class _Unnamed:
-    """The axis name of a map called without ``axis_name``: no user name can match it."""
-
-    def __init__(self, api: str):
-        self.api = api
-
-    def __repr__(self) -> str:
-        return f"<unnamed {self.api} axis>"
-
-
 def _check_axes_spec(spec, api: str, what: str) -> None:
     for leaf in _tree.prefix_leaves(spec):
         if leaf is not None and type(leaf) is not int:
@@ -215,7 +205,7 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
     n = _mapped_size(inputs, api, axis_size)
     if api == "pmap":
         _check_device_count(n, devices)
-    name = axis_name if axis_name is not None else _Unnamed(api)
+    name = axis_name if axis_name is not None else _runtime.Unnamed(api)
 
     def body(i: int):
         dyn, kw = inputs.block(i)

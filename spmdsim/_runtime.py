@@ -75,17 +75,28 @@ def _short_path(filename: str) -> str:
     return filename if rel.startswith("..") else rel
 
 
+class Unnamed:
+    """The axis name of a map called without ``axis_name``: no user name can match it."""
+
+    def __init__(self, api: str):
+        self.api = api
+
+    def __repr__(self) -> str:
+        return f"<unnamed {self.api} axis>"
+
+
 def frames_label(frames: Sequence[Frame]) -> str:
-    """``device 5 [i=1, j=1]``: the virtual device (row-major over the pmap frames) and every coordinate;
-    ``lane [j=2]`` under vmap only."""
-    coords = ", ".join(f"{f.name}={f.index}" for f in frames)
+    """``device 5 [i=1, j=1]``: the virtual device (row-major over the pmap frames) and the coordinate along
+    every named axis; ``lane [j=2]`` under vmap only."""
+    coords = ", ".join(f"{f.name}={f.index}" for f in frames if not isinstance(f.name, Unnamed))
+    coords = f" [{coords}]" if coords else ""
     device_frames = [f for f in frames if f.is_device]
     if not device_frames:
-        return f"lane [{coords}]"
+        return f"lane {frames[-1].index}{coords}" if not coords else f"lane{coords}"
     device = 0
     for f in device_frames:
         device = device * f.size + f.index
-    return f"device {device} [{coords}]"
+    return f"device {device}{coords}"
 
 
 class Lane:

@@ -44,9 +44,9 @@ def broadcast_prefix(prefix, full, *, name: str, hint: str = "",
     """
     out: list = []
 
-    def mismatch(path, what):
+    def mismatch(path, kind, detail):
         raise ValueError(
-            f"pytree structure error: {what} at key path {name}{keystr(path)}. "
+            f"pytree structure error: {kind} at key path {name}{keystr(path)}: {detail}. "
             f"The value of {name} must be a tree prefix of the value it describes, but it was not.{hint}")
 
     def walk(p, f, path):
@@ -54,18 +54,18 @@ def broadcast_prefix(prefix, full, *, name: str, hint: str = "",
             out.extend([p] * len(optree.tree_leaves(f)))
             return
         if f is None or optree.tree_is_leaf(f):
-            mismatch(path, f"{name} has a subtree of type {type(p).__name__} where the value has a leaf "
-                           f"({'None' if f is None else type(f).__name__})")
+            mismatch(path, "different types", f"{name} has a subtree of type {type(p).__name__} where the value "
+                                              f"has a leaf ({'None' if f is None else type(f).__name__})")
         if type(p) is not type(f):
-            mismatch(path, f"{name} has a subtree of type {type(p).__name__} but the value has a subtree "
-                           f"of type {type(f).__name__}")
+            mismatch(path, "different types", f"{name} has a subtree of type {type(p).__name__} but the value "
+                                              f"has a subtree of type {type(f).__name__}")
         p_level, f_level = optree.tree_flatten_one_level(p), optree.tree_flatten_one_level(f)
         if len(p_level.children) != len(f_level.children):
-            mismatch(path, f"different lengths of {type(p).__name__}: {name} has {len(p_level.children)} "
-                           f"children, the value has {len(f_level.children)}")
+            mismatch(path, f"different lengths of {type(p).__name__}",
+                     f"{name} has {len(p_level.children)} children, the value has {len(f_level.children)}")
         if p_level.metadata != f_level.metadata:
-            mismatch(path, f"different pytree metadata: {p_level.metadata!r} in {name}, "
-                           f"{f_level.metadata!r} in the value")
+            mismatch(path, "different pytree metadata",
+                     f"{p_level.metadata!r} in {name}, {f_level.metadata!r} in the value")
         for entry, pc, fc in zip(f_level.entries, p_level.children, f_level.children):
             walk(pc, fc, (*path, entry))
 

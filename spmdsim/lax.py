@@ -245,9 +245,9 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     call = _Call("all_gather", x, axis_name, axis_index_groups)
     _require_even(call.groups, "all_gather")
     arrays = [np.asarray(leaf) for leaf in call.leaves]
-    dims = {_canonical_axis(axis, a.ndim + (0 if tiled else 1), "all_gather", "axis") for a in arrays}
     if tiled and any(a.ndim == 0 for a in arrays):
         raise _AxisError("all_gather: tiled=True needs operands of rank >= 1 (it concatenates along `axis`).")
+    dims = {_canonical_axis(axis, a.ndim + (0 if tiled else 1), "all_gather", "axis") for a in arrays}
     if not call.frames:
         return x
     if len(dims) > 1:  # leaves of different ranks with a negative axis: gather leaf by leaf
