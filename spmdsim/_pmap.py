@@ -171,33 +171,46 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
     return _tree.unflatten(treedef, stacked)
 
 
+def split_static(fun: Callable, args: tuple, in_axes, static_argnums: tuple) -> tuple[dict, tuple, Any]:
+    """Take the static arguments out of ``args``: returns ``({position: value}, dynamic args, in_axes for
+    them)``. Raises ValueError (JAX's texts) for static arguments passed by keyword or not hashable."""
+    if not static_argnums:
+        return {}, tuple(args), in_axes
+    argnums = sorted({a % len(args) if -len(args) <= a < 0 else a for a in static_argnums})
+    if argnums[-1] >= len(args):
+        raise ValueError(f"pmapped function has static_broadcasted_argnums={tuple(static_argnums)} but was called "
+                         f"with only {len(args)} positional argument{'s' if len(args) != 1 else ''}. All static "
+                         f"broadcasted arguments must be passed positionally.")
+    statics = {}
+    for a in argnums:
+        try:
+            hash(args[a])
+        except TypeError:
+            raise ValueError(f"Non-hashable static arguments are not supported, as this can lead to unexpected "
+                             f"cache-misses. Static argument (index {a}) of type {type(args[a])} for function "
+                             f"{getattr(fun, '__name__', fun)} is non-hashable. Pass a tuple instead of a list, "
+                             f"or make the value an array argument.") from None
+        statics[a] = args[a]
+    dyn_argnums = [i for i in range(len(args)) if i not in statics]
+    if isinstance(in_axes, tuple):
+        if len(in_axes) != len(args):
+            raise ValueError(f"pmap in_axes has {len(in_axes)} entries, but the function was called with "
+                             f"{len(args)} positional arguments; with static_broadcasted_argnums, in_axes has "
+                             f"one slot per positional argument (static slots are ignored).")
+        in_axes = tuple(in_axes[i] for i in dyn_argnums)
+    return statics, tuple(args[i] for i in dyn_argnums), in_axes
+
+
+def merge_static(statics: dict, dyn: Sequence) -> list:
+    """The full positional argument list from the static values and the dynamic ones."""
+    it = iter(dyn)
+    return [statics[k] if k in statics else next(it) for k in range(len(dyn) + len(statics))]
+
+
 def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_name, in_axes, out_axes,
                  axis_size: int | None, static_argnums: tuple = (), devices=None, check_replicated: bool = False,
                  hint: str = ""):
-    statics = {}
-    if static_argnums:
-        argnums = sorted({a % len(args) if -len(args) <= a < 0 else a for a in static_argnums})
-        if argnums[-1] >= len(args):
-            raise ValueError(f"pmapped function has static_broadcasted_argnums={tuple(static_argnums)} but was called "
-                             f"with only {len(args)} positional argument{'s' if len(args) != 1 else ''}. All static "
-                             f"broadcasted arguments must be passed positionally.")
-        for a in argnums:
-            try:
-                hash(args[a])
-            except TypeError:
-                raise ValueError(f"Non-hashable static arguments are not supported, as this can lead to unexpected "
-                                 f"cache-misses. Static argument (index {a}) of type {type(args[a])} for function "
-                                 f"{getattr(fun, '__name__', fun)} is non-hashable. Pass a tuple instead of a list, "
-                                 f"or make the value an array argument.") from None
-            statics[a] = args[a]
-        dyn_argnums = [i for i in range(len(args)) if i not in statics]
-        if isinstance(in_axes, tuple):
-            if len(in_axes) != len(args):
-                raise ValueError(f"pmap in_axes has {len(in_axes)} entries, but the function was called with "
-                                 f"{len(args)} positional arguments; with static_broadcasted_argnums, in_axes has "
-                                 f"one slot per positional argument (static slots are ignored).")
-            in_axes = tuple(in_axes[i] for i in dyn_argnums)
-        args = tuple(args[i] for i in dyn_argnums)
+    statics, args, in_axes = split_static(fun, args, in_axes, static_argnums)
     if kwargs:
         hint += (" When some arguments are passed by keyword, they are not included in the comparison to in_axes: "
                  "each is mapped over its leading axis.")
@@ -209,11 +222,7 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
 
     def body(i: int):
         dyn, kw = inputs.block(i)
-        if statics:
-            it = iter(dyn)
-            full = [statics[k] if k in statics else next(it) for k in range(len(dyn) + len(statics))]
-            return fun(*full, **kw)
-        return fun(*dyn, **kw)
+        return fun(*merge_static(statics, dyn), **kw)
 
     outputs = _runtime.run_mapped(body, axis_name=name, size=n, is_device=(api == "pmap"))
     parent = _runtime.current_lane()
@@ -225,7 +234,21 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
     return _stack_outputs(outputs, out_axes, api, lane_label, check_replicated)
 
 
-_PMAP_HINT = (" The value of in_axes must be a tree prefix of the tuple of arguments passed positionally to the "
+def check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices) -> tuple[int, ...]:
+    """pmap's construction-time checks (as in JAX); returns the static argnums as a tuple."""
+    _check_axis_name(axis_name, "pmap")
+    if devices is not None and len(devices) == 0:
+        raise ValueError("'devices' argument to pmap must be non-empty, or None.")
+    _check_axes_spec(in_axes, "pmap", "in_axes")
+    _check_axes_spec(out_axes, "pmap", "out_axes")
+    static = (static_broadcasted_argnums,) if isinstance(static_broadcasted_argnums, int) \
+        else tuple(static_broadcasted_argnums)
+    if any(type(a) is not int for a in static):
+        raise TypeError(f"pmap: static_broadcasted_argnums must be ints, got {static_broadcasted_argnums!r}.")
+    return static
+
+
+PMAP_HINT = (" The value of in_axes must be a tree prefix of the tuple of arguments passed positionally to the "
               "mapped function, e.g. in_axes=(0, None) for f(x, params); a list is not a tuple.")
 
 
@@ -276,21 +299,13 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
       - ``fun`` runs once per device on concrete values, not once under tracing.
       - Mapped-size errors are ValueErrors with a fix, where JAX raises IndivisibleError or a squeeze error.
     """
-    _check_axis_name(axis_name, "pmap")
-    if devices is not None and len(devices) == 0:
-        raise ValueError("'devices' argument to pmap must be non-empty, or None.")
-    _check_axes_spec(in_axes, "pmap", "in_axes")
-    _check_axes_spec(out_axes, "pmap", "out_axes")
-    static = (static_broadcasted_argnums,) if isinstance(static_broadcasted_argnums, int) \
-        else tuple(static_broadcasted_argnums)
-    if any(type(a) is not int for a in static):
-        raise TypeError(f"pmap: static_broadcasted_argnums must be ints, got {static_broadcasted_argnums!r}.")
+    static = check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices)
 
     @functools.wraps(fun)
     def mapped(*args, **kwargs):
         return _mapped_call(fun, args, kwargs, api="pmap", axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
                             axis_size=axis_size, static_argnums=static, devices=devices,
-                            check_replicated=check_replicated, hint=_PMAP_HINT)
+                            check_replicated=check_replicated, hint=PMAP_HINT)
 
     return mapped
 

@@ -106,11 +106,16 @@ class _Call:
         self.group = _own_group(self.groups, _position(self.frames), self.size)
 
     def bind(self, op: str, arrays: list, **params):
-        groups = self.groups
-        combine = functools.partial(_collectives.apply_grouped, op, axis_index_groups=groups, **params)
-        out = _runtime.bind_collective(op, arrays, self.frames, params={"axis_index_groups": groups, **params},
-                                       combine=combine)
-        return _tree.unflatten(self.treedef, out)
+        return _tree.unflatten(self.treedef, bind(op, arrays, self.frames, self.groups, **params))
+
+
+def bind(op: str, arrays: list, frames: list, groups: tuple | None, *, site: str | None = None, **params) -> list:
+    """One rendezvous over ``frames`` applying rule ``op`` of the rule table per group; returns this
+    device's result arrays. Shared by these wrappers and the JAX front end (which passes the jaxpr's
+    source line as ``site``)."""
+    combine = functools.partial(_collectives.apply_grouped, op, axis_index_groups=groups, **params)
+    return _runtime.bind_collective(op, arrays, frames, params={"axis_index_groups": groups, **params},
+                                    combine=combine, site=site or _runtime.user_site(3))
 
 
 def _reduce_positional(x: np.ndarray, positional: tuple, ufunc: np.ufunc) -> np.ndarray:

@@ -1,0 +1,130 @@
+"""``spmdsim.jax.pmap``: run an unmodified JAX function on virtual devices, computing every value with NumPy.
+
+The per-device function is traced once per (argument structure, block shapes and dtypes, static
+arguments, axis sizes) with ``jax.make_jaxpr(..., axis_env=...)``; the jaxpr is then evaluated by
+:func:`spmdsim.jax.eval_jaxpr` once per virtual device, each in its own thread, through the same runtime
+(rendezvous, error reports) and collective rules as the NumPy front end.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable, Hashable, Sequence
+
+import jax
+import numpy as np
+from jax._src import api_util
+
+from spmdsim import _pmap, _runtime
+from spmdsim.jax._dtypes import is_key
+from spmdsim.jax._interpreter import eval_jaxpr
+
+__all__ = ["pmap"]
+
+
+def _to_numpy(leaf) -> tuple[np.ndarray, Any]:
+    """A leaf as the NumPy array the devices see, and the dtype JAX traces it with (a key dtype for keys).
+    dtypes are canonicalised as JAX does on input (float64 -> float32 while x64 is off)."""
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and is_key(dtype):
+        return np.asarray(jax.random.key_data(leaf)), dtype
+    arr = np.asarray(leaf)
+    if arr.dtype.kind in "OUSV":
+        return arr, None
+    canonical = jax.dtypes.canonicalize_dtype(arr.dtype)
+    return (arr if arr.dtype == canonical else arr.astype(canonical)), canonical
+
+
+def _block_aval(arr: np.ndarray, dtype, ax: int | None, weak: bool) -> jax.ShapeDtypeStruct:
+    shape = arr.shape[:-1] if is_key(dtype) else arr.shape
+    if ax is not None:
+        shape = shape[:ax % len(shape)] + shape[ax % len(shape) + 1:]
+    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+
+
+class _Traced:
+    """One traced per-device program: the jaxpr, its constants as NumPy arrays, and the output tree."""
+
+    def __init__(self, closed, out_tree):
+        self.jaxpr = closed.jaxpr
+        self.consts = [np.asarray(c) for c in closed.consts]
+        self.out_avals = closed.out_avals
+        self.out_tree = out_tree
+
+    def __call__(self, *blocks):
+        return eval_jaxpr(self.jaxpr, self.consts, *blocks)
+
+
+def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axes=0,
+         static_broadcasted_argnums: int | Sequence[int] = (), devices: Sequence | None = None,
+         backend: str | None = None, axis_size: int | None = None, donate_argnums: int | Sequence[int] = (),
+         check_replicated: bool = False):
+    """``jax.pmap`` on spmdsim's virtual devices, with every value computed by NumPy from the jaxpr.
+
+    Same signature and argument rules as :func:`spmdsim.pmap` (and ``jax.pmap``); ``fun`` is an ordinary JAX
+    function (``jax.numpy``, ``jax.lax`` collectives, ``jax.grad``, ``jax.random``, ``jax.tree_util``).
+    Inputs are converted to NumPy with JAX's dtype canonicalisation; outputs are returned as ``jax.Array``
+    leaves (values computed by NumPy) so JAX code keeps working on them.
+
+    The trace is cached per argument structure, block shapes and dtypes, static arguments and axis sizes.
+    ``cond`` and ``while`` run on each device's concrete values, so devices may diverge; a collective reached
+    by only some devices raises CollectiveDeadlockError / CollectiveMismatchError naming the jaxpr's source
+    line. Differences from ``jax.pmap``: as for :func:`spmdsim.pmap` (negative axes count from the end,
+    ``check_replicated``); nested ``spmdsim.jax.pmap`` is not supported (JAX 0.10 rejects nested pmap too):
+    use ``jax.vmap(..., axis_name=...)`` inside for a second named axis.
+    """
+    static = _pmap.check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices)
+    name = axis_name if axis_name is not None else _runtime.Unnamed("pmap")
+    cache: dict = {}
+    lock = threading.Lock()
+
+    @functools.wraps(fun)
+    def mapped(*args, **kwargs):
+        statics, dyn_args, dyn_in_axes = _pmap.split_static(fun, args, in_axes, static)
+        leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
+        flat_in_axes = api_util.flatten_axes("pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
+        converted = [_to_numpy(leaf) for leaf in leaves]
+        arrays = [a for a, _ in converted]
+        mapped_sizes = [a.shape[ax % a.ndim] for a, ax in zip(arrays, flat_in_axes)
+                        if ax is not None and a.ndim and -a.ndim <= ax < a.ndim]
+        if not mapped_sizes or any(dt is None for _, dt in converted):
+            # Let the shared engine raise its error (no mapped argument, scalar with an axis, non-array).
+            return _pmap._mapped_call(lambda *b: b, tuple(arrays), {}, api="pmap", axis_name=name,
+                                      in_axes=tuple(flat_in_axes), out_axes=0, axis_size=axis_size,
+                                      devices=devices, hint=_pmap.PMAP_HINT)
+        n = mapped_sizes[0]
+        lane = _runtime.current_lane()
+        outer = [(f.name, f.size) for f in (lane.frames if lane is not None else ())
+                 if not isinstance(f.name, _runtime.Unnamed)]
+        axis_env = outer + ([(name, n)] if not isinstance(name, _runtime.Unnamed) else [])
+        avals = tuple(_block_aval(a, dt, ax, weak=isinstance(leaf, (bool, int, float, complex)))
+                      for (a, dt), ax, leaf in zip(converted, flat_in_axes, leaves))
+        key = (in_tree, avals, tuple(sorted(statics.items())), tuple(axis_env))
+        with lock:
+            traced = cache.get(key)
+            if traced is None:
+                traced = cache[key] = _trace(fun, statics, in_tree, avals, axis_env)
+        flat_out_axes = api_util.flatten_axes("pmap out_axes", traced.out_tree, out_axes)
+        outs = _pmap._mapped_call(traced, tuple(arrays), {}, api="pmap", axis_name=name,
+                                  in_axes=tuple(flat_in_axes), out_axes=list(flat_out_axes), axis_size=axis_size,
+                                  devices=devices, check_replicated=check_replicated, hint=_pmap.PMAP_HINT)
+        outs = [jax.random.wrap_key_data(o) if is_key(aval.dtype) else jax.numpy.asarray(o)
+                for o, aval in zip(outs, traced.out_avals)]
+        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+
+    mapped._spmdsim_cache = cache  # for tests and the benchmarks: how many traces were made
+    return mapped
+
+
+def _trace(fun, statics, in_tree, avals, axis_env) -> _Traced:
+    out_tree_box = []
+
+    def flat_fun(*blocks):
+        dyn, kw = jax.tree_util.tree_unflatten(in_tree, blocks)
+        out = fun(*_pmap.merge_static(statics, dyn), **kw)
+        out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+        out_tree_box.append(out_tree)
+        return out_leaves
+
+    closed = jax.make_jaxpr(flat_fun, axis_env=axis_env)(*avals)
+    return _Traced(closed, out_tree_box[0])

@@ -1,0 +1,75 @@
+"""Collective primitives of a jaxpr, sent to the same rendezvous and rule table as :mod:`spmdsim.lax`.
+
+The jaxpr's parameters are passed through unchanged (``axes``, ``axis_index_groups``,
+``all_gather_dimension``, ``scatter_dimension``, ``split_axis``, ``concat_axis``, ``perm``, ``source``); the
+site reported in errors and traces is the user's line that produced the equation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from spmdsim import _runtime, lax as _lax
+from spmdsim.jax._interpreter import current_site, impl
+
+
+def _names(axis_name) -> tuple:
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def _bind(op, x, axis_name, groups=None, **params):
+    frames = _runtime.resolve_axes(_runtime.current_lane(), _names(axis_name), op)
+    if groups is not None:
+        groups = tuple(tuple(g) for g in groups)
+    return _lax.bind(op, [x], frames, groups, site=current_site(), **params)[0]
+
+
+def _reduction(op, ufunc):
+    def rule(x, *, axes, axis_index_groups):
+        named = tuple(a for a in axes if not isinstance(a, int))
+        positional = tuple(a for a in axes if isinstance(a, int))
+        if positional:
+            x = ufunc.reduce(x, axis=positional, dtype=x.dtype if ufunc is np.add else None)
+        return _bind(op, x, named, axis_index_groups) if named else x
+    return rule
+
+
+impl("psum")(_reduction("psum", np.add))
+impl("pmax")(_reduction("pmax", np.maximum))
+impl("pmin")(_reduction("pmin", np.minimum))
+
+
+@impl("all_gather")
+def _all_gather(x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled, **_):
+    return _bind("all_gather", x, axis_name, axis_index_groups, all_gather_dimension=all_gather_dimension,
+                 tiled=bool(tiled))
+
+
+@impl("reduce_scatter")
+def _reduce_scatter(x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
+    return _bind("reduce_scatter", x, axis_name, axis_index_groups, scatter_dimension=scatter_dimension,
+                 tiled=bool(tiled))
+
+
+@impl("all_to_all")
+def _all_to_all(x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
+    # The primitive always splits and concatenates in place; jax.lax.all_to_all adds and removes the unit
+    # axis around it for tiled=False. As in XLA's lowering, a first group of size one is the identity.
+    if axis_index_groups is not None and len(axis_index_groups[0]) == 1:
+        return x
+    return _bind("all_to_all", x, axis_name, axis_index_groups, split_axis=split_axis, concat_axis=concat_axis,
+                 tiled=True)
+
+
+@impl("ppermute")
+def _ppermute(x, *, axis_name, perm):
+    return _bind("ppermute", x, axis_name, perm=tuple(tuple(p) for p in perm))
+
+
+@impl("pbroadcast")
+def _pbroadcast(x, *, axis_name, source):
+    return _bind("pbroadcast", x, axis_name, source=source)
+
+
+@impl("axis_index")
+def _axis_index(*, axis_name):
+    return _lax.axis_index(axis_name)

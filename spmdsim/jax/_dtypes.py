@@ -1,0 +1,21 @@
+"""How JAX avals map to NumPy arrays: PRNG keys are uint32 arrays with a trailing axis of 2 (threefry)."""
+from __future__ import annotations
+
+import numpy as np
+import jax
+
+KEY_DATA_SHAPE = (2,)  # threefry2x32 key data
+
+
+def is_key(dtype) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def numpy_dtype(dtype) -> np.dtype:
+    return np.dtype(np.uint32) if is_key(dtype) else np.dtype(dtype)
+
+
+def numpy_shape_dtype(aval) -> tuple[tuple, np.dtype]:
+    if is_key(aval.dtype):
+        return tuple(aval.shape) + KEY_DATA_SHAPE, np.dtype(np.uint32)
+    return tuple(aval.shape), np.dtype(aval.dtype)
