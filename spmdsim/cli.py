@@ -1,10 +1,11 @@
-"""The ``spmdsim`` command: ``spmdsim demo [--devices N]``."""
+"""The ``spmdsim`` command: ``spmdsim demo [--devices N]``, ``spmdsim run SCRIPT.py [args] [--devices N]``."""
 from __future__ import annotations
 
 import sys
 
 COMMANDS = {
     "demo": ("spmdsim.demo", "data-parallel linear regression on the diabetes table, on virtual devices"),
+    "run": ("spmdsim.jax._run", "run an unmodified JAX script with jax.pmap on virtual devices (needs jax)"),
 }
 
 

@@ -1,0 +1,95 @@
+"""``spmdsim run SCRIPT.py [script args] [--devices N]``: run an unmodified JAX script on virtual devices.
+
+``jax.pmap`` becomes :func:`spmdsim.jax.pmap` (also for ``from jax import pmap``, which runs after the
+replacement), and ``jax.device_count``, ``jax.local_device_count`` and ``jax.devices`` report the N virtual
+devices. Everything else, the user's ``jax.jit`` included, stays real JAX.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import runpy
+import sys
+
+import spmdsim
+
+REPLACED = ("pmap", "device_count", "local_device_count", "devices")
+
+
+@contextlib.contextmanager
+def patched_jax(n_devices: int):
+    """Replace jax.pmap and the device queries for the duration of the block."""
+    import jax
+
+    import spmdsim.jax as sjax
+
+    saved = {name: getattr(jax, name) for name in REPLACED}
+    replacements = {"pmap": sjax.pmap, "device_count": spmdsim.device_count,
+                    "local_device_count": spmdsim.local_device_count,
+                    "devices": lambda backend=None: spmdsim.devices(backend)}
+    with spmdsim.set_device_count(n_devices):
+        for name, value in replacements.items():
+            setattr(jax, name, value)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(jax, name, value)
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """spmdsim's options (before the script, or a ``--devices N`` after it) and the script's own argv.
+    Everything after ``--`` belongs to the script."""
+    ours, script = [], []
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        ours.extend(argv[i:i + 2] if "=" not in argv[i] else argv[i:i + 1])
+        i += 2 if "=" not in argv[i] else 1
+    rest = argv[i:]
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if rest:
+        script.append(rest[0])
+        tail = rest[1:]
+        j = 0
+        while j < len(tail):
+            if tail[j] == "--":
+                script.extend(tail[j + 1:])
+                break
+            if tail[j] == "--devices" and j + 1 < len(tail):
+                ours.extend(tail[j:j + 2])
+                j += 2
+                continue
+            if tail[j].startswith("--devices="):
+                ours.append(tail[j])
+                j += 1
+                continue
+            script.append(tail[j])
+            j += 1
+    return ours, script
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, script = split_argv(argv)
+    parser = argparse.ArgumentParser(prog="spmdsim run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--devices", type=int, default=spmdsim.device_count(),
+                        help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
+    args = parser.parse_args(ours)
+    if not script:
+        parser.error("give the script to run: spmdsim run SCRIPT.py [script args] [--devices N]")
+    print(f"spmdsim run: {script[0]} on {args.devices} virtual devices; replaced jax.pmap with spmdsim.jax.pmap "
+          f"(values computed by NumPy) and jax.device_count/local_device_count/devices with the virtual devices; "
+          f"everything else is real JAX.", file=sys.stderr)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = script
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))  # as `python SCRIPT.py` does
+    try:
+        with patched_jax(args.devices):
+            runpy.run_path(script[0], run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return 0
