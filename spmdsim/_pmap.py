@@ -35,11 +35,21 @@ def _check_axis_name(axis_name, api: str) -> None:
                         f"mean positional axes in psum, tuples mean several axes), got {axis_name!r}.")
 
 
+# Python scalars are weakly typed in JAX: as outputs they take JAX's default dtypes.
+_PYTHON_SCALAR_DTYPES = {bool: np.bool_, int: np.int32, float: np.float32, complex: np.complex64}
+
+
+def _is_python_scalar(leaf) -> bool:
+    return type(leaf) in _PYTHON_SCALAR_DTYPES
+
+
 def _as_array(leaf, path: str, api: str) -> np.ndarray:
     if isinstance(leaf, np.ndarray):
         return leaf
+    if _is_python_scalar(leaf):
+        return np.asarray(leaf, dtype=_PYTHON_SCALAR_DTYPES[type(leaf)])
     arr = np.asarray(leaf)
-    if arr.dtype.kind in "OUSV":
+    if arr.dtype.kind in "OUS":
         raise TypeError(f"{api}: argument {path} of type {type(leaf).__name__} is not an array; mapped function "
                         f"arguments must be arrays or numbers. Pass non-array values with "
                         f"static_broadcasted_argnums, or close over them.")
@@ -59,6 +69,9 @@ class _Inputs:
         """Device ``i``'s arguments: read-only views of the caller's arrays, no copies."""
         out = []
         for leaf, ax in zip(self.leaves, self.axes):
+            if _is_python_scalar(leaf):  # broadcast as is: stays weakly typed, as in JAX (x_f32 * 2.0 is f32)
+                out.append(leaf)
+                continue
             v = leaf[(slice(None),) * ax + (i, Ellipsis)] if ax is not None else leaf.view()
             v.flags.writeable = False
             out.append(v)
@@ -73,6 +86,9 @@ def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str)
     axes = dyn_axes + kw_axes
     arrays = []
     for path, leaf, ax in zip(paths, leaves, axes):
+        if ax is None and _is_python_scalar(leaf):
+            arrays.append(leaf)
+            continue
         arr = _as_array(leaf, path, api)
         if ax is not None:
             if arr.ndim == 0:

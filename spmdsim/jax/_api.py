@@ -29,7 +29,7 @@ def _to_numpy(leaf) -> tuple[np.ndarray, Any]:
     if dtype is not None and is_key(dtype):
         return np.asarray(jax.random.key_data(leaf)), dtype
     arr = np.asarray(leaf)
-    if arr.dtype.kind in "OUSV":
+    if arr.dtype.kind in "OUS":
         return arr, None
     canonical = jax.dtypes.canonicalize_dtype(arr.dtype)
     return (arr if arr.dtype == canonical else arr.astype(canonical)), canonical
@@ -85,14 +85,16 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         flat_in_axes = api_util.flatten_axes("pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
         converted = [_to_numpy(leaf) for leaf in leaves]
         arrays = [a for a, _ in converted]
-        mapped_sizes = [a.shape[ax % a.ndim] for a, ax in zip(arrays, flat_in_axes)
-                        if ax is not None and a.ndim and -a.ndim <= ax < a.ndim]
-        if not mapped_sizes or any(dt is None for _, dt in converted):
-            # Let the shared engine raise its error (no mapped argument, scalar with an axis, non-array).
-            return _pmap._mapped_call(lambda *b: b, tuple(arrays), {}, api="pmap", axis_name=name,
-                                      in_axes=tuple(flat_in_axes), out_axes=0, axis_size=axis_size,
-                                      devices=devices, hint=_pmap.PMAP_HINT)
-        n = mapped_sizes[0]
+        mapped_axes = [(a, ax) for a, ax in zip(arrays, flat_in_axes) if ax is not None]
+        if not mapped_axes or any(not -a.ndim <= ax < a.ndim for a, ax in mapped_axes) \
+                or any(dt is None for _, dt in converted):
+            # The shared engine raises the error (no mapped argument, a scalar with an axis, a non-array).
+            _pmap._mapped_call(lambda *b: b, tuple(arrays), {}, api="pmap", axis_name=name,
+                               in_axes=tuple(flat_in_axes), out_axes=0, axis_size=axis_size, devices=devices,
+                               hint=_pmap.PMAP_HINT)
+            raise AssertionError("spmdsim bug: these arguments should have been rejected")
+        first, ax = mapped_axes[0]
+        n = first.shape[ax]
         lane = _runtime.current_lane()
         outer = [(f.name, f.size) for f in (lane.frames if lane is not None else ())
                  if not isinstance(f.name, _runtime.Unnamed)]

@@ -16,10 +16,17 @@ def _names(axis_name) -> tuple:
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _bind(op, x, axis_name, groups=None, **params):
-    frames = _runtime.resolve_axes(_runtime.current_lane(), _names(axis_name), op)
+def _frames(op, axis_name):
+    return _runtime.resolve_axes(_runtime.current_lane(), _names(axis_name), op)
+
+
+def _bind(op, x, axis_name, groups=None, *, even_groups=False, **params):
+    """JAX checks some arguments only when lowering (after tracing), so the rules check them here."""
+    frames = _frames(op, axis_name)
     if groups is not None:
         groups = tuple(tuple(g) for g in groups)
+        if even_groups:
+            _lax._require_even(groups, op)
     return _lax.bind(op, [x], frames, groups, site=current_site(), **params)[0]
 
 
@@ -40,14 +47,17 @@ impl("pmin")(_reduction("pmin", np.minimum))
 
 @impl("all_gather")
 def _all_gather(x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled, **_):
-    return _bind("all_gather", x, axis_name, axis_index_groups, all_gather_dimension=all_gather_dimension,
-                 tiled=bool(tiled))
+    return _bind("all_gather", x, axis_name, axis_index_groups, even_groups=True,
+                 all_gather_dimension=all_gather_dimension, tiled=bool(tiled))
 
 
 @impl("reduce_scatter")
 def _reduce_scatter(x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
-    return _bind("reduce_scatter", x, axis_name, axis_index_groups, scatter_dimension=scatter_dimension,
-                 tiled=bool(tiled))
+    if x.dtype == np.bool_:
+        raise TypeError("add does not accept dtype bool at position 0 (psum_scatter of a bool array). Convert "
+                        "first, e.g. x.astype(jnp.int32).")
+    return _bind("reduce_scatter", x, axis_name, axis_index_groups, even_groups=True,
+                 scatter_dimension=scatter_dimension, tiled=bool(tiled))
 
 
 @impl("all_to_all")
@@ -56,13 +66,16 @@ def _all_to_all(x, *, split_axis, concat_axis, axis_name, axis_index_groups, til
     # axis around it for tiled=False. As in XLA's lowering, a first group of size one is the identity.
     if axis_index_groups is not None and len(axis_index_groups[0]) == 1:
         return x
-    return _bind("all_to_all", x, axis_name, axis_index_groups, split_axis=split_axis, concat_axis=concat_axis,
-                 tiled=True)
+    return _bind("all_to_all", x, axis_name, axis_index_groups, even_groups=True, split_axis=split_axis,
+                 concat_axis=concat_axis, tiled=True)
 
 
 @impl("ppermute")
 def _ppermute(x, *, axis_name, perm):
-    return _bind("ppermute", x, axis_name, perm=tuple(tuple(p) for p in perm))
+    size = 1
+    for f in _frames("ppermute", axis_name):
+        size *= f.size
+    return _bind("ppermute", x, axis_name, perm=_lax._check_perm(perm, size))
 
 
 @impl("pbroadcast")

@@ -1,0 +1,21 @@
+"""Conformance against real jax.pmap. JAX's devices are fixed before jax is first used: here, 8 CPU devices
+(or, with SPMDSIM_CONFORMANCE_PLATFORM=gpu/tpu, the accelerators present)."""
+import os
+
+import pytest
+
+PLATFORM = os.environ.get("SPMDSIM_CONFORMANCE_PLATFORM", "cpu")
+if PLATFORM == "cpu":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+jax = pytest.importorskip("jax")
+if PLATFORM == "cpu":
+    jax.config.update("jax_num_cpu_devices", 8)
+
+import spmdsim  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def virtual_devices():
+    with spmdsim.set_device_count(max(8, jax.device_count())):
+        yield

@@ -1,0 +1,84 @@
+"""Run one case three ways and compare: the NumPy front end (spmdsim.pmap + spmdsim.lax), the JAX front end
+(spmdsim.jax.pmap + jax.lax, values by NumPy from the jaxpr) and real jax.pmap (XLA).
+
+A case's ``build(api)`` returns the mapped callable written against ``api.pmap``, ``api.vmap`` and ``api.lax``,
+so one definition serves all three. Results are compared by :func:`spmdsim.testing.assert_trees_match`
+(structure, shape, dtype, then values: exact for integers and bools, dtype-aware tolerances for floats). When
+JAX raises, each front end must raise an exception of the same class (and contain ``phrase`` if given).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+import spmdsim
+import spmdsim.jax as sjax
+from spmdsim.testing import Mismatch, assert_trees_match
+
+APIS = {
+    "numpy": types.SimpleNamespace(name="numpy", lax=spmdsim.lax, pmap=spmdsim.pmap, vmap=spmdsim.vmap),
+    "jaxpr": types.SimpleNamespace(name="jaxpr", lax=jax.lax, pmap=sjax.pmap, vmap=jax.vmap),
+    "jax": types.SimpleNamespace(name="jax", lax=jax.lax, pmap=jax.pmap, vmap=jax.vmap),
+}
+
+
+@dataclasses.dataclass
+class Case:
+    id: str
+    area: str
+    build: Callable[[Any], Callable]
+    args: tuple
+    front_ends: tuple = ("numpy", "jaxpr")
+    phrase: str | None = None
+    out_axis: int | None = 0
+    devices_needed: int = 1
+
+    def describe(self) -> str:
+        shapes = ", ".join(f"{np.asarray(a).dtype}{list(np.shape(a))}" if hasattr(a, "shape") or np.isscalar(a)
+                           else type(a).__name__ for a in self.args)
+        return f"case {self.id!r} (area {self.area}) on arguments ({shapes})"
+
+
+def public_class(error: BaseException) -> type:
+    """JAX's exception class as a user catches it: the nearest built-in class (IndivisibleError is a
+    ValueError, JaxRuntimeError a RuntimeError)."""
+    return next(c for c in type(error).__mro__ if c.__module__ == "builtins")
+
+
+def _call(api, case: Case):
+    try:
+        return case.build(api)(*case.args), None
+    except Exception as e:  # noqa: BLE001 - compared by the caller
+        return None, e
+
+
+def run_case(case: Case) -> None:
+    """Compare every front end of ``case`` with real jax.pmap; raise Mismatch with a repro note."""
+    expected, jax_error = _call(APIS["jax"], case)
+    for front_end in case.front_ends:
+        actual, error = _call(APIS[front_end], case)
+        try:
+            if jax_error is not None:
+                if error is None:
+                    raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut the {front_end} "
+                                   f"front end returned {actual!r}")
+                if not isinstance(error, public_class(jax_error)):
+                    raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {str(jax_error)[:300]}\nbut the "
+                                   f"{front_end} front end raised {type(error).__name__}: {error}") from error
+                for message, who in ((str(jax_error), "jax"), (str(error), front_end)):
+                    if case.phrase and case.phrase not in message:
+                        raise Mismatch(f"{who}'s error lacks the phrase {case.phrase!r}: {message}")
+                continue
+            if error is not None:
+                raise Mismatch(f"the {front_end} front end raised {type(error).__name__}: {error}\nbut jax.pmap "
+                               f"returned a result") from error
+            assert_trees_match(actual, expected, out_axis=case.out_axis, what=(front_end, "jax"))
+        except Mismatch as e:
+            e.add_note(f"{case.describe()}, {front_end} front end.\nRepro:\n"
+                       f"  import conformance.test_collectives as t; from conformance.harness import run_case\n"
+                       f"  run_case(t.CASES[{case.id!r}])")
+            raise

@@ -1,0 +1,30 @@
+"""The conformance matrix: every case in cases.CASES against real jax.pmap (see harness.run_case)."""
+import fnmatch
+
+import jax
+import pytest
+
+from conformance.cases import CASES
+from conformance.harness import run_case
+from conformance.known_differences import KNOWN_DIFFERENCES
+
+
+def _params():
+    for case_id, case in CASES.items():
+        marks = [pytest.mark.area(case.area)]
+        reasons = [r for pattern, r in KNOWN_DIFFERENCES.items() if fnmatch.fnmatchcase(case_id, pattern)]
+        if reasons:
+            marks.append(pytest.mark.xfail(reason=reasons[0], strict=True))
+        yield pytest.param(case, id=case_id, marks=marks)
+
+
+@pytest.mark.parametrize("case", list(_params()))
+def test_case(case):
+    if case.devices_needed > jax.device_count():
+        pytest.skip(f"needs {case.devices_needed} devices, {jax.device_count()} present")
+    run_case(case)
+
+
+def test_every_known_difference_names_a_case():
+    unused = [p for p in KNOWN_DIFFERENCES if not fnmatch.filter(CASES, p)]
+    assert not unused, f"known differences that match no case: {unused}"

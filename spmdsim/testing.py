@@ -1,0 +1,117 @@
+"""Differential testing against real ``jax.pmap``: is it my program, or the compiler?
+
+``assert_pmap_matches_jax(fun, *args, **pmap_kwargs)`` runs a JAX function under ``spmdsim.jax.pmap`` (every
+value computed by NumPy) and under ``jax.pmap`` (XLA), and compares the results: pytree structure, then per
+leaf shape, dtype and values (exact for integers and bools; dtype-aware tolerances for floats). The first
+difference is reported with its key path, device and index.
+
+This module is also a pytest plugin (registered under the ``pytest11`` entry point): the fixture
+``pmap_matches_jax`` is that function, so a test suite needs one line::
+
+    def test_my_step(pmap_matches_jax):
+        pmap_matches_jax(my_step, params, batch, axis_name="batch", in_axes=(None, 0))
+
+jax is imported only when a comparison runs; real ``jax.pmap`` needs as many XLA devices as the mapped
+size (on CPU: ``jax.config.update("jax_num_cpu_devices", 8)`` before first use).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["assert_pmap_matches_jax", "assert_trees_match", "tolerance", "Mismatch"]
+
+# (rtol, atol) per dtype name; integers, bools and unknown kinds compare exactly.
+_TOLERANCES = {"float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2), "float32": (2e-6, 1e-6),
+               "complex64": (2e-6, 1e-6), "float64": (1e-12, 1e-13), "complex128": (1e-12, 1e-13)}
+
+
+class Mismatch(AssertionError):
+    """Raised when two result pytrees differ; the message names the key path, device and index."""
+
+
+def tolerance(dtype) -> tuple[float, float]:
+    """(rtol, atol) used for ``dtype``: (0, 0) for integers and bools."""
+    return _TOLERANCES.get(np.dtype(dtype).name, (0.0, 0.0))
+
+
+def _flatten(tree):
+    import jax
+
+    return jax.tree_util.tree_flatten_with_path(tree)
+
+
+def assert_trees_match(actual, expected, *, out_axis: int | None = 0, what=("spmdsim", "jax"),
+                       rtol: float | None = None, atol: float | None = None) -> None:
+    """Compare two result pytrees: structure, then shape, dtype and values of every leaf.
+
+    ``out_axis`` is where the device axis is in the leaves (for the report: "device 3"). Raises
+    :class:`Mismatch` at the first difference.
+    """
+    import jax
+
+    (a_leaves, a_tree), (e_leaves, e_tree) = _flatten(actual), _flatten(expected)
+    if a_tree != e_tree:
+        raise Mismatch(f"pytree structure differs: {what[0]} gave {a_tree}, {what[1]} gave {e_tree}")
+    for (path, a), (_, e) in zip(a_leaves, e_leaves):
+        where = "output" + jax.tree_util.keystr(path)
+        a, e = np.asarray(a), np.asarray(e)
+        if a.shape != e.shape:
+            raise Mismatch(f"{where}: shape {a.shape} from {what[0]}, but {e.shape} from {what[1]}")
+        if a.dtype != e.dtype:
+            raise Mismatch(f"{where}: dtype {a.dtype} from {what[0]}, but {e.dtype} from {what[1]}")
+        r, t = tolerance(a.dtype)
+        r, t = (rtol if rtol is not None else r), (atol if atol is not None else t)
+        if a.dtype.kind in "fcV" or a.dtype.name == "bfloat16":
+            a64 = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+            e64 = e.astype(np.complex128 if e.dtype.kind == "c" else np.float64)
+            bad = ~np.isclose(a64, e64, rtol=r, atol=t, equal_nan=True)
+        else:
+            bad = a != e
+        if np.any(bad):
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            device = f"device {index[out_axis]}, " if out_axis is not None and a.ndim > out_axis else ""
+            raise Mismatch(f"{where}: values differ at {device}index {index}: {what[0]} gave {a[index]!r}, "
+                           f"{what[1]} gave {e[index]!r} ({int(np.sum(bad))} of {a.size} elements differ; "
+                           f"rtol={r}, atol={t})")
+
+
+def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, atol: float | None = None,
+                            **pmap_kwargs) -> Any:
+    """Run ``fun`` under ``spmdsim.jax.pmap`` and ``jax.pmap`` with the same ``pmap_kwargs`` and compare.
+
+    Returns spmdsim's result. If JAX raises, spmdsim must raise the same exception class (the error is then
+    re-raised from spmdsim's side for inspection). Raises :class:`Mismatch` on the first difference.
+    """
+    import jax
+
+    import spmdsim.jax as sjax
+
+    try:
+        expected = jax.pmap(fun, **pmap_kwargs)(*args)
+    except Exception as jax_error:  # noqa: BLE001 - compared below
+        try:
+            sjax.pmap(fun, **pmap_kwargs)(*args)
+        except type(jax_error):
+            raise
+        except Exception as ours:  # noqa: BLE001
+            raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim raised "
+                           f"{type(ours).__name__}: {ours}") from ours
+        raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim returned a result")
+    actual = sjax.pmap(fun, **pmap_kwargs)(*args)
+    out_axes = pmap_kwargs.get("out_axes", 0)
+    assert_trees_match(actual, expected, out_axis=out_axes if isinstance(out_axes, int) else None, rtol=rtol,
+                       atol=atol)
+    return actual
+
+
+try:  # the pytest plugin; nothing here imports jax
+    import pytest
+
+    @pytest.fixture
+    def pmap_matches_jax():
+        """``assert_pmap_matches_jax`` as a fixture: ``pmap_matches_jax(fun, *args, **pmap_kwargs)``."""
+        return assert_pmap_matches_jax
+except ImportError:  # pragma: no cover - pytest is a test extra
+    pass
