@@ -43,9 +43,14 @@ def _summarize(eqn) -> str:
 
 
 def current_site() -> str:
-    """``file:line (function)`` of the user's code that produced the equation being evaluated."""
-    eqn = getattr(_local, "eqn", None)
-    return _summarize(eqn) if eqn is not None else "<unknown>"
+    """``file:line (function)`` of the user's code that produced the equation being evaluated. Equations
+    inside JAX's own functions (``jnp.cumsum`` is a jit) have no user frame: the enclosing call's line is
+    used."""
+    for eqn in reversed(getattr(_local, "stack", ())):
+        site = _summarize(eqn)
+        if site:
+            return site
+    return "<unknown>"
 
 
 def _read_literal(lit) -> np.ndarray:
@@ -58,7 +63,7 @@ def _check_aval(value, aval, eqn) -> None:
         raise AssertionError(
             f"spmdsim bug: the NumPy rule for primitive {eqn.primitive.name!r} returned "
             f"{value.dtype}{list(value.shape)}, but the jaxpr says {expected_dtype}{list(expected_shape)} "
-            f"(equation from {_summarize(eqn)}; params {dict(eqn.params)}). Please report it.")
+            f"(equation from {current_site()}; params {dict(eqn.params)}). Please report it.")
 
 
 def eval_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
@@ -76,16 +81,17 @@ def eval_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
         write(v, np.asarray(val))
     for v, val in zip(jaxpr.invars, args):
         write(v, val)
-    previous = getattr(_local, "eqn", None)
+    stack = _local.__dict__.setdefault("stack", [])
+    stack.append(None)
     try:
         for eqn in jaxpr.eqns:
+            stack[-1] = eqn
             rule = IMPL.get(eqn.primitive.name)
             if rule is None:
                 raise NotImplementedError(
                     f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} (params "
-                    f"{dict(eqn.params)}), used at {_summarize(eqn)}. Supported primitives: "
+                    f"{dict(eqn.params)}), used at {current_site()}. Supported primitives: "
                     f"spmdsim.jax.supported_primitives().")
-            _local.eqn = eqn
             with np.errstate(all="ignore"):
                 out = rule(*map(read, eqn.invars), **eqn.params)
             outs = out if eqn.primitive.multiple_results else [out]
@@ -94,7 +100,7 @@ def eval_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
                 _check_aval(val, var.aval, eqn)
                 write(var, val)
     finally:
-        _local.eqn = previous
+        stack.pop()
     return [read(v) for v in jaxpr.outvars]
 
 

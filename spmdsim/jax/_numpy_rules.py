@@ -225,7 +225,7 @@ def _reduce_precision(x, *, exponent_bits, mantissa_bits):
     return x.astype(target).astype(x.dtype)
 
 
-@impl("copy", "copy_p", "pvary", "sharding_constraint", "pcast")
+@impl("copy", "copy_p", "pvary", "sharding_constraint", "pcast", "stop_gradient")
 def _identity(x, **_):
     return x
 
@@ -297,6 +297,11 @@ def _pad(x, padding_value, *, padding_config):
 @impl("concatenate")
 def _concatenate(*xs, dimension):
     return np.concatenate(xs, axis=dimension)
+
+
+@impl("stack")
+def _stack(*xs, axis):
+    return np.stack(xs, axis=axis)
 
 
 @impl("split")
