@@ -13,8 +13,7 @@ if PLATFORM == "cpu":
     jax.config.update("jax_num_cpu_devices", 8)
 
 import spmdsim  # noqa: E402
-
-pytest_plugins = [] if "spmdsim.testing" in __import__("sys").modules else ["spmdsim.testing"]
+from spmdsim.testing import pmap_matches_jax  # noqa: E402,F401  (the plugin's fixture, also in a source tree)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The ``spmdsim`` command: ``spmdsim demo [--devices N]``, ``spmdsim run SCRIPT.py [args] [--devices N]``."""
+"""The ``spmdsim`` command: ``demo``, ``run SCRIPT.py``, ``conformance``."""
 from __future__ import annotations
 
 import sys
@@ -6,6 +6,7 @@ import sys
 COMMANDS = {
     "demo": ("spmdsim.demo", "data-parallel linear regression on the diabetes table, on virtual devices"),
     "run": ("spmdsim.jax._run", "run an unmodified JAX script with jax.pmap on virtual devices (needs jax)"),
+    "conformance": ("spmdsim.conformance", "compare spmdsim with the installed jax.pmap; print and write a matrix"),
 }
 
 

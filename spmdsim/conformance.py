@@ -1,0 +1,133 @@
+"""``spmdsim conformance [--platform cpu|gpu|tpu] [--report PATH]``: run the conformance suite against the
+installed jax and print a matrix: area x passed / failed / expected differences (strict xfails) / skipped.
+
+Writes ``PATH`` (Markdown, default ``conformance/REPORT.md``) and the same data as JSON beside it
+(``REPORT.json``), with the jax version, platform and device count. On a machine with GPUs or TPUs,
+``--platform gpu`` compares against the accelerators (axis sizes up to the devices present). The suite lives
+in the source tree (``conformance/``): run the command from a checkout.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import pathlib
+import platform as _platform
+import sys
+
+OUTCOMES = ("passed", "failed", "expected difference", "skipped")
+
+
+def find_suite() -> pathlib.Path:
+    for base in (pathlib.Path.cwd(), pathlib.Path(__file__).resolve().parent.parent):
+        if (base / "conformance" / "harness.py").exists():
+            return base / "conformance"
+    raise SystemExit("spmdsim conformance: no conformance/ folder here or beside the package; run it from a "
+                     "checkout of spmdsim.")
+
+
+class _Collector:
+    """A pytest plugin that counts outcomes per area (a case's area marker, else the test module)."""
+
+    def __init__(self):
+        self.areas: dict[str, str] = {}
+        self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.failures: list[str] = []
+
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            marker = item.get_closest_marker("area")
+            module = item.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+            self.areas[item.nodeid] = marker.args[0] if marker else module.replace("_", "-")
+
+    def pytest_runtest_logreport(self, report):
+        area = self.areas.get(report.nodeid, "other")
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            if hasattr(report, "wasxfail"):
+                outcome = "expected difference" if report.skipped else "failed"
+            else:
+                outcome = {"passed": "passed", "failed": "failed", "skipped": "skipped"}[report.outcome]
+            self.counts[area][outcome] += 1
+            if outcome == "failed":
+                self.failures.append(report.nodeid)
+
+
+def _environment(platform: str) -> dict:
+    import jax
+
+    import spmdsim
+    devices = jax.devices()
+    return {"spmdsim": spmdsim.__version__, "jax": jax.__version__, "platform": platform,
+            "backend": jax.default_backend(), "device_count": len(devices),
+            "device_kind": devices[0].device_kind if devices else "", "python": _platform.python_version(),
+            "machine": _platform.machine(), "date": datetime.date.today().isoformat()}
+
+
+def _markdown(env: dict, rows: list[tuple[str, collections.Counter]], total: collections.Counter,
+              failures: list[str]) -> str:
+    lines = [f"# spmdsim conformance against jax {env['jax']} ({env['backend']}, {env['device_count']} devices)", "",
+             f"spmdsim {env['spmdsim']} · Python {env['python']} · {env['machine']} · device kind "
+             f"`{env['device_kind']}` · {env['date']}", "",
+             "Each case runs on both spmdsim front ends (NumPy: `spmdsim.pmap` + `spmdsim.lax`; JAX: "
+             "`spmdsim.jax.pmap` on the jaxpr) and on real `jax.pmap`; results must agree in structure, shape, "
+             "dtype and value (exact for integers and bools), and errors in exception class. Expected differences "
+             "are listed with their reasons in `conformance/known_differences.py`.", "",
+             "| area | " + " | ".join(OUTCOMES) + " |", "|---|" + "---:|" * len(OUTCOMES)]
+    for area, c in rows + [("**total**", total)]:
+        lines.append(f"| {area} | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |")
+    if failures:
+        lines += ["", "## Failures", ""] + [f"- `{f}`" for f in failures]
+    return "\n".join(lines) + "\n"
+
+
+def _print_table(rows, total, env) -> None:
+    title = f"spmdsim vs jax {env['jax']} on {env['backend']} ({env['device_count']} devices)"
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(title)
+        print(f"{'area':24s}" + "".join(f"{o:>22s}" for o in OUTCOMES))
+        for area, c in rows + [("total", total)]:
+            print(f"{area:24s}" + "".join(f"{c[o]:>22d}" for o in OUTCOMES))
+        return
+    table = Table(title=title)
+    table.add_column("area")
+    for o in OUTCOMES:
+        table.add_column(o, justify="right")
+    for area, c in rows:
+        table.add_row(area, *(str(c[o]) for o in OUTCOMES))
+    table.add_row("total", *(str(total[o]) for o in OUTCOMES), style="bold")
+    Console().print(table)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="spmdsim conformance", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--platform", choices=["cpu", "gpu", "tpu"], default="cpu",
+                        help="which jax platform to compare against (default cpu, 8 devices)")
+    parser.add_argument("--report", default=None, help="Markdown report path (default conformance/REPORT.md)")
+    parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest, e.g. -k psum")
+    args = parser.parse_args(argv)
+    suite = find_suite()
+    os.environ["SPMDSIM_CONFORMANCE_PLATFORM"] = args.platform
+    if args.platform != "cpu":
+        os.environ["JAX_PLATFORMS"] = {"gpu": "cuda", "tpu": "tpu"}[args.platform]
+    import pytest
+
+    collector = _Collector()
+    sys.path.insert(0, str(suite.parent))
+    code = pytest.main([str(suite), "-q", "-p", "no:cacheprovider", "--rootdir", str(suite.parent),
+                        *args.pytest_args], plugins=[collector])
+    env = _environment(args.platform)
+    rows = sorted(collector.counts.items())
+    total = sum((c for _, c in rows), collections.Counter())
+    _print_table(rows, total, env)
+    report = pathlib.Path(args.report) if args.report else suite / "REPORT.md"
+    report.write_text(_markdown(env, rows, total, collector.failures))
+    report.with_suffix(".json").write_text(json.dumps(
+        {"environment": env, "areas": {a: {o: c[o] for o in OUTCOMES} for a, c in rows},
+         "total": {o: total[o] for o in OUTCOMES}, "failures": collector.failures}, indent=2) + "\n")
+    print(f"report: {report} and {report.with_suffix('.json')}")
+    return int(code)
