@@ -241,13 +241,9 @@ class World:
             seq = lane.seq.get(key, 0)
             lane.seq[key] = seq + 1
             rv = self.open.get((key, seq))
-            if rv is None:
+            created = rv is None
+            if created:
                 rv = self.open[(key, seq)] = _Rendezvous(key, seq, signature, described, size, self.lock)
-                for done in self.finished:
-                    if _membership(done.frames, key[0]) == key:
-                        rv.lanes[rank], rv.sites[rank] = lane, site
-                        self._fail_locked(self._deadlock(rv, f"{done.label} {done.state} without reaching it"))
-                        raise _Aborted
             elif rv.signature != signature or rv.lanes[rank] is not None:
                 self._fail_locked(self._mismatch(rv, lane, described, site))
                 raise _Aborted
@@ -258,10 +254,16 @@ class World:
             if rv.arrived < size:
                 lane.state, lane.where = WAITING, f"{described} (step {seq}) at {site}"
                 self.running -= 1
+                if created:  # a member that already finished will never come
+                    done = next((d for d in self.finished if _membership(d.frames, key[0]) == key), None)
+                    if done is not None:
+                        self._fail_locked(self._deadlock(rv, f"{done.label} {done.state} without reaching it"))
                 self._check_stuck_locked()
                 while rv.results is None and rv.error is None and self.failure is None:
                     rv.cond.wait()
-                if rv.results is None:
+                if rv.results is None:  # unwinding: runnable again until run_mapped records the abort
+                    lane.state = RUNNING
+                    self.running += 1
                     raise _Aborted
                 return rv.results[rank]
             # Last to arrive: release the others (they are runnable again) and apply the rule unlocked.

@@ -89,7 +89,8 @@ def test_device_that_returns_early_is_a_deadlock_at_once():
     assert "psum(float64[], axis_name='i')" in msg
     assert "device 2 [i=2] returned without reaching it" in msg
     assert f"{HERE}:{line_of(f, 'return lax.psum')}" in msg
-    assert any(l.startswith("device 0 [i=0]: waiting in psum") for l in info.value.devices)
+    assert any(": waiting in psum(float64[], axis_name='i') (step 0)" in l for l in info.value.devices)
+    assert "device 2 [i=2]: returned" in info.value.devices
     assert isinstance(info.value, RuntimeError)
 
 
@@ -178,3 +179,27 @@ def test_many_calls_leave_no_threads_or_memory_behind():
 def test_set_device_count_is_refused_inside_a_mapped_function():
     with pytest.raises(ValueError, match="inside a mapped function"):
         spmdsim.pmap(lambda x: spmdsim.set_device_count(2) and x)(np.zeros(2))
+
+
+def test_deadlock_is_reported_whichever_order_the_devices_get_there():
+    """The device that returns may finish before or after the others arrive: both orders are reported."""
+    import time
+
+    def early_return(x):
+        if lax.axis_index("i") == 2:
+            return x
+        time.sleep(0.05)          # device 2 has certainly finished before the others arrive
+        return lax.psum(x, "i")
+
+    def late_return(x):
+        if lax.axis_index("i") == 2:
+            time.sleep(0.05)      # the others are certainly waiting when device 2 returns
+            return x
+        return lax.psum(x, "i")
+
+    # early: reported at the first arrival (one device waiting); late: when device 2 returns (three waiting)
+    for f, waiting in ((early_return, 1), (late_return, 3)):
+        with pytest.raises(spmdsim.CollectiveDeadlockError, match=r"device 2 \[i=2\] (returned|done) without") as info:
+            finishes(spmdsim.pmap(f, axis_name="i"), np.zeros(4))
+        assert sum("waiting in psum" in line for line in info.value.devices) == waiting
+        assert "device 2 [i=2]: returned" in info.value.devices
