@@ -52,9 +52,10 @@ def _fresh(a: np.ndarray, block: np.ndarray) -> np.ndarray:
 
 
 def _fold(ufunc: np.ufunc, blocks: Sequence[np.ndarray]) -> np.ndarray:
+    if len(blocks) == 1:
+        return _frozen(np.array(blocks[0]))
     with np.errstate(over="ignore", invalid="ignore"):  # int8 wraps, inf - inf: exactly what XLA does
-        out = functools.reduce(ufunc, blocks)
-    return _fresh(out, blocks[0])
+        return _frozen(functools.reduce(ufunc, blocks))
 
 
 def _replicate(value: np.ndarray, n: int) -> list[np.ndarray]:

@@ -100,27 +100,33 @@ def frames_label(frames: Sequence[Frame]) -> str:
 
 
 class Lane:
-    """One device (pmap) or one batch element (vmap) running the mapped function in its own thread."""
+    """One device (pmap) or one batch element (vmap) running the mapped function in its own thread.
 
-    __slots__ = ("world", "frames", "call", "state", "where", "seq", "nested_calls")
+    ``wake`` is held while the lane runs; a lane waiting in a rendezvous blocks on it until the last arriver
+    (or a failure of the world) releases it: one wake-up per device, no shared lock to re-acquire.
+    """
+
+    __slots__ = ("world", "frames", "call", "state", "where", "waiting", "seq", "keys", "nested_calls", "wake")
 
     def __init__(self, world: "World", frames: tuple[Frame, ...], call: "_Call"):
         self.world, self.frames, self.call = world, frames, call
-        self.state, self.where = RUNNING, ""
+        self.state, self.where, self.waiting = RUNNING, "", None
         self.seq: dict = {}
+        self.keys: dict = {}
         self.nested_calls = 0
+        self.wake = threading.Lock()
+        self.wake.acquire()
 
     @property
     def label(self) -> str:
         return frames_label(self.frames)
 
     def status_line(self) -> str:
-        text = {RUNNING: "running", JOINING: "in a nested mapped call", DONE: "returned",
-                ABORTED: "stopped"}.get(self.state, self.where)
         if self.state == WAITING:
-            text = f"waiting in {self.where}"
-        elif self.state == RAISED:
-            text = f"raised {self.where}"
+            rv, rank = self.waiting
+            return f"{self.label}: waiting in {describe(rv.signature)} (step {rv.seq}) at {rv.sites[rank]}"
+        text = {RUNNING: "running", JOINING: "in a nested mapped call", DONE: "returned", ABORTED: "stopped",
+                RAISED: f"raised {self.where}"}[self.state]
         return f"{self.label}: {text}"
 
 
@@ -133,17 +139,27 @@ class _Call:
         self.parent, self.remaining = parent, size
 
 
-class _Rendezvous:
-    __slots__ = ("key", "seq", "signature", "described", "size", "blocks", "lanes", "sites", "arrived",
-                 "cond", "results", "error", "arrivals")
+def describe(signature: tuple) -> str:
+    """``psum(float32[4], axis_name='i', axis_index_groups=((0, 1), (2, 3)))`` from a call's signature."""
+    op, names, _, params, avals = signature
+    shown = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in avals)
+    extra = "".join(f", {k}={v!r}" for k, v in params if v is not None)
+    return f"{op}({shown}, axis_name={names[0] if len(names) == 1 else names!r}{extra})".replace(
+        f"axis_name={names[0]}", f"axis_name={names[0]!r}", 1)
 
-    def __init__(self, key, seq, signature, described, size, lock):
-        self.key, self.seq, self.signature, self.described, self.size = key, seq, signature, described, size
+
+class _Rendezvous:
+    """One collective step of one communicator: the blocks, lanes and sites by rank, then the results."""
+
+    __slots__ = ("key", "seq", "signature", "size", "blocks", "lanes", "sites", "arrived", "results", "error",
+                 "arrivals")
+
+    def __init__(self, key, seq, signature, size):
+        self.key, self.seq, self.signature, self.size = key, seq, signature, size
         self.blocks: list = [None] * size
         self.lanes: list = [None] * size
         self.sites: list = [None] * size
         self.arrived = 0
-        self.cond = threading.Condition(lock)
         self.results = None
         self.error: BaseException | None = None
         self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled while observed
@@ -201,11 +217,16 @@ class World:
             self._fail_locked(error)
 
     def _fail_locked(self, error: BaseException) -> None:
+        """Record the first failure and wake every waiting lane (each unwinds with _Aborted)."""
         if self.failure is not None:
             return
         self.failure = error
         for rv in self.open.values():
-            rv.cond.notify_all()
+            for lane in rv.lanes:
+                if lane is not None and lane.state == WAITING:
+                    lane.state = RUNNING
+                    self.running += 1
+                    lane.wake.release()
 
     # -- error reports ---------------------------------------------------------------------------------
 
@@ -216,7 +237,7 @@ class World:
         arrived = [f"  {lane.label} at {site}" for lane, site in zip(rv.lanes, rv.sites) if lane is not None]
         table = self.state_table()
         return CollectiveDeadlockError(
-            f"{rv.described} (step {rv.seq}) can never complete: {reason}. On real hardware this "
+            f"{describe(rv.signature)} (step {rv.seq}) can never complete: {reason}. On real hardware this "
             f"program hangs.\nArrived:\n" + "\n".join(arrived) + "\nEvery device:\n  " + "\n  ".join(table)
             + "\nFix: make every device of the group call the same collectives in the same order (no "
               "collective inside a branch or loop that only some devices take).", table)
@@ -231,10 +252,20 @@ class World:
                       if missing else "the devices still missing are blocked elsewhere or finished")
             self._fail_locked(self._deadlock(rv, reason))
 
+    def _mismatch(self, rv: _Rendezvous, lane: Lane, signature: tuple, site: str) -> CollectiveMismatchError:
+        lines = [f"  {other.label}: {describe(rv.signature)} at {s}" for other, s in zip(rv.lanes, rv.sites)
+                 if other is not None]
+        lines.append(f"  {lane.label}: {describe(signature)} at {site}")
+        return CollectiveMismatchError(
+            f"devices called different collectives at step {rv.seq} of the same communicator:\n"
+            + "\n".join(lines) + "\nOn real hardware this hangs or exchanges garbage. Fix: every device of "
+            "the group must make the same collective call (op, axis names, parameters, shapes, dtypes) in "
+            "the same order.", self.state_table())
+
     # -- the rendezvous ----------------------------------------------------------------------------------
 
-    def rendezvous(self, lane: Lane, *, key: tuple, rank: int, size: int, signature: tuple, described: str,
-                   site: str, leaves: list, combine: Callable[[list], list]) -> list:
+    def rendezvous(self, lane: Lane, *, key: tuple, rank: int, size: int, signature: tuple, site: str,
+                   leaves: list, combine: Callable[[list], list]) -> list:
         with self.lock:
             if self.failure is not None:
                 raise _Aborted
@@ -243,59 +274,46 @@ class World:
             rv = self.open.get((key, seq))
             created = rv is None
             if created:
-                rv = self.open[(key, seq)] = _Rendezvous(key, seq, signature, described, size, self.lock)
+                rv = self.open[(key, seq)] = _Rendezvous(key, seq, signature, size)
             elif rv.signature != signature or rv.lanes[rank] is not None:
-                self._fail_locked(self._mismatch(rv, lane, described, site))
+                self._fail_locked(self._mismatch(rv, lane, signature, site))
                 raise _Aborted
             rv.blocks[rank], rv.lanes[rank], rv.sites[rank] = leaves, lane, site
             rv.arrived += 1
             if observers:
                 rv.arrivals[rank] = time.perf_counter()
-            if rv.arrived < size:
-                lane.state, lane.where = WAITING, f"{described} (step {seq}) at {site}"
+            last = rv.arrived == size
+            if not last:
+                lane.state, lane.waiting = WAITING, (rv, rank)
                 self.running -= 1
-                if created:  # a member that already finished will never come
+                if created and self.finished:  # a member that already finished will never come
                     done = next((d for d in self.finished if _membership(d.frames, key[0]) == key), None)
                     if done is not None:
                         self._fail_locked(self._deadlock(rv, f"{done.label} {done.state} without reaching it"))
                 self._check_stuck_locked()
-                while rv.results is None and rv.error is None and self.failure is None:
-                    rv.cond.wait()
-                if rv.results is None:  # unwinding: runnable again until run_mapped records the abort
-                    lane.state = RUNNING
-                    self.running += 1
-                    raise _Aborted
-                return rv.results[rank]
-            # Last to arrive: release the others (they are runnable again) and apply the rule unlocked.
-            del self.open[(key, seq)]
+            else:  # the others become runnable now; they get their results after the rule has run
+                del self.open[(key, seq)]
+                for other in rv.lanes:
+                    other.state = RUNNING
+                self.running += size - 1
+        if not last:
+            lane.wake.acquire()
+            if rv.results is None:  # released by a failure (or the rule raised in the last arriver)
+                raise _Aborted
+            return rv.results[rank]
+        try:
+            rv.results = combine(rv.blocks)
+        except BaseException as e:
+            rv.error = e
+            raise
+        finally:
+            released = time.perf_counter()
             for other in rv.lanes:
                 if other is not lane:
-                    other.state = RUNNING
-            self.running += size - 1
-        try:
-            results = combine(rv.blocks)
-        except BaseException as e:
-            with self.lock:
-                rv.error = e
-                rv.cond.notify_all()
-            raise
-        released = time.perf_counter()
-        with self.lock:
-            rv.results = results
-            rv.cond.notify_all()
+                    other.wake.release()
         for observer in observers:
             observer.record(rv, released)
-        return results[rank]
-
-    def _mismatch(self, rv: _Rendezvous, lane: Lane, described: str, site: str) -> CollectiveMismatchError:
-        lines = [f"  {other.label}: {rv.described} at {s}" for other, s in zip(rv.lanes, rv.sites)
-                 if other is not None]
-        lines.append(f"  {lane.label}: {described} at {site}")
-        return CollectiveMismatchError(
-            f"devices called different collectives at step {rv.seq} of the same communicator:\n"
-            + "\n".join(lines) + "\nOn real hardware this hangs or exchanges garbage. Fix: every device of "
-            "the group must make the same collective call (op, axis names, parameters, shapes, dtypes) in "
-            "the same order.", self.state_table())
+        return rv.results[rank]
 
 
 def current_lane() -> Lane | None:
@@ -328,26 +346,25 @@ def resolve_axes(lane: Lane | None, axis_names: tuple, api: str, *, phrase: str 
 
 
 def bind_collective(op: str, leaves: list, frames: list[Frame], *, params: dict, combine: Callable[[list], list],
-                    rank_frames_desc: str | None = None, site: str | None = None) -> list:
+                    site: str | None = None) -> list:
     """Take part in one collective over ``frames`` and return this lane's result leaves.
 
     ``combine(blocks)`` receives every lane's leaves indexed by the row-major index over ``frames`` (in
     the order given) and returns the results in the same indexing; it runs once, in the last lane to arrive.
     """
     lane = current_lane()
-    size = math.prod(f.size for f in frames)
-    rank = 0
-    for f in frames:
-        rank = rank * f.size + f.index
-    key = _membership(lane.frames, frozenset(f.instance for f in frames))
-    names = tuple(f.name for f in frames)
-    avals = tuple((getattr(x, "shape", ()), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
-    signature = (op, names, tuple(f.size for f in frames), tuple(sorted(params.items())), avals)
-    shown = ", ".join(f"{dt}{list(shape)}" for shape, dt in avals)
-    extra = "".join(f", {k}={v!r}" for k, v in params.items() if v is not None)
-    axis_desc = names[0] if len(names) == 1 else names
-    described = f"{op}({shown}, axis_name={axis_desc!r}{extra})"
-    return lane.world.rendezvous(lane, key=key, rank=rank, size=size, signature=signature, described=described,
+    instances = tuple(f.instance for f in frames)
+    cached = lane.keys.get(instances)
+    if cached is None:
+        rank = 0
+        for f in frames:
+            rank = rank * f.size + f.index
+        cached = lane.keys[instances] = (_membership(lane.frames, frozenset(instances)), rank,
+                                         math.prod(f.size for f in frames), tuple(f.name for f in frames),
+                                         tuple(f.size for f in frames))
+    key, rank, size, names, sizes = cached
+    signature = (op, names, sizes, tuple(params.items()), tuple((x.shape, x.dtype) for x in leaves))
+    return lane.world.rendezvous(lane, key=key, rank=rank, size=size, signature=signature,
                                  site=site or user_site(2), leaves=leaves, combine=combine)
 
 

@@ -49,7 +49,7 @@ class Trace:
         op, names, sizes, params, avals = rv.signature
         nbytes = sum(getattr(b, "nbytes", 0) for b in rv.blocks[0])
         event = CollectiveEvent(op, names, rv.size, rv.seq, dict(params), tuple(s for s, _ in avals),
-                                tuple(d for _, d in avals), nbytes, tuple(lane.label for lane in rv.lanes),
+                                tuple(str(d) for _, d in avals), nbytes, tuple(lane.label for lane in rv.lanes),
                                 tuple(rv.sites), tuple(rv.arrivals), released)
         with self._lock:
             self.events.append(event)

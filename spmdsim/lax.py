@@ -103,7 +103,11 @@ class _Call:
         self.frames = _runtime.resolve_axes(_runtime.current_lane(), _axis_names(axis_name), api)
         self.size = math.prod(f.size for f in self.frames)
         self.groups = _check_groups(axis_index_groups, self.size, api)
-        self.group = _own_group(self.groups, _position(self.frames), self.size)
+
+    @property
+    def group(self) -> tuple:
+        """This device's group (its axis indices, in rank order)."""
+        return _own_group(self.groups, _position(self.frames), self.size)
 
     def bind(self, op: str, arrays: list, **params):
         return _tree.unflatten(self.treedef, bind(op, arrays, self.frames, self.groups, **params))
