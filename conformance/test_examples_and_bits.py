@@ -76,3 +76,35 @@ def test_float32_psum_is_bit_exact_with_xla_cpu():
     # and the order matters for these values: a pairwise (tree) sum differs somewhere
     pairwise = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
     assert pairwise.tobytes() != real[0].tobytes()
+
+
+def test_jax_debug_print_and_callback_run_per_device_in_device_order(capsys):
+    import time
+
+    def f(x):
+        i = lax.axis_index("i")
+        jax.debug.print("x={x} on {i}", x=x, i=i)
+        y = lax.psum(x, "i")
+        jax.debug.callback(lambda v, k: (time.sleep(0.01 * (3 - int(k))), print(f"callback {int(k)}: {float(v)}")),
+                           y, i)
+        return y
+
+    with spmdsim.set_device_count(4):
+        sjax.pmap(f, "i")(np.arange(4.0, dtype=np.float32))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"device {d} [i={d}] | x={d:.1f} on {d}" for d in range(4)] + \
+                    [f"device {d} [i={d}] | callback {d}: 6.0" for d in range(4)]
+
+
+def test_spmdsim_run_trace(tmp_path):
+    out = tmp_path / "trace.json"
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", "--trace", str(out),
+                           os.path.join(EXAMPLES, "named_psum.py"), "--devices", "4"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    import json
+    doc = json.loads(out.read_text())
+    names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "collective"]
+    assert names == ["psum(devices)"] * 4
+    assert any("named_psum.py" in e["args"]["site"] for e in doc["traceEvents"] if e.get("cat") == "collective")

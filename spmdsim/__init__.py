@@ -4,7 +4,9 @@
 the collectives in ``spmdsim.lax`` are barrier-synchronised rendezvous over named axes. The API mirrors
 ``jax.pmap``/``jax.vmap``/``jax.lax`` so code ports by changing an import.
 """
-from spmdsim import errors, lax
+from spmdsim import debug, errors, lax, show
+from spmdsim._collectives import ReductionOrder, current_reduction_order, set_reduction_order
+from spmdsim._output import set_ordered_output
 from spmdsim._devices import VirtualDevice, device_count, devices, local_device_count, set_device_count
 from spmdsim._pmap import pmap, vmap
 from spmdsim._trace import trace
@@ -13,6 +15,6 @@ from spmdsim.errors import (CollectiveDeadlockError, CollectiveError, Collective
 
 __version__ = "0.1.0"
 
-__all__ = ["pmap", "vmap", "lax", "trace", "devices", "device_count", "local_device_count", "set_device_count",
-           "VirtualDevice", "errors", "SpmdSimError", "CollectiveError", "CollectiveMismatchError",
+__all__ = ["pmap", "vmap", "lax", "trace", "debug", "show", "devices", "device_count", "local_device_count", "set_device_count",
+           "VirtualDevice", "set_reduction_order", "set_ordered_output", "current_reduction_order", "ReductionOrder", "errors", "SpmdSimError", "CollectiveError", "CollectiveMismatchError",
            "CollectiveDeadlockError", "ReplicationError"]

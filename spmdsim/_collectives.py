@@ -13,18 +13,21 @@ Conventions shared by all rules:
 - dtypes are preserved exactly (``functools.reduce(np.add, ...)``, never ``np.sum``, which widens int32);
   the public wrappers in :mod:`spmdsim.lax` do JAX's conversions (bool -> int32 for psum) before the rule.
 - Reductions fold in rank order, left to right: ``((b0 + b1) + b2) + ...``. XLA:CPU folds the same way,
-  so float results agree with it bit for bit.
+  so float results agree with it bit for bit. :func:`set_reduction_order` selects other orders (pairwise
+  tree, NCCL-style ring) and an accumulation dtype, to measure a program's sensitivity to the order.
 - Results are fresh arrays, marked read-only, and shared between the devices that receive the same value
   (JAX arrays are immutable, so no program can tell).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["COLLECTIVE_RULES", "collective_rule", "apply_grouped"]
+__all__ = ["COLLECTIVE_RULES", "collective_rule", "apply_grouped", "ReductionOrder", "set_reduction_order",
+           "current_reduction_order"]
 
 Rule = Callable[..., list]
 COLLECTIVE_RULES: dict[str, Rule] = {}
@@ -51,11 +54,88 @@ def _fresh(a: np.ndarray, block: np.ndarray) -> np.ndarray:
     return _frozen(a)
 
 
+# -- reduction orders --------------------------------------------------------------------------------------
+
+REDUCTION_ORDERS = ("sequential", "pairwise", "ring")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionOrder:
+    """How sums over a group are folded. ``order``:
+
+    - ``"sequential"`` (default): ``((b0 + b1) + b2) + ...`` in rank order: bit-exact with XLA:CPU.
+    - ``"pairwise"``: a balanced tree, ``(b0 + b1) + (b2 + b3)``, odd leftovers carried up (tree all-reduce).
+    - ``"ring"``: the flattened block is cut into n chunks (``np.array_split``); chunk c is folded starting at
+      rank ``(c + 1) % n`` and going round the ring, ending at rank c, as in NCCL's ring reduce-scatter.
+
+    ``accumulation_dtype`` (e.g. ``np.float32`` for bfloat16 operands) casts the blocks before folding and
+    the sum back after it. Max and min are exact in any order and ignore this setting.
+    """
+
+    order: str = "sequential"
+    accumulation_dtype: Any = None
+
+    def fold(self, ufunc: np.ufunc, blocks: Sequence[np.ndarray]) -> np.ndarray:
+        dtype = blocks[0].dtype
+        if self.accumulation_dtype is not None and ufunc is np.add:
+            blocks = [b.astype(self.accumulation_dtype) for b in blocks]
+        if ufunc is not np.add or self.order == "sequential" or len(blocks) < 3:
+            out = functools.reduce(ufunc, blocks)
+        elif self.order == "pairwise":
+            level = list(blocks)
+            while len(level) > 1:
+                level = [ufunc(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
+                         for i in range(0, len(level), 2)]
+            out = level[0]
+        else:
+            n = len(blocks)
+            flat = [np.ravel(b) for b in blocks]
+            bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.empty(flat[0].size), n)])
+            out = np.empty_like(flat[0])
+            for c in range(n):
+                lo, hi = bounds[c], bounds[c + 1]
+                out[lo:hi] = functools.reduce(ufunc, [flat[(c + 1 + k) % n][lo:hi] for k in range(n)])
+            out = out.reshape(blocks[0].shape)
+        return np.asarray(out).astype(dtype, copy=False)
+
+
+_reduction_order = ReductionOrder()
+
+
+def current_reduction_order() -> ReductionOrder:
+    return _reduction_order
+
+
+class set_reduction_order:
+    """Choose how sums are folded (see :class:`ReductionOrder`); a statement, or a context manager that
+    restores the previous setting.
+
+    >>> import numpy as np, spmdsim
+    >>> with spmdsim.set_reduction_order("pairwise", accumulation_dtype=np.float32):
+    ...     spmdsim.current_reduction_order().order
+    'pairwise'
+    """
+
+    def __init__(self, order: str = "sequential", *, accumulation_dtype=None):
+        global _reduction_order
+        if order not in REDUCTION_ORDERS:
+            raise ValueError(f"reduction order must be one of {REDUCTION_ORDERS}, got {order!r}.")
+        self.previous = _reduction_order
+        _reduction_order = ReductionOrder(order, None if accumulation_dtype is None else np.dtype(accumulation_dtype))
+
+    def __enter__(self) -> "set_reduction_order":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _reduction_order
+        _reduction_order = self.previous
+
+
 def _fold(ufunc: np.ufunc, blocks: Sequence[np.ndarray]) -> np.ndarray:
     if len(blocks) == 1:
         return _frozen(np.array(blocks[0]))
     with np.errstate(over="ignore", invalid="ignore"):  # int8 wraps, inf - inf: exactly what XLA does
-        return _frozen(functools.reduce(ufunc, blocks))
+        return _frozen(_reduction_order.fold(ufunc, blocks))
 
 
 def _replicate(value: np.ndarray, n: int) -> list[np.ndarray]:

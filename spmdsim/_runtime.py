@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Callable, Hashable, Sequence
 
+from spmdsim import _output
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
 __all__ = ["Frame", "Lane", "current_lane", "run_mapped", "resolve_axes", "bind_collective", "user_site"]
@@ -37,8 +38,12 @@ _call_ids = itertools.count()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_FILES = (_PACKAGE_DIR + os.sep, threading.__file__)
 
-# Objects with ``record(rendezvous, released_at)``, called once per completed collective (see spmdsim._trace).
+# Objects with ``record(rendezvous, released_at)``, called once per completed collective, and
+# ``lane(label, start, end, outcome)``, once per device call (see spmdsim._trace).
 observers: list = []
+# Callables ``hook(rendezvous)`` run by the last arriver after the rule, before anyone is released (the
+# stepping debugger pauses every device of the group there; see spmdsim.debug).
+pause_hooks: list = []
 
 RUNNING, WAITING, JOINING, DONE, RAISED, ABORTED = "running", "waiting", "joining", "done", "raised", "aborted"
 
@@ -128,6 +133,26 @@ class Lane:
         text = {RUNNING: "running", JOINING: "in a nested mapped call", DONE: "returned", ABORTED: "stopped",
                 RAISED: f"raised {self.where}"}[self.state]
         return f"{self.label}: {text}"
+
+    def status_row(self) -> tuple[str, ...]:
+        """(device, state, collective, axis, step, source line) for the would-hang table."""
+        if self.state == WAITING:
+            rv, rank = self.waiting
+            op, names, _, _, avals = rv.signature
+            shown = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in avals)
+            return (self.label, "waiting", f"{op}({shown})", ", ".join(map(repr, names)), str(rv.seq),
+                    rv.sites[rank])
+        state = {RUNNING: "running", JOINING: "in nested call", DONE: "returned", ABORTED: "stopped",
+                 RAISED: f"raised {self.where}"}[self.state]
+        return (self.label, state, "", "", "", "")
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of strings as an aligned text table; the first row is the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 class _Call:
@@ -233,14 +258,17 @@ class World:
     def state_table(self) -> list[str]:
         return [lane.status_line() for lane in self.lanes]
 
+    def would_hang_report(self) -> str:
+        """Every device's state as a table: where it is, the collective, axis, step and source line."""
+        header = ("device", "state", "collective", "axis", "step", "source line")
+        return format_table([header, *(lane.status_row() for lane in self.lanes)])
+
     def _deadlock(self, rv: _Rendezvous, reason: str) -> CollectiveDeadlockError:
-        arrived = [f"  {lane.label} at {site}" for lane, site in zip(rv.lanes, rv.sites) if lane is not None]
-        table = self.state_table()
         return CollectiveDeadlockError(
             f"{describe(rv.signature)} (step {rv.seq}) can never complete: {reason}. On real hardware this "
-            f"program hangs.\nArrived:\n" + "\n".join(arrived) + "\nEvery device:\n  " + "\n  ".join(table)
-            + "\nFix: make every device of the group call the same collectives in the same order (no "
-              "collective inside a branch or loop that only some devices take).", table)
+            f"program hangs.\n\n{self.would_hang_report()}\n\nFix: make every device of the group call the same "
+            f"collectives in the same order (no collective inside a branch or loop that only some devices "
+            f"take).", self.state_table())
 
     def _check_stuck_locked(self) -> None:
         """No lane can make progress: every unfinished lane waits in a rendezvous that lacks someone."""
@@ -258,9 +286,9 @@ class World:
         lines.append(f"  {lane.label}: {describe(signature)} at {site}")
         return CollectiveMismatchError(
             f"devices called different collectives at step {rv.seq} of the same communicator:\n"
-            + "\n".join(lines) + "\nOn real hardware this hangs or exchanges garbage. Fix: every device of "
-            "the group must make the same collective call (op, axis names, parameters, shapes, dtypes) in "
-            "the same order.", self.state_table())
+            + "\n".join(lines) + f"\nOn real hardware this hangs or exchanges garbage.\n\n{self.would_hang_report()}"
+            "\n\nFix: every device of the group must make the same collective call (op, axis names, parameters, "
+            "shapes, dtypes) in the same order.", self.state_table())
 
     # -- the rendezvous ----------------------------------------------------------------------------------
 
@@ -303,6 +331,9 @@ class World:
             return rv.results[rank]
         try:
             rv.results = combine(rv.blocks)
+            _output.release_all()
+            for hook in pause_hooks:  # the stepping debugger: every device is held here
+                hook(rv)
         except BaseException as e:
             rv.error = e
             raise
@@ -391,23 +422,32 @@ def run_mapped(body: Callable[[int], Any], *, axis_name: Hashable, size: int, is
     def target(i: int) -> None:
         lane = lanes[i]
         _local.lane = lane
+        start, outcome = time.perf_counter(), "returned"
         try:
             results[i] = body(i)
         except _Aborted:
+            outcome = "stopped"
             world.finish(lane, ABORTED)
         except BaseException as e:
+            outcome = "raised"
             errors[i] = e
             world.fail(e)
             world.finish(lane, RAISED, f"{type(e).__name__}: {e}")
         else:
             world.finish(lane, DONE)
+        for observer in observers:
+            observer.lane(lane.label, start, time.perf_counter(), outcome)
 
     threads = [threading.Thread(target=target, args=(i,), name=f"spmdsim {lanes[i].label}", daemon=True)
                for i in range(size)]
+    stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
-    for t in threads:
-        t.start()
-    _join(threads, world)
+    try:
+        for t in threads:
+            t.start()
+        _join(threads, world)
+    finally:
+        _output.end(stream)
 
     raised = [(lane, e) for lane, e in zip(lanes, errors) if e is not None]
     if raised:

@@ -1,22 +1,46 @@
-"""Recording collectives: ``with spmdsim.trace() as tr:`` keeps one event per completed rendezvous."""
+"""Recording what the devices did: ``with spmdsim.trace() as tr:``.
+
+Per device: the mapped call's start and end. Per collective: op, axis names, group parameters, the step
+number within its communicator, shapes, dtypes, bytes, every device's source line, arrival and release
+times (the wait is visible), and on request the values (``values="summary"``: min/max/mean per device;
+``values="full"``: copies of every operand and result). ``tr.summary()`` is a table per collective and axis;
+``tr.to_perfetto(path)`` writes the Chrome trace-event JSON format (one track per device, flow arrows tying
+together the devices of each rendezvous), which opens in https://ui.perfetto.dev and chrome://tracing.
+"""
 from __future__ import annotations
 
 import collections
 import contextlib
 import dataclasses
+import json
 import threading
+import time
+from typing import Any
+
+import numpy as np
 
 from spmdsim import _runtime
 
-__all__ = ["CollectiveEvent", "Trace", "trace"]
+__all__ = ["CollectiveEvent", "CallEvent", "Trace", "trace"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallEvent:
+    """One device's run of the mapped function: ``start``/``end`` in ``time.perf_counter()`` seconds."""
+
+    device: str
+    start: float
+    end: float
+    outcome: str   # "returned", "raised", "stopped"
 
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveEvent:
     """One collective step of one communicator, as every participating device saw it.
 
-    ``devices``, ``sites`` and ``arrived`` are indexed by the rank over the named axes (the axis index for
-    one axis); times are ``time.perf_counter()`` seconds; ``nbytes`` is one device's operand size.
+    ``devices``, ``sites``, ``arrived`` (and ``operands``/``results`` when recorded) are indexed by the rank
+    over the named axes (the axis index for one axis); times are ``time.perf_counter()`` seconds; ``nbytes``
+    is one device's operand size in bytes; ``step`` counts the collectives of this communicator.
     """
 
     op: str
@@ -31,38 +55,228 @@ class CollectiveEvent:
     sites: tuple[str, ...]
     arrived: tuple[float, ...]
     released: float
+    operands: tuple | None = None
+    results: tuple | None = None
 
     @property
     def wait(self) -> float:
         """Seconds between the first arrival and the release (how long the earliest device waited)."""
         return self.released - min(self.arrived)
 
+    @property
+    def slowest(self) -> str:
+        """The device that arrived last (everyone else waited for it)."""
+        return self.devices[int(np.argmax(self.arrived))]
+
+
+def _summarize(a) -> dict:
+    a = np.asarray(a)
+    if a.size == 0 or a.dtype.kind not in "biufc" and a.dtype.name != "bfloat16":
+        return {"shape": list(a.shape), "dtype": str(a.dtype)}
+    v = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+    return {"shape": list(a.shape), "dtype": str(a.dtype), "min": float(np.min(v.real)), "max": float(np.max(v.real)),
+            "mean": complex(np.mean(v)) if a.dtype.kind == "c" else float(np.mean(v))}
+
 
 class Trace:
-    """The collectives recorded while the ``trace()`` block ran, in completion order."""
+    """The calls and collectives recorded while the ``trace()`` block ran."""
 
-    def __init__(self):
+    def __init__(self, values: str | None = None):
+        if values not in (None, "summary", "full"):
+            raise ValueError(f"trace(values=...) must be None, 'summary' or 'full', got {values!r}.")
+        self.values = values
         self.events: list[CollectiveEvent] = []
+        self.calls: list[CallEvent] = []
         self._lock = threading.Lock()
+        self.origin = time.perf_counter()
+
+    # -- recording (called by the runtime) ---------------------------------------------------------------
 
     def record(self, rv, released: float) -> None:
         op, names, sizes, params, avals = rv.signature
+        operands = results = None
+        if self.values == "full":
+            operands = tuple(tuple(np.array(b) for b in blocks) for blocks in rv.blocks)
+            results = None if rv.results is None else tuple(tuple(np.array(r) for r in res) for res in rv.results)
+        elif self.values == "summary":
+            operands = tuple(tuple(_summarize(b) for b in blocks) for blocks in rv.blocks)
+            results = None if rv.results is None else tuple(tuple(_summarize(r) for r in res) for res in rv.results)
         nbytes = sum(getattr(b, "nbytes", 0) for b in rv.blocks[0])
         event = CollectiveEvent(op, names, rv.size, rv.seq, dict(params), tuple(s for s, _ in avals),
                                 tuple(str(d) for _, d in avals), nbytes, tuple(lane.label for lane in rv.lanes),
-                                tuple(rv.sites), tuple(rv.arrivals), released)
+                                tuple(rv.sites), tuple(rv.arrivals), released, operands, results)
         with self._lock:
             self.events.append(event)
+
+    def lane(self, label: str, start: float, end: float, outcome: str) -> None:
+        with self._lock:
+            self.calls.append(CallEvent(label, start, end, outcome))
+
+    # -- reports ---------------------------------------------------------------------------------------
 
     def counts(self) -> collections.Counter:
         """How many collectives of each op ran, e.g. ``Counter({'psum': 500})``."""
         return collections.Counter(e.op for e in self.events)
 
+    def summary_rows(self) -> list[dict]:
+        """One row per (op, axis): count, bytes per device, total and worst wait (ms), slowest device."""
+        groups: dict = collections.defaultdict(list)
+        for e in self.events:
+            groups[(e.op, e.axis_name)].append(e)
+        rows = []
+        for (op, axis), events in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            slowest = collections.Counter(e.slowest for e in events).most_common(1)[0][0]
+            rows.append({"op": op, "axis": axis[0] if len(axis) == 1 else axis, "count": len(events),
+                         "bytes": sum(e.nbytes for e in events),
+                         "total_wait_ms": 1e3 * sum(e.wait for e in events),
+                         "worst_wait_ms": 1e3 * max(e.wait for e in events), "slowest_device": slowest})
+        return rows
+
+    def summary(self, file=None) -> str:
+        """A table per collective and axis (count, bytes, total and worst wait, slowest device); printed
+        with rich when it is installed, and returned as plain text."""
+        rows = self.summary_rows()
+        header = ["collective", "axis", "count", "bytes/device", "total wait ms", "worst wait ms", "slowest device"]
+        body = [[r["op"], repr(r["axis"]), str(r["count"]), str(r["bytes"]), f"{r['total_wait_ms']:.3f}",
+                 f"{r['worst_wait_ms']:.3f}", r["slowest_device"]] for r in rows]
+        widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+        text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in [header, *body])
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            print(text, file=file)
+            return text
+        table = Table(title=f"collectives: {len(self.events)} in {len(self.calls)} device calls")
+        for h in header:
+            table.add_column(h, justify="right" if h[0] in "cbtw" and h not in ("collective",) else "left")
+        for b in body:
+            table.add_row(*b)
+        Console(file=file).print(table)
+        return text
+
+    def to_perfetto(self, path) -> dict:
+        """Write the Chrome trace-event JSON (https://ui.perfetto.dev, chrome://tracing): a track per device
+        with its call and its collectives (arrival to release), and a flow arrow through the devices of each
+        rendezvous. Returns the JSON object."""
+        tids: dict[str, int] = {}
+
+        def tid(label):
+            return tids.setdefault(label, len(tids) + 1)
+
+        def us(t):
+            return round((t - self.origin) * 1e6, 3)
+
+        for label in sorted({c.device for c in self.calls} | {d for e in self.events for d in e.devices},
+                            key=_device_sort_key):
+            tid(label)
+        events: list[dict] = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "spmdsim"}}]
+        events += [{"ph": "M", "pid": 1, "tid": t, "name": "thread_name", "args": {"name": label}}
+                   for label, t in tids.items()]
+        events += [{"ph": "M", "pid": 1, "tid": t, "name": "thread_sort_index", "args": {"sort_index": t}}
+                   for t in tids.values()]
+        for c in self.calls:
+            events.append({"ph": "X", "pid": 1, "tid": tid(c.device), "name": "mapped call", "cat": "call",
+                           "ts": us(c.start), "dur": max(us(c.end) - us(c.start), 0.001), "args": {"outcome": c.outcome}})
+        for k, e in enumerate(self.events):
+            name = f"{e.op}({', '.join(map(str, e.axis_name))})"
+            for rank, (device, arrived, site) in enumerate(zip(e.devices, e.arrived, e.sites)):
+                args: dict[str, Any] = {"axis_name": list(map(str, e.axis_name)), "step": e.step, "rank": rank,
+                                        "shapes": [list(s) for s in e.shapes], "dtypes": list(e.dtypes),
+                                        "bytes": e.nbytes, "site": site,
+                                        "wait_us": round((e.released - arrived) * 1e6, 3)}
+                args.update({k2: repr(v) for k2, v in e.params.items() if v is not None})
+                if self.values == "summary" and e.operands is not None:
+                    args["operand"] = e.operands[rank]
+                    args["result"] = e.results[rank] if e.results is not None else None
+                events.append({"ph": "X", "pid": 1, "tid": tid(device), "name": name, "cat": "collective",
+                               "ts": us(arrived), "dur": max(us(e.released) - us(arrived), 0.001), "args": args})
+            order = sorted(range(len(e.devices)), key=lambda r: tid(e.devices[r]))
+            for j, rank in enumerate(order):
+                phase = "s" if j == 0 else ("f" if j == len(order) - 1 else "t")
+                flow = {"ph": phase, "pid": 1, "tid": tid(e.devices[rank]), "id": k, "name": "rendezvous",
+                        "cat": "rendezvous", "ts": us(e.released)}
+                if phase == "f":
+                    flow["bp"] = "e"
+                if len(order) > 1:
+                    events.append(flow)
+        doc = {"traceEvents": events, "displayTimeUnit": "ms",
+               "otherData": {"producer": "spmdsim", "collectives": len(self.events)}}
+        with open(path, "w") as f:
+            json.dump(doc, f, default=_json_default)
+        return doc
+
+
+    def to_svg(self, path, *, width: int = 900) -> None:
+        """A timeline picture: one row per device, its call (grey), each collective from arrival to release
+        (coloured by op; the wait is the bar's length), a line through the devices of each rendezvous."""
+        import html
+
+        labels = sorted({c.device for c in self.calls} | {d for e in self.events for d in e.devices},
+                        key=_device_sort_key)
+        times = [c.start for c in self.calls] + [c.end for c in self.calls] + [e.released for e in self.events]
+        if not labels or not times:
+            raise ValueError("the trace is empty: nothing ran inside the trace() block")
+        t0, t1 = min(times), max(times)
+        left, row, top = 150, 26, 36
+        scale = (width - left - 20) / max(t1 - t0, 1e-9)
+
+        def x(t):
+            return left + (t - t0) * scale
+
+        colours = {}
+        palette = ["#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f"]
+        ys = {label: top + i * row for i, label in enumerate(labels)}
+        height = top + len(labels) * row + 40
+        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
+               f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
+               f'<text x="10" y="20" font-size="13">spmdsim trace: {len(self.events)} collectives, '
+               f'{1e3 * (t1 - t0):.2f} ms</text>']
+        for label, y in ys.items():
+            out.append(f'<text x="10" y="{y + 15}">{html.escape(label)}</text>')
+        for c in self.calls:
+            y = ys[c.device]
+            out.append(f'<rect x="{x(c.start):.1f}" y="{y + 4}" width="{max(x(c.end) - x(c.start), 1):.1f}" '
+                       f'height="{row - 8}" fill="#e6e6e6"/>')
+        for e in self.events:
+            colour = colours.setdefault(e.op, palette[len(colours) % len(palette)])
+            for device, arrived in zip(e.devices, e.arrived):
+                y = ys[device]
+                out.append(f'<rect x="{x(arrived):.1f}" y="{y + 7}" width="{max(x(e.released) - x(arrived), 1.5):.1f}" '
+                           f'height="{row - 14}" fill="{colour}"><title>{html.escape(e.op)} step {e.step} '
+                           f'wait {1e6 * (e.released - arrived):.0f} us</title></rect>')
+            ry = sorted(ys[d] for d in e.devices)
+            out.append(f'<line x1="{x(e.released):.1f}" y1="{ry[0] + 7}" x2="{x(e.released):.1f}" '
+                       f'y2="{ry[-1] + row - 7}" stroke="black" stroke-width="0.6"/>')
+        for k, (op, colour) in enumerate(colours.items()):
+            out.append(f'<rect x="{left + 110 * k}" y="{height - 24}" width="12" height="12" fill="{colour}"/>'
+                       f'<text x="{left + 110 * k + 16}" y="{height - 14}">{html.escape(op)}</text>')
+        out.append("</svg>")
+        with open(path, "w") as f:
+            f.write("\n".join(out))
+
+
+def _json_default(value):
+    if isinstance(value, complex):
+        return [value.real, value.imag]
+    if isinstance(value, np.generic):
+        return value.item()
+    return repr(value)
+
+
+def _device_sort_key(label: str):
+    head = label.split(" [")[0].split()
+    return (head[0], int(head[1]) if len(head) > 1 and head[1].isdigit() else 0, label)
+
 
 @contextlib.contextmanager
-def trace():
-    """Record every collective completed inside the block, from any thread. Yields a :class:`Trace`."""
-    tr = Trace()
+def trace(values: str | None = None):
+    """Record every device call and collective completed inside the block, from any thread.
+
+    ``values``: None (shapes and times only), ``"summary"`` (min/max/mean of every device's operand and
+    result) or ``"full"`` (copies of the arrays). Yields a :class:`Trace`.
+    """
+    tr = Trace(values)
     _runtime.observers.append(tr)
     try:
         yield tr

@@ -1,4 +1,4 @@
-"""The ``spmdsim`` command: ``demo``, ``run SCRIPT.py``, ``conformance``."""
+"""The ``spmdsim`` command: ``demo``, ``run SCRIPT.py``, ``debug SCRIPT.py``, ``conformance``."""
 from __future__ import annotations
 
 import sys
@@ -6,6 +6,7 @@ import sys
 COMMANDS = {
     "demo": ("spmdsim.demo", "data-parallel linear regression on the diabetes table, on virtual devices"),
     "run": ("spmdsim.jax._run", "run an unmodified JAX script with jax.pmap on virtual devices (needs jax)"),
+    "debug": ("spmdsim.debug", "step through a script's collectives, pdb style (n, c, show, where, quit)"),
     "conformance": ("spmdsim.conformance", "compare spmdsim with the installed jax.pmap; print and write a matrix"),
 }
 

@@ -538,3 +538,26 @@ def _clz(x):
         out = np.where((out == bits) & (hit == 1), b, out)
     return out.astype(x.dtype)
 
+
+
+# -- jax.debug.print and jax.debug.callback: run per device on concrete values -------------------------------
+# What they print goes through spmdsim's ordered output: labelled with the device and released in device
+# order at each rendezvous.
+
+@impl("debug_print")
+def _debug_print(*args, fmt, in_tree, static_args=(), np_printoptions=(), **_):
+    import jax
+
+    positional, keywords = jax.tree_util.tree_unflatten(in_tree, list(args))
+    positional = list(positional)
+    for index, value in static_args:
+        positional.insert(index, value)
+    with np.printoptions(**dict(np_printoptions)):
+        print(fmt.format(*positional, **keywords))
+    return []
+
+
+@impl("debug_callback")
+def _debug_callback(*args, callback, **_):
+    callback(*args)
+    return []

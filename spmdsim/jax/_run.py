@@ -76,6 +76,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="spmdsim run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, default=spmdsim.device_count(),
                         help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
+    parser.add_argument("--trace", metavar="PATH", default=None,
+                        help="record every collective and write a Perfetto/Chrome trace JSON to PATH")
     args = parser.parse_args(ours)
     if not script:
         parser.error("give the script to run: spmdsim run SCRIPT.py [script args] [--devices N]")
@@ -85,9 +87,16 @@ def main(argv=None) -> int:
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = script
     sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))  # as `python SCRIPT.py` does
+    tracing = spmdsim.trace(values="summary") if args.trace else contextlib.nullcontext()
     try:
-        with patched_jax(args.devices):
-            runpy.run_path(script[0], run_name="__main__")
+        with patched_jax(args.devices), tracing as tr:
+            try:
+                runpy.run_path(script[0], run_name="__main__")
+            finally:
+                if args.trace:
+                    tr.to_perfetto(args.trace)
+                    print(f"spmdsim run: wrote {len(tr.events)} collectives to {args.trace} (open it in "
+                          f"https://ui.perfetto.dev or chrome://tracing)", file=sys.stderr)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:

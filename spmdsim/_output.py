@@ -1,0 +1,109 @@
+"""Ordered per-device output: what a device prints is labelled with the device and released in device order
+at each rendezvous (and when the mapped call ends), instead of interleaving the way threads (or
+``jax.debug.print`` on hardware) do. Text printed outside mapped functions passes straight through.
+
+On by default; ``spmdsim.set_ordered_output(False)`` (a statement or a context manager) turns it off.
+"""
+from __future__ import annotations
+
+import io
+import sys
+import threading
+
+__all__ = ["DeviceStream", "set_ordered_output", "ordered_output_enabled"]
+
+_enabled = True
+
+
+def ordered_output_enabled() -> bool:
+    return _enabled
+
+
+class set_ordered_output:
+    """Turn ordered, labelled device output on or off; as a context manager the previous setting returns."""
+
+    def __init__(self, enabled: bool = True):
+        global _enabled
+        self.previous, _enabled = _enabled, bool(enabled)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        global _enabled
+        _enabled = self.previous
+
+
+class DeviceStream(io.TextIOBase):
+    """Stands in for ``sys.stdout`` during a mapped call: device threads write into per-device buffers."""
+
+    def __init__(self, stream, current_lane):
+        self.stream, self._current_lane = stream, current_lane
+        self._buffers: dict = {}
+        self._lock = threading.Lock()
+        self.users = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lane = self._current_lane()
+        if lane is None:
+            return self.stream.write(text)
+        with self._lock:
+            self._buffers.setdefault(lane, []).append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._current_lane() is None:
+            self.stream.flush()
+
+    def release(self) -> None:
+        """Write every device's buffered text, device by device in device order, each line labelled."""
+        with self._lock:
+            if not self._buffers:
+                return
+            buffers, self._buffers = self._buffers, {}
+        out = []
+        for lane in sorted(buffers, key=lambda ln: tuple(f.index for f in ln.frames)):
+            text = "".join(buffers[lane])
+            out.extend(f"{lane.label} | {line}\n" for line in text.splitlines())
+        self.stream.write("".join(out))
+        self.stream.flush()
+
+
+_install_lock = threading.Lock()
+
+
+def begin(current_lane) -> DeviceStream | None:
+    """Install the device stream for a top-level mapped call (shared by concurrent calls)."""
+    if not _enabled:
+        return None
+    with _install_lock:
+        stream = sys.stdout if isinstance(sys.stdout, DeviceStream) else DeviceStream(sys.stdout, current_lane)
+        stream.users += 1
+        sys.stdout = stream
+        return stream
+
+
+def end(stream: DeviceStream | None) -> None:
+    if stream is None:
+        return
+    stream.release()
+    with _install_lock:
+        stream.users -= 1
+        if stream.users == 0 and sys.stdout is stream:
+            sys.stdout = stream.stream
+
+
+def release_all() -> None:
+    """Called at each rendezvous: release what the devices printed so far."""
+    stream = sys.stdout
+    if isinstance(stream, DeviceStream):
+        stream.release()
+
+
+def real_stdout():
+    """The terminal stream under any device stream (for the debugger's own output)."""
+    stream = sys.stdout
+    return stream.stream if isinstance(stream, DeviceStream) else stream
