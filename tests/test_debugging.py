@@ -236,30 +236,34 @@ def test_debugger_continue_and_quit():
 
 
 def _drive(argv, commands, timeout=60):
-    """Run a command in a pseudo-terminal, answering each '(spmdsim) ' prompt with the next command."""
-    pid, fd = pty.fork()
-    if pid == 0:  # child
-        os.environ["PYTHONPATH"] = ROOT
-        os.execv(sys.executable, [sys.executable, *argv])
+    """Run a command on a pseudo-terminal, answering each '(spmdsim) ' prompt with the next command."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, *argv], stdin=terminal, stdout=terminal, stderr=terminal,
+                            env={**os.environ, "PYTHONPATH": ROOT}, close_fds=True)
+    os.close(terminal)
     output, pending, deadline = b"", list(commands), time.time() + timeout
     try:
         while time.time() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
+            ready, _, _ = select.select([controller], [], [], 0.5)
             if ready:
                 try:
-                    chunk = os.read(fd, 4096)
-                except OSError:
+                    chunk = os.read(controller, 4096)
+                except OSError:  # the child closed the terminal
                     break
                 if not chunk:
                     break
                 output += chunk
                 if output.endswith(b"(spmdsim) ") and pending:
-                    os.write(fd, (pending.pop(0) + "\n").encode())
+                    os.write(controller, (pending.pop(0) + "\n").encode())
+            elif proc.poll() is not None:
+                break
         else:
+            proc.kill()
             raise AssertionError("the debugger did not finish:\n" + output.decode(errors="replace"))
     finally:
-        _, status = os.waitpid(pid, 0)
-    return output.decode(errors="replace").replace("\r\n", "\n"), os.waitstatus_to_exitcode(status)
+        code = proc.wait(timeout=30)
+        os.close(controller)
+    return output.decode(errors="replace").replace("\r\n", "\n"), code
 
 
 def test_terminal_debugger_through_a_pseudo_terminal(tmp_path):
