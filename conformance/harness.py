@@ -1,5 +1,6 @@
-"""Run one case three ways and compare: the NumPy front end (spmdsim.pmap + spmdsim.lax), the JAX front end
-(spmdsim.jax.pmap + jax.lax, values by NumPy from the jaxpr) and real jax.pmap (XLA).
+"""Run one case four ways and compare: the NumPy front end (spmdsim.pmap + spmdsim.lax), the JAX front end
+(spmdsim.jax.pmap + jax.lax, values by NumPy from the jaxpr) with its thread executor and with its
+vectorized executor, and real jax.pmap (XLA).
 
 A case's ``build(api)`` returns the mapped callable written against ``api.pmap``, ``api.vmap`` and ``api.lax``,
 so one definition serves all three. Results are compared by :func:`spmdsim.testing.assert_trees_match`
@@ -9,6 +10,7 @@ JAX raises, each front end must raise an exception of the same class (and contai
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from typing import Any, Callable
 
@@ -22,6 +24,8 @@ from spmdsim.testing import Mismatch, assert_trees_match
 APIS = {
     "numpy": types.SimpleNamespace(name="numpy", lax=spmdsim.lax, pmap=spmdsim.pmap, vmap=spmdsim.vmap),
     "jaxpr": types.SimpleNamespace(name="jaxpr", lax=jax.lax, pmap=sjax.pmap, vmap=jax.vmap),
+    "vectorized": types.SimpleNamespace(name="vectorized", lax=jax.lax, pmap=functools.partial(
+        sjax.pmap, executor="vectorized"), vmap=jax.vmap),
     "jax": types.SimpleNamespace(name="jax", lax=jax.lax, pmap=jax.pmap, vmap=jax.vmap),
 }
 
@@ -32,7 +36,7 @@ class Case:
     area: str
     build: Callable[[Any], Callable]
     args: tuple
-    front_ends: tuple = ("numpy", "jaxpr")
+    front_ends: tuple = ("numpy", "jaxpr", "vectorized")
     phrase: str | None = None
     out_axis: int | None = 0
     devices_needed: int = 1

@@ -28,3 +28,20 @@ def test_case(case):
 def test_every_known_difference_names_a_case():
     unused = [p for p in KNOWN_DIFFERENCES if not fnmatch.filter(CASES, p)]
     assert not unused, f"known differences that match no case: {unused}"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=i) for i, c in CASES.items() if "vectorized" in c.front_ends])
+def test_vectorized_executor_equals_thread_executor(case):
+    """The vectorized executor against the reference thread executor, on every case (differences from JAX
+    included): the same results bit for bit, or the same exception class."""
+    from conformance.harness import APIS, Mismatch, _call
+    from spmdsim.testing import assert_trees_match
+
+    if case.devices_needed > jax.device_count():
+        pytest.skip(f"needs {case.devices_needed} devices")
+    threads, threads_error = _call(APIS["jaxpr"], case)
+    vectorized, vectorized_error = _call(APIS["vectorized"], case)
+    if threads_error is not None or vectorized_error is not None:
+        assert type(threads_error) is type(vectorized_error), (threads_error, vectorized_error)
+        return
+    assert_trees_match(vectorized, threads, out_axis=case.out_axis, what=("vectorized", "threads"), rtol=0, atol=0)

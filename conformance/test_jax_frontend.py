@@ -144,11 +144,12 @@ _clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.5, 0.5),
 LOOSE = {"bfloat16_math": 1.6e-2}
 
 
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
-def test_function_matches_jax_pmap(name):
+def test_function_matches_jax_pmap(name, executor):
     fun, args = FUNCTIONS[name]
     tol = LOOSE.get(name, 2e-5)
-    assert_pmap_matches_jax(fun, *args, axis_name="i", rtol=tol, atol=tol)
+    assert_pmap_matches_jax(fun, *args, axis_name="i", rtol=tol, atol=tol, executor=executor)
 
 
 def test_at_least_sixty_functions():

@@ -77,6 +77,11 @@ class _Inputs:
             out.append(v)
         return _tree.unflatten(self.treedef, out)
 
+    def stacked(self, n: int) -> list[np.ndarray]:
+        """Every leaf with the device axis first: mapped leaves moved (a view), the others broadcast."""
+        return [np.moveaxis(leaf, ax, 0) if ax is not None else np.broadcast_to(leaf, (n, *np.shape(leaf)))
+                for leaf, ax in zip(self.leaves, self.axes)]
+
 
 def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str) -> _Inputs:
     dyn_axes = _tree.broadcast_prefix(in_axes, dyn_args, name=f"{api} in_axes", hint=hint)
@@ -225,7 +230,12 @@ def merge_static(statics: dict, dyn: Sequence) -> list:
 
 def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_name, in_axes, out_axes,
                  axis_size: int | None, static_argnums: tuple = (), devices=None, check_replicated: bool = False,
-                 hint: str = ""):
+                 hint: str = "", run: Callable | None = None):
+    """Validate and split the arguments, run one lane per index, stack the outputs.
+
+    ``run(inputs, n, name)``, when given, replaces the thread runner: it returns the per-lane outputs (the
+    JAX front end's vectorized executor computes them all at once from ``inputs.stacked(n)``).
+    """
     statics, args, in_axes = split_static(fun, args, in_axes, static_argnums)
     if kwargs:
         hint += (" When some arguments are passed by keyword, they are not included in the comparison to in_axes: "
@@ -240,7 +250,10 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
         dyn, kw = inputs.block(i)
         return fun(*merge_static(statics, dyn), **kw)
 
-    outputs = _runtime.run_mapped(body, axis_name=name, size=n, is_device=(api == "pmap"))
+    if run is not None:
+        outputs = run(inputs, n, name)
+    else:
+        outputs = _runtime.run_mapped(body, axis_name=name, size=n, is_device=(api == "pmap"))
     parent = _runtime.current_lane()
     frames = parent.frames if parent is not None else ()
 

@@ -78,9 +78,10 @@ def assert_trees_match(actual, expected, *, out_axis: int | None = 0, what=("spm
 
 
 def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, atol: float | None = None,
-                            **pmap_kwargs) -> Any:
+                            executor: str = "threads", **pmap_kwargs) -> Any:
     """Run ``fun`` under ``spmdsim.jax.pmap`` and ``jax.pmap`` with the same ``pmap_kwargs`` and compare.
 
+    ``executor`` selects spmdsim's executor (``"threads"``, the reference, or ``"vectorized"``).
     Returns spmdsim's result. If JAX raises, spmdsim must raise the same exception class (the error is then
     re-raised from spmdsim's side for inspection). Raises :class:`Mismatch` on the first difference.
     """
@@ -92,14 +93,14 @@ def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, ato
         expected = jax.pmap(fun, **pmap_kwargs)(*args)
     except Exception as jax_error:  # noqa: BLE001 - compared below
         try:
-            sjax.pmap(fun, **pmap_kwargs)(*args)
+            sjax.pmap(fun, executor=executor, **pmap_kwargs)(*args)
         except type(jax_error):
             raise
         except Exception as ours:  # noqa: BLE001
             raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim raised "
                            f"{type(ours).__name__}: {ours}") from ours
         raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim returned a result")
-    actual = sjax.pmap(fun, **pmap_kwargs)(*args)
+    actual = sjax.pmap(fun, executor=executor, **pmap_kwargs)(*args)
     out_axes = pmap_kwargs.get("out_axes", 0)
     assert_trees_match(actual, expected, out_axis=out_axes if isinstance(out_axes, int) else None, rtol=rtol,
                        atol=atol)

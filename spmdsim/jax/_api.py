@@ -18,6 +18,7 @@ from jax._src import api_util
 from spmdsim import _pmap, _runtime
 from spmdsim.jax._dtypes import is_key
 from spmdsim.jax._interpreter import eval_jaxpr
+from spmdsim.jax._vectorized import Devices, eval_jaxpr_batched
 
 __all__ = ["pmap"]
 
@@ -54,17 +55,26 @@ class _Traced:
     def __call__(self, *blocks):
         return eval_jaxpr(self.jaxpr, self.consts, *blocks)
 
+    def run_vectorized(self, inputs, n: int, name) -> list[list[np.ndarray]]:
+        """All devices at once (the vectorized executor); returns the per-device outputs."""
+        outs = eval_jaxpr_batched(self.jaxpr, self.consts, inputs.stacked(n), Devices(name, n, np.arange(n)))
+        return [[o[d] for o in outs] for d in range(n)]
+
 
 def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axes=0,
          static_broadcasted_argnums: int | Sequence[int] = (), devices: Sequence | None = None,
          backend: str | None = None, axis_size: int | None = None, donate_argnums: int | Sequence[int] = (),
-         check_replicated: bool = False):
+         check_replicated: bool = False, executor: str = "threads"):
     """``jax.pmap`` on spmdsim's virtual devices, with every value computed by NumPy from the jaxpr.
 
     Same signature and argument rules as :func:`spmdsim.pmap` (and ``jax.pmap``); ``fun`` is an ordinary JAX
     function (``jax.numpy``, ``jax.lax`` collectives, ``jax.grad``, ``jax.random``, ``jax.tree_util``).
     Inputs are converted to NumPy with JAX's dtype canonicalisation; outputs are returned as ``jax.Array``
     leaves (values computed by NumPy) so JAX code keeps working on them.
+
+    ``executor`` (spmdsim only): ``"threads"`` (the default and the reference: one thread per device) or
+    ``"vectorized"`` (each equation once over all devices' blocks stacked on a leading axis, in the caller's
+    thread; for thousands of devices; one named axis; see :mod:`spmdsim.jax._vectorized`).
 
     The trace is cached per argument structure, block shapes and dtypes, static arguments and axis sizes.
     ``cond`` and ``while`` run on each device's concrete values, so devices may diverge; a collective reached
@@ -74,6 +84,8 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     use ``jax.vmap(..., axis_name=...)`` inside for a second named axis.
     """
     static = _pmap.check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices)
+    if executor not in ("threads", "vectorized"):
+        raise ValueError(f"executor must be 'threads' or 'vectorized', got {executor!r}.")
     name = axis_name if axis_name is not None else _runtime.Unnamed("pmap")
     cache: dict = {}
     lock = threading.Lock()
@@ -109,7 +121,8 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         flat_out_axes = api_util.flatten_axes("pmap out_axes", traced.out_tree, out_axes)
         outs = _pmap._mapped_call(traced, tuple(arrays), {}, api="pmap", axis_name=name,
                                   in_axes=tuple(flat_in_axes), out_axes=list(flat_out_axes), axis_size=axis_size,
-                                  devices=devices, check_replicated=check_replicated, hint=_pmap.PMAP_HINT)
+                                  devices=devices, check_replicated=check_replicated, hint=_pmap.PMAP_HINT,
+                                  run=traced.run_vectorized if executor == "vectorized" else None)
         outs = [jax.random.wrap_key_data(o) if is_key(aval.dtype) else jax.numpy.asarray(o)
                 for o, aval in zip(outs, traced.out_avals)]
         return jax.tree_util.tree_unflatten(traced.out_tree, outs)

@@ -6,6 +6,8 @@ site reported in errors and traces is the user's line that produced the equation
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from spmdsim import _runtime, lax as _lax
@@ -24,7 +26,7 @@ def _bind(op, x, axis_name, groups=None, *, even_groups=False, **params):
     """JAX checks some arguments only when lowering (after tracing), so the rules check them here."""
     frames = _frames(op, axis_name)
     if groups is not None:
-        groups = tuple(tuple(g) for g in groups)
+        groups = _lax._check_groups(groups, math.prod(f.size for f in frames), op)
         if even_groups:
             _lax._require_even(groups, op)
     return _lax.bind(op, [x], frames, groups, site=current_site(), **params)[0]

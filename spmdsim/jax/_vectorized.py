@@ -1,0 +1,430 @@
+"""The vectorized executor: each equation evaluated once over every device's block, stacked on a leading
+device axis, in the caller's thread. For thousands of devices, where one thread per device is slow.
+
+- Primitives with axis parameters have batched rules here (the axes shifted by one); elementwise primitives
+  use their per-device rules unchanged (the device axis broadcasts); the rest (gather, scatter, dynamic
+  slices, random bits, ...) fall back to a loop over the devices with their per-device rules.
+- Collectives apply the same rule table (:mod:`spmdsim._collectives`) along the device axis, so results are
+  those of the thread executor bit for bit (same reduction order).
+- ``cond`` and ``while`` split the devices by their own predicate. A collective that only some devices
+  would reach is the program that hangs on hardware: it raises CollectiveDeadlockError here too (run the
+  thread executor, the default, for the full per-device report).
+
+The thread executor stays the reference; the conformance suite runs the JAX front end both ways.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+from jax.extend import core as ext_core
+
+from spmdsim import _collectives
+from spmdsim.errors import CollectiveDeadlockError
+from spmdsim.jax._dtypes import numpy_shape_dtype
+from spmdsim.jax._interpreter import IMPL, _read_literal
+
+__all__ = ["eval_jaxpr_batched", "BATCHED"]
+
+BATCHED: dict[str, Callable] = {}
+COLLECTIVES = {"psum", "pmax", "pmin", "all_gather", "reduce_scatter", "all_to_all", "ppermute", "pbroadcast",
+               "axis_index"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    """The devices in the current batch (``ids``, axis indices) out of ``size`` along the named axis."""
+
+    name: object
+    size: int
+    ids: np.ndarray
+
+    @property
+    def complete(self) -> bool:
+        return len(self.ids) == self.size
+
+    def subset(self, mask: np.ndarray) -> "Devices":
+        return Devices(self.name, self.size, self.ids[mask])
+
+
+def batched(*names: str):
+    def register(rule):
+        for name in names:
+            BATCHED[name] = rule
+        return rule
+    return register
+
+
+def _check(value: np.ndarray, aval, n: int, eqn) -> None:
+    shape, dtype = numpy_shape_dtype(aval)
+    if value.shape != (n, *shape) or value.dtype != dtype:
+        raise AssertionError(f"spmdsim bug: the vectorized rule for {eqn.primitive.name!r} returned "
+                             f"{value.dtype}{list(value.shape)}, expected {dtype}{[n, *shape]}.")
+
+
+def eval_jaxpr_batched(jaxpr, consts, args, devices: Devices) -> list[np.ndarray]:
+    """Evaluate ``jaxpr`` once for all of ``devices``: every argument and result has the device axis first."""
+    n = len(devices.ids)
+    env: dict = {}
+
+    def read(v):
+        if isinstance(v, ext_core.Literal):
+            lit = _read_literal(v)
+            return np.broadcast_to(lit, (n, *lit.shape))
+        return env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        c = np.asarray(c)
+        env[v] = np.broadcast_to(c, (n, *c.shape))
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        rule = BATCHED.get(eqn.primitive.name)
+        with np.errstate(all="ignore"):
+            if rule is not None:
+                out = rule(devices, *invals, **eqn.params)
+            else:
+                out = _per_device(eqn, invals, n)
+        outs = out if eqn.primitive.multiple_results else [out]
+        for var, val in zip(eqn.outvars, outs):
+            val = np.asarray(val)
+            _check(val, var.aval, n, eqn)
+            if not isinstance(var, ext_core.DropVar):
+                env[var] = val
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _per_device(eqn, invals, n):
+    """The fallback: the per-device rule once per device, results stacked."""
+    name = eqn.primitive.name
+    rule = IMPL.get(name)
+    if rule is None or name in COLLECTIVES:
+        raise NotImplementedError(f"the vectorized executor has no rule for primitive {name!r}; use the thread "
+                                  f"executor (the default).")
+    outs = [rule(*(x[d] for x in invals), **eqn.params) for d in range(n)]
+    if eqn.primitive.multiple_results:
+        return [np.stack([np.asarray(o[k]) for o in outs]) for k in range(len(eqn.outvars))]
+    return np.stack([np.asarray(o) for o in outs])
+
+
+def _closed(jaxpr):
+    return (jaxpr.jaxpr, jaxpr.consts) if hasattr(jaxpr, "consts") else (jaxpr, ())
+
+
+def _call(devices, jaxpr, args):
+    inner, consts = _closed(jaxpr)
+    return eval_jaxpr_batched(inner, consts, list(args), devices)
+
+
+# -- elementwise: the per-device rules work on stacked blocks as they are ---------------------------------
+
+_ELEMENTWISE = ["neg", "sign", "floor", "ceil", "is_finite", "exp", "exp2", "log", "log1p", "expm1", "tanh", "sin",
+                "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "sqrt", "cbrt", "abs",
+                "real", "imag", "conj", "square", "rsqrt", "logistic", "add", "add_any", "sub", "mul", "max", "min",
+                "atan2", "nextafter", "rem", "and", "or", "xor", "eq", "ne", "lt", "le", "gt", "ge", "not", "div",
+                "pow", "integer_pow", "round", "erf", "erfc", "lgamma", "erf_inv", "population_count", "shift_left",
+                "shift_right_logical", "shift_right_arithmetic", "complex", "convert_element_type",
+                "reduce_precision", "copy", "copy_p", "pvary", "sharding_constraint", "pcast", "stop_gradient"]
+def _expand_to(x: np.ndarray, ndim: int) -> np.ndarray:
+    """A per-device scalar (shape (n,)) as (n, 1, ..., 1) so it broadcasts against rank ``ndim`` blocks."""
+    return x.reshape(x.shape + (1,) * (ndim - x.ndim))
+
+
+def _elementwise(rule):
+    def batched_rule(devices, *args, **params):
+        ndim = max(a.ndim for a in args)
+        return rule(*(_expand_to(a, ndim) for a in args), **params)
+    return batched_rule
+
+
+for _name in _ELEMENTWISE:
+    BATCHED[_name] = _elementwise(IMPL[_name])
+
+
+@batched("select_n")
+def _select_n(devices, which, *cases):
+    ndim = max(c.ndim for c in cases)
+    return IMPL["select_n"](_expand_to(which, ndim), *(_expand_to(c, ndim) for c in cases))
+
+
+@batched("clamp")
+def _clamp(devices, lo, x, hi):
+    return IMPL["clamp"](_expand_to(lo, x.ndim), x, _expand_to(hi, x.ndim))
+
+
+# -- shapes: the same operations with the device axis in front ---------------------------------------------
+
+def _shift(axes) -> tuple:
+    return tuple(a + 1 for a in axes)
+
+
+@batched("broadcast_in_dim")
+def _broadcast_in_dim(devices, x, *dyn, shape, broadcast_dimensions, sharding=None):
+    return IMPL["broadcast_in_dim"](x, shape=(len(devices.ids), *shape), broadcast_dimensions=(0, *_shift(broadcast_dimensions)))
+
+
+@batched("reshape")
+def _reshape(devices, x, *dyn, new_sizes, dimensions=None, sharding=None):
+    if dimensions is not None:
+        x = np.transpose(x, (0, *_shift(dimensions)))
+    return x.reshape((x.shape[0], *new_sizes))
+
+
+@batched("squeeze")
+def _squeeze(devices, x, *, dimensions):
+    return np.squeeze(x, axis=_shift(dimensions))
+
+
+@batched("expand_dims")
+def _expand_dims(devices, x, *, dimensions):
+    return np.expand_dims(x, _shift(dimensions))
+
+
+@batched("transpose")
+def _transpose(devices, x, *, permutation):
+    return np.transpose(x, (0, *_shift(permutation)))
+
+
+@batched("rev")
+def _rev(devices, x, *, dimensions):
+    return np.flip(x, _shift(dimensions)) if dimensions else x
+
+
+@batched("concatenate")
+def _concatenate(devices, *xs, dimension):
+    return np.concatenate(xs, axis=dimension + 1)
+
+
+@batched("split")
+def _split(devices, x, *, sizes, axis):
+    return np.split(x, np.cumsum(sizes)[:-1], axis=axis + 1)
+
+
+@batched("stack")
+def _stack(devices, *xs, axis):
+    return np.stack(xs, axis=axis + 1)
+
+
+@batched("slice")
+def _slice(devices, x, *, start_indices, limit_indices, strides):
+    strides = strides or (1,) * (x.ndim - 1)
+    return x[(slice(None), *(slice(s, l, st) for s, l, st in zip(start_indices, limit_indices, strides)))]
+
+
+@batched("iota")
+def _iota(devices, *dyn, dtype, shape, dimension, sharding=None):
+    one = IMPL["iota"](dtype=dtype, shape=shape, dimension=dimension)
+    return np.broadcast_to(one, (len(devices.ids), *shape))
+
+
+def _reduction(name):
+    rule = IMPL[name]
+    return lambda devices, x, *, axes, out_sharding=None: rule(x, axes=_shift(axes))
+
+
+for _name in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "reduce_xor"):
+    BATCHED[_name] = _reduction(_name)
+
+
+BATCHED["argmax"] = lambda devices, x, *, axes, index_dtype: np.argmax(x, axis=axes[0] + 1).astype(index_dtype)
+BATCHED["argmin"] = lambda devices, x, *, axes, index_dtype: np.argmin(x, axis=axes[0] + 1).astype(index_dtype)
+
+for _name in ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"):
+    BATCHED[_name] = (lambda rule: lambda devices, x, *, axis, reverse: rule(x, axis=axis + 1, reverse=reverse))(IMPL[_name])
+
+
+@batched("dot_general")
+def _dot_general(devices, lhs, rhs, *, dimension_numbers, **params):
+    (lc, rc), (lb, rb) = dimension_numbers
+    return IMPL["dot_general"](lhs, rhs, dimension_numbers=((_shift(lc), _shift(rc)), ((0, *_shift(lb)), (0, *_shift(rb)))),
+                               **params)
+
+
+@batched("sort")
+def _sort(devices, *operands, dimension, is_stable, num_keys):
+    return IMPL["sort"](*operands, dimension=dimension + 1, is_stable=is_stable, num_keys=num_keys)
+
+
+# -- higher order ------------------------------------------------------------------------------------------
+
+@batched("pjit", "jit")
+def _pjit(devices, *args, jaxpr, **_):
+    return _call(devices, jaxpr, args)
+
+
+@batched("closed_call", "core_call")
+def _closed_call(devices, *args, call_jaxpr, **_):
+    return _call(devices, call_jaxpr, args)
+
+
+@batched("remat2", "checkpoint", "remat")
+def _remat(devices, *args, jaxpr, **_):
+    return _call(devices, jaxpr, args)
+
+
+@batched("custom_jvp_call")
+def _custom_jvp_call(devices, *args, call_jaxpr, **_):
+    return _call(devices, call_jaxpr, args)
+
+
+@batched("custom_vjp_call", "custom_vjp_call_jaxpr")
+def _custom_vjp_call(devices, *args, **params):
+    return _call(devices, params.get("call_jaxpr") or params.get("fun_jaxpr"), args)
+
+
+def _has_collectives(jaxpr) -> bool:
+    inner, _ = _closed(jaxpr)
+    for eqn in inner.eqns:
+        if eqn.primitive.name in COLLECTIVES - {"axis_index"}:
+            return True
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+                    if _has_collectives(sub):
+                        return True
+    return False
+
+
+def _on_subset(devices: Devices, mask: np.ndarray, jaxpr, args, what: str) -> list[np.ndarray]:
+    """Evaluate ``jaxpr`` for the devices in ``mask`` only (the others do not execute it)."""
+    if not mask.all() and _has_collectives(jaxpr):
+        who = ", ".join(str(int(i)) for i in devices.ids[mask])
+        raise CollectiveDeadlockError(
+            f"{what} that contains a collective is executed by devices {who} only (of {devices.size} on axis "
+            f"{devices.name!r}): on real hardware this program hangs. Run it with the thread executor (the default) "
+            f"for the per-device report.")
+    return _call(devices.subset(mask), jaxpr, [a[mask] for a in args])
+
+
+@batched("cond")
+def _cond(devices, index, *operands, branches, **_):
+    index = np.clip(np.asarray(index).astype(np.int64), 0, len(branches) - 1)
+    outs = None
+    for b in np.unique(index):
+        mask = index == b
+        part = _on_subset(devices, mask, branches[b], operands, "a cond branch")
+        if outs is None:
+            outs = [np.empty((len(index), *p.shape[1:]), dtype=p.dtype) for p in part]
+        for o, p in zip(outs, part):
+            o[mask] = p
+    return outs
+
+
+@batched("while")
+def _while(devices, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+    cond_consts, body_consts = args[:cond_nconsts], args[cond_nconsts:cond_nconsts + body_nconsts]
+    carry = [np.array(c) for c in args[cond_nconsts + body_nconsts:]]
+    while True:
+        active = np.asarray(_call(devices, cond_jaxpr, [*cond_consts, *carry])[0]).astype(bool)
+        if not active.any():
+            return carry
+        new = _on_subset(devices, active, body_jaxpr, [*body_consts, *carry], "a while loop body")
+        for c, v in zip(carry, new):
+            c[active] = v
+
+
+@batched("scan")
+def _scan(devices, *args, jaxpr, num_consts, num_carry, length, reverse, **_):
+    consts, carry = args[:num_consts], list(args[num_consts:num_consts + num_carry])
+    xs = args[num_consts + num_carry:]
+    n = len(devices.ids)
+    ys = [np.empty((n, length, *numpy_shape_dtype(a)[0]), dtype=numpy_shape_dtype(a)[1])
+          for a in jaxpr.out_avals[num_carry:]]
+    for step in range(length):
+        i = length - 1 - step if reverse else step
+        outs = _call(devices, jaxpr, [*consts, *carry, *(x[:, i] for x in xs)])
+        carry = outs[:num_carry]
+        for y, out in zip(ys, outs[num_carry:]):
+            y[:, i] = out
+    return carry + ys
+
+
+# -- collectives along the device axis, through the same rule table -----------------------------------------
+
+def _names(axis_name) -> tuple:
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def _collective(devices: Devices, op: str, x: np.ndarray, axis_name, groups, **params) -> np.ndarray:
+    from spmdsim import lax
+    names = _names(axis_name)
+    if len(set(names)) != len(names):
+        raise ValueError(f"{op}: repeated axis in `source` argument: {names!r}. Name each axis once.")
+    if names != (devices.name,):
+        raise NotImplementedError(f"the vectorized executor maps one named axis ({devices.name!r}); {op} over "
+                                  f"{names} needs the thread executor.")
+    if not devices.complete:
+        raise CollectiveDeadlockError(f"{op} over {devices.name!r} reached by devices "
+                                      f"{', '.join(map(str, devices.ids))} only: on real hardware this hangs.")
+    groups = lax._check_groups(groups, devices.size, op)
+    results = _collectives.apply_grouped(op, [[b] for b in x], groups, **params)
+    first = results[0][0]
+    if all(r[0] is first for r in results):  # the same value everywhere (psum, all_gather, ...): no copies
+        return np.broadcast_to(first, (len(results), *first.shape))
+    return np.stack([r[0] for r in results])
+
+
+def _reduction_collective(op, ufunc):
+    def rule(devices, x, *, axes, axis_index_groups):
+        named = tuple(a for a in axes if not isinstance(a, int))
+        positional = tuple(a + 1 for a in axes if isinstance(a, int))
+        if positional:
+            x = ufunc.reduce(x, axis=positional, dtype=x.dtype if ufunc is np.add else None)
+        return _collective(devices, op, x, named, axis_index_groups) if named else x
+    return rule
+
+
+BATCHED["psum"] = _reduction_collective("psum", np.add)
+BATCHED["pmax"] = _reduction_collective("pmax", np.maximum)
+BATCHED["pmin"] = _reduction_collective("pmin", np.minimum)
+
+
+@batched("all_gather")
+def _all_gather(devices, x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled, **_):
+    from spmdsim import lax
+    if axis_index_groups is not None:
+        lax._require_even(tuple(map(tuple, axis_index_groups)), "all_gather")
+    return _collective(devices, "all_gather", x, axis_name, axis_index_groups,
+                       all_gather_dimension=all_gather_dimension, tiled=bool(tiled))
+
+
+@batched("reduce_scatter")
+def _reduce_scatter(devices, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
+    from spmdsim import lax
+    if x.dtype == np.bool_:
+        raise TypeError("add does not accept dtype bool at position 0 (psum_scatter of a bool array).")
+    if axis_index_groups is not None:
+        lax._require_even(tuple(map(tuple, axis_index_groups)), "psum_scatter")
+    return _collective(devices, "reduce_scatter", x, axis_name, axis_index_groups,
+                       scatter_dimension=scatter_dimension, tiled=bool(tiled))
+
+
+@batched("all_to_all")
+def _all_to_all(devices, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
+    from spmdsim import lax
+    if axis_index_groups is not None and len(axis_index_groups[0]) == 1:
+        return x
+    if axis_index_groups is not None:
+        lax._require_even(tuple(map(tuple, axis_index_groups)), "all_to_all")
+    return _collective(devices, "all_to_all", x, axis_name, axis_index_groups, split_axis=split_axis,
+                       concat_axis=concat_axis, tiled=True)
+
+
+@batched("ppermute")
+def _ppermute(devices, x, *, axis_name, perm):
+    from spmdsim import lax
+    return _collective(devices, "ppermute", x, axis_name, None, perm=lax._check_perm(perm, devices.size))
+
+
+@batched("pbroadcast")
+def _pbroadcast(devices, x, *, axis_name, source):
+    return _collective(devices, "pbroadcast", x, axis_name, None, source=source)
+
+
+@batched("axis_index")
+def _axis_index(devices, *, axis_name):
+    if _names(axis_name) != (devices.name,):
+        raise NotImplementedError(f"the vectorized executor maps one named axis ({devices.name!r}).")
+    return devices.ids.astype(np.int32)
