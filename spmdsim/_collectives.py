@@ -80,7 +80,9 @@ class ReductionOrder:
         if self.accumulation_dtype is not None and ufunc is np.add:
             blocks = [b.astype(self.accumulation_dtype) for b in blocks]
         if ufunc is not np.add or self.order == "sequential" or len(blocks) < 3:
-            out = functools.reduce(ufunc, blocks)
+            out = np.asarray(ufunc(blocks[0], blocks[1]))  # then in place: the same left-to-right fold
+            for b in blocks[2:]:
+                ufunc(out, b, out=out)
         elif self.order == "pairwise":
             level = list(blocks)
             while len(level) > 1:

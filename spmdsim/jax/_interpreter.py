@@ -7,6 +7,7 @@ primitives with several results. Rules live in :mod:`._numpy_rules`, :mod:`._con
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -57,51 +58,69 @@ def _read_literal(lit) -> np.ndarray:
     return np.asarray(lit.val, dtype=_dtypes.numpy_dtype(lit.aval.dtype))
 
 
-def _check_aval(value, aval, eqn) -> None:
-    expected_shape, expected_dtype = _dtypes.numpy_shape_dtype(aval)
-    if value.shape != expected_shape or value.dtype != expected_dtype:
-        raise AssertionError(
-            f"spmdsim bug: the NumPy rule for primitive {eqn.primitive.name!r} returned "
-            f"{value.dtype}{list(value.shape)}, but the jaxpr says {expected_dtype}{list(expected_shape)} "
-            f"(equation from {current_site()}; params {dict(eqn.params)}). Please report it.")
+def _report_aval(value, expected_shape, expected_dtype, eqn) -> None:
+    raise AssertionError(
+        f"spmdsim bug: the NumPy rule for primitive {eqn.primitive.name!r} returned "
+        f"{value.dtype}{list(value.shape)}, but the jaxpr says {expected_dtype}{list(expected_shape)} "
+        f"(equation from {current_site()}; params {dict(eqn.params)}). Please report it.")
+
+
+class _Step:
+    """One equation, prepared once per jaxpr: its rule, operands (literals already NumPy arrays) and the
+    shape and dtype every result must have."""
+
+    __slots__ = ("eqn", "rule", "operands", "params", "outvars", "expected", "multiple")
+
+    def __init__(self, eqn):
+        self.eqn, self.params = eqn, eqn.params
+        self.rule = IMPL.get(eqn.primitive.name)
+        self.operands = [(True, _read_literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
+                         for v in eqn.invars]
+        self.outvars = [None if isinstance(v, ext_core.DropVar) else v for v in eqn.outvars]
+        self.expected = [_dtypes.numpy_shape_dtype(v.aval) for v in eqn.outvars]
+        self.multiple = eqn.primitive.multiple_results
+
+
+_programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _program(jaxpr) -> list[_Step]:
+    program = _programs.get(jaxpr)
+    if program is None:
+        program = _programs[jaxpr] = [_Step(eqn) for eqn in jaxpr.eqns]
+    return program
 
 
 def eval_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
     """Evaluate ``jaxpr`` (a ``jax.extend.core.Jaxpr``) on NumPy arrays; returns the output arrays."""
     env: dict = {}
-
-    def read(v):
-        return _read_literal(v) if isinstance(v, ext_core.Literal) else env[v]
-
-    def write(v, val):
-        if not isinstance(v, ext_core.DropVar):
-            env[v] = val
-
     for v, val in zip(jaxpr.constvars, consts):
-        write(v, np.asarray(val))
+        env[v] = np.asarray(val)
     for v, val in zip(jaxpr.invars, args):
-        write(v, val)
+        env[v] = val
     stack = _local.__dict__.setdefault("stack", [])
     stack.append(None)
     try:
-        for eqn in jaxpr.eqns:
-            stack[-1] = eqn
-            rule = IMPL.get(eqn.primitive.name)
-            if rule is None:
-                raise NotImplementedError(
-                    f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} (params "
-                    f"{dict(eqn.params)}), used at {current_site()}. Supported primitives: "
-                    f"spmdsim.jax.supported_primitives().")
-            with np.errstate(all="ignore"):
-                out = rule(*map(read, eqn.invars), **eqn.params)
-            outs = out if eqn.primitive.multiple_results else [out]
-            for var, val in zip(eqn.outvars, outs):
-                val = np.asarray(val)
-                _check_aval(val, var.aval, eqn)
-                write(var, val)
+        with np.errstate(all="ignore"):
+            for step in _program(jaxpr):
+                eqn = stack[-1] = step.eqn
+                if step.rule is None:
+                    raise NotImplementedError(
+                        f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} (params "
+                        f"{dict(eqn.params)}), used at {current_site()}. Supported primitives: "
+                        f"spmdsim.jax.supported_primitives().")
+                out = step.rule(*[value if literal else env[value] for literal, value in step.operands],
+                                **step.params)
+                for var, val, (shape, dtype) in zip(step.outvars, out if step.multiple else (out,), step.expected):
+                    if type(val) is not np.ndarray:
+                        val = np.asarray(val)
+                    if val.shape != shape or val.dtype != dtype:
+                        _report_aval(val, shape, dtype, eqn)
+                    if var is not None:
+                        env[var] = val
     finally:
         stack.pop()
-    return [read(v) for v in jaxpr.outvars]
+    return [_read_literal(v) if isinstance(v, ext_core.Literal) else env[v] for v in jaxpr.outvars]
 
 
 def eval_closed_jaxpr(closed, *args) -> list[np.ndarray]:

@@ -494,24 +494,20 @@ impl("cumlogsumexp")(_cumulative(lambda x, a: np.logaddexp.accumulate(x, axis=a)
 @impl("dot_general")
 def _dot_general(lhs, rhs, *, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None,
                  **_):
+    """As a batched matmul: lhs to (batch, free, contracting), rhs to (batch, contracting, free)."""
     (lc, rc), (lb, rb) = dimension_numbers
     out_dtype = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(lhs, rhs)
-    compute = np.float32 if out_dtype in _LOW_FLOATS else out_dtype
-    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    ls = [None] * lhs.ndim
-    rs = [None] * rhs.ndim
-    for a, b in zip(lb, rb):
-        ls[a] = rs[b] = next(letters)
-    for a, b in zip(lc, rc):
-        ls[a] = rs[b] = next(letters)
-    for i in range(lhs.ndim):
-        ls[i] = ls[i] or next(letters)
-    for i in range(rhs.ndim):
-        rs[i] = rs[i] or next(letters)
-    out = [ls[a] for a in lb] + [ls[i] for i in range(lhs.ndim) if i not in lb and i not in lc] + \
-          [rs[i] for i in range(rhs.ndim) if i not in rb and i not in rc]
-    spec = f"{''.join(ls)},{''.join(rs)}->{''.join(out)}"
-    return np.einsum(spec, lhs.astype(compute), rhs.astype(compute), optimize=True).astype(out_dtype)
+    compute = np.dtype(np.float32) if out_dtype in _LOW_FLOATS else out_dtype
+    lf = [i for i in range(lhs.ndim) if i not in lb and i not in lc]
+    rf = [i for i in range(rhs.ndim) if i not in rb and i not in rc]
+    batch = [lhs.shape[i] for i in lb]
+    size = lambda dims, shape: int(np.prod([shape[i] for i in dims], dtype=np.int64))  # noqa: E731
+    a = np.transpose(lhs, (*lb, *lf, *lc)).astype(compute, copy=False).reshape(
+        (*batch, size(lf, lhs.shape), size(lc, lhs.shape)))
+    b = np.transpose(rhs, (*rb, *rc, *rf)).astype(compute, copy=False).reshape(
+        (*batch, size(rc, rhs.shape), size(rf, rhs.shape)))
+    out = np.matmul(a, b)
+    return out.reshape((*batch, *(lhs.shape[i] for i in lf), *(rhs.shape[i] for i in rf))).astype(out_dtype, copy=False)
 
 
 @impl("sort")

@@ -1,0 +1,191 @@
+"""``python -m benchmarks [--quick] [--out FILE]``: spmdsim and jax.pmap side by side, in one run.
+
+For each benchmark and device count: the median of repeated calls (after a first call, whose time is shown
+separately: for jax.pmap and the JAX front end that is trace + compile), and the ratio spmdsim / jax.
+jax.pmap runs in a subprocess per device count with that many forced CPU devices; a run that exceeds its
+time limit is reported as such. Results (with machine and version information) go to a JSON file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import spmdsim
+from benchmarks import programs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(fn, repeats: int) -> dict:
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return {"first_s": first, "times_s": times, "median_s": statistics.median(times)}
+
+
+def jax_side(bench: str, n: int, repeats: int, timeout: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.jax_side", bench, str(n), str(repeats)],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish within {timeout:.0f} s (compile + {repeats} calls)"}
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["median_s"] = statistics.median(out["times_s"])
+    return out
+
+
+def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
+    import jax
+
+    import spmdsim.jax as sjax
+    executor = "vectorized" if variant == "jax-vectorized" else "threads"
+    with spmdsim.set_device_count(max(n, 8)):
+        if bench == "latency":
+            x = np.ones((n, 4), np.float32)
+            f = (spmdsim.pmap(programs.numpy_chain(spmdsim.lax), "i") if variant == "numpy"
+                 else sjax.pmap(programs.jax_chain(jax.lax), "i", executor=executor))
+            return measure(lambda: f(x), repeats)
+        if bench == "large":
+            x = np.ones((n, programs.BIG), np.float32)
+            f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i", out_axes=None) if variant == "numpy"
+                 else sjax.pmap(lambda v: jax.lax.psum(v, "i"), "i", out_axes=None, executor=executor))
+            return measure(lambda: f(x), repeats)
+        if bench == "train":
+            x, y = programs.train_data(n)
+            if variant == "numpy":
+                f = spmdsim.pmap(programs.numpy_train_step(spmdsim.lax), "i", in_axes=(None, 0, 0), out_axes=None)
+                params = (np.zeros(x.shape[-1], np.float32), np.zeros((), np.float32))
+            else:
+                f = sjax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None, executor=executor)
+                params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
+            return measure(lambda: f(params, x, y), repeats)
+        if bench == "scale":
+            x = np.ones((n, 4), np.float32)
+            f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i") if variant == "numpy"
+                 else sjax.pmap(lambda v: jax.lax.psum(v, "i"), "i", executor=executor))
+            return measure(lambda: f(x), repeats)
+    raise ValueError(bench)
+
+
+def numpy_bound(repeats: int) -> dict:
+    """One add-reduce over the same 8 x 16 MiB float32 data, in a single thread."""
+    x = np.ones((8, programs.BIG), np.float32)
+    return measure(lambda: np.add.reduce(x, axis=0), repeats)
+
+
+PLAN = {  # benchmark -> device counts; every benchmark runs every variant
+    "latency": [8, 64, 256, 1024],
+    "large": [8],
+    "train": [8, 64],
+    "scale": [4096],
+}
+VARIANTS = ["numpy", "jax-threads", "jax-vectorized"]
+
+
+def machine() -> dict:
+    import jax
+    return {"python": platform.python_version(), "numpy": np.__version__, "jax": jax.__version__,
+            "spmdsim": spmdsim.__version__, "machine": platform.machine(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "system": platform.platform(), "date": time.strftime("%Y-%m-%d")}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small device counts and few repeats (a smoke run)")
+    parser.add_argument("--only", action="append", choices=list(PLAN), help="run only these benchmarks")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--jax-timeout", type=float, default=240.0, help="seconds per jax.pmap subprocess")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results.json"))
+    args = parser.parse_args(argv)
+    plan = {k: ([8] if args.quick else v) for k, v in PLAN.items() if not args.only or k in args.only}
+    repeats = 2 if args.quick else args.repeats
+    rows = []
+    for bench, sizes in plan.items():
+        for n in sizes:
+            jx = jax_side(bench, n, repeats, args.jax_timeout)
+            row = {"benchmark": bench, "devices": n, "jax": jx}
+            for variant in VARIANTS:
+                if variant == "jax-threads" and bench == "latency" and n > 256:
+                    row[variant] = {"error": "skipped: 100 rendezvous x 1024 threads"}
+                    continue
+                row[variant] = spmdsim_side(bench, n, variant, repeats)
+            if bench == "large":
+                row["numpy-bound"] = numpy_bound(repeats)
+            rows.append(row)
+            print_row(row)
+    doc = {"machine": machine(), "rows": rows,
+           "notes": "medians of repeated calls after a first call; times in seconds; ratio = spmdsim / jax"}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print_table(rows)
+    print(f"results: {args.out}")
+    return 0
+
+
+def _ms(result: dict) -> str:
+    if "error" in result:
+        return "—"
+    return f"{1e3 * result['median_s']:.2f}"
+
+
+def _first(result: dict) -> str:
+    return "—" if "error" in result else f"{1e3 * result['first_s']:.0f}"
+
+
+def _ratio(ours: dict, theirs: dict) -> str:
+    if "error" in ours or "error" in theirs:
+        return "—"
+    return f"{ours['median_s'] / theirs['median_s']:.2f}"
+
+
+def print_row(row: dict) -> None:
+    parts = [f"{v}={_ms(row[v])} ms" for v in VARIANTS]
+    print(f"{row['benchmark']:8s} N={row['devices']:5d}  jax={_ms(row['jax'])} ms  " + "  ".join(parts)
+          + (f"  ({row['jax']['error']})" if "error" in row["jax"] else ""), flush=True)
+
+
+def print_table(rows: list[dict]) -> None:
+    header = ["benchmark", "N", "jax.pmap ms", "jax first ms", "numpy ms", "ratio", "jax-threads ms", "ratio",
+              "jax-vectorized ms", "ratio", "spmdsim.jax first ms"]
+    body = []
+    for r in rows:
+        body.append([r["benchmark"], str(r["devices"]), _ms(r["jax"]), _first(r["jax"]), _ms(r["numpy"]),
+                     _ratio(r["numpy"], r["jax"]), _ms(r["jax-threads"]), _ratio(r["jax-threads"], r["jax"]),
+                     _ms(r["jax-vectorized"]), _ratio(r["jax-vectorized"], r["jax"]), _first(r["jax-vectorized"])])
+        if "numpy-bound" in r:
+            body.append(["  numpy bound", "8", "", "", _ms(r["numpy-bound"]),
+                         f"{r['numpy-bound']['median_s'] / r['numpy']['median_s']:.2f} of bound", "", "", "", "", ""])
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+        for line in [header, *body]:
+            print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        return
+    table = Table(title="spmdsim / jax.pmap (medians; ratio < 1: spmdsim is faster)")
+    for h in header:
+        table.add_column(h, justify="right")
+    for b in body:
+        table.add_row(*b)
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

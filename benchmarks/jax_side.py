@@ -1,0 +1,47 @@
+"""The jax.pmap side of one benchmark, in its own process (XLA's CPU device count is fixed at start-up):
+``python -m benchmarks.jax_side BENCH N REPEATS`` prints one JSON line."""
+import json
+import os
+import sys
+import time
+
+
+def main():
+    bench, n, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", n)
+    import numpy as np
+
+    from benchmarks import programs
+
+    if bench == "latency":
+        f = jax.pmap(programs.jax_chain(jax.lax), "i")
+        args = (np.ones((n, 4), np.float32),)
+    elif bench == "large":
+        f = jax.pmap(lambda x: jax.lax.psum(x, "i"), "i", out_axes=None)
+        args = (np.ones((n, programs.BIG), np.float32),)
+    elif bench in ("train", "scale"):
+        if bench == "train":
+            f = jax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None)
+            x, y = programs.train_data(n)
+            args = ({"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}, x, y)
+        else:
+            f = jax.pmap(lambda v: jax.lax.psum(v, "i"), "i")
+            args = (np.ones((n, 4), np.float32),)
+    else:
+        raise SystemExit(f"unknown benchmark {bench}")
+    start = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"first_s": first, "times_s": times, "jax": jax.__version__}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The benchmarked programs, written once for each side: NumPy front end, JAX (both spmdsim.jax and jax.pmap)."""
+import numpy as np
+
+CHAIN = 100          # psums chained inside one mapped call (latency)
+BIG = 4 * 1024 * 1024  # float32 elements per block: 16 MiB
+
+
+def numpy_chain(lax):
+    def f(x):
+        for _ in range(CHAIN):
+            x = lax.psum(x, "i") * np.float32(0.125)
+        return x
+    return f
+
+
+def jax_chain(lax):
+    def f(x):
+        for _ in range(CHAIN):
+            x = lax.psum(x, "i") * 0.125
+        return x
+    return f
+
+
+def numpy_train_step(lax):
+    def step(params, x, y):
+        w, b = params
+        err = x @ w + b - y
+        loss = np.mean(err * err)
+        grads = (2.0 * x.T @ err / len(y), 2.0 * np.mean(err))
+        loss, grads = lax.pmean((loss, grads), "i")
+        return tuple(p - np.float32(0.1) * g for p, g in zip(params, grads)), loss
+    return step
+
+
+def jax_train_step(jax):
+    import jax.numpy as jnp
+
+    def loss_fn(params, x, y):
+        return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+    def step(params, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        loss, grads = jax.lax.pmean((loss, grads), "i")
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), loss
+    return step
+
+
+def train_data(n, per_device=64, features=16, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, per_device, features)).astype(np.float32)
+    y = rng.standard_normal((n, per_device)).astype(np.float32)
+    return x, y
