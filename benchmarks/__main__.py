@@ -24,10 +24,15 @@ from benchmarks import programs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def measure(fn, repeats: int) -> dict:
+WARMUP = 3  # calls after the first, untimed: allocators and caches settle (large arrays page-fault at first)
+
+
+def measure(fn, repeats: int, warmup: int = WARMUP) -> dict:
     start = time.perf_counter()
     fn()
     first = time.perf_counter() - start
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -39,15 +44,21 @@ def measure(fn, repeats: int) -> dict:
 def jax_side(bench: str, n: int, repeats: int, timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     try:
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.jax_side", bench, str(n), str(repeats)],
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.jax_side", bench, str(n), str(repeats),
+                               str(_warmup(n))],
                               capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"did not finish within {timeout:.0f} s (compile + {repeats} calls)"}
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+        lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
+        return {"error": (lines[-1] if lines else f"exit {proc.returncode}").strip()[:300]}
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["median_s"] = statistics.median(out["times_s"])
     return out
+
+
+def _warmup(n: int) -> int:
+    return 1 if n >= 1024 else WARMUP
 
 
 def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
@@ -60,12 +71,12 @@ def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
             x = np.ones((n, 4), np.float32)
             f = (spmdsim.pmap(programs.numpy_chain(spmdsim.lax), "i") if variant == "numpy"
                  else sjax.pmap(programs.jax_chain(jax.lax), "i", executor=executor))
-            return measure(lambda: f(x), repeats)
+            return measure(lambda: f(x), repeats, _warmup(n))
         if bench == "large":
             x = np.ones((n, programs.BIG), np.float32)
             f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i", out_axes=None) if variant == "numpy"
                  else sjax.pmap(lambda v: jax.lax.psum(v, "i"), "i", out_axes=None, executor=executor))
-            return measure(lambda: f(x), repeats)
+            return measure(lambda: f(x), repeats, _warmup(n))
         if bench == "train":
             x, y = programs.train_data(n)
             if variant == "numpy":
@@ -74,12 +85,12 @@ def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
             else:
                 f = sjax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None, executor=executor)
                 params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
-            return measure(lambda: f(params, x, y), repeats)
+            return measure(lambda: f(params, x, y), repeats, _warmup(n))
         if bench == "scale":
             x = np.ones((n, 4), np.float32)
             f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i") if variant == "numpy"
                  else sjax.pmap(lambda v: jax.lax.psum(v, "i"), "i", executor=executor))
-            return measure(lambda: f(x), repeats)
+            return measure(lambda: f(x), repeats, _warmup(n))
     raise ValueError(bench)
 
 
@@ -109,7 +120,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small device counts and few repeats (a smoke run)")
     parser.add_argument("--only", action="append", choices=list(PLAN), help="run only these benchmarks")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--jax-timeout", type=float, default=240.0, help="seconds per jax.pmap subprocess")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results.json"))
     args = parser.parse_args(argv)
@@ -118,19 +129,21 @@ def main(argv=None) -> int:
     rows = []
     for bench, sizes in plan.items():
         for n in sizes:
-            jx = jax_side(bench, n, repeats, args.jax_timeout)
+            reps = min(repeats, 3) if n >= 1024 else repeats
+            jx = jax_side(bench, n, reps, args.jax_timeout)
             row = {"benchmark": bench, "devices": n, "jax": jx}
             for variant in VARIANTS:
                 if variant == "jax-threads" and bench == "latency" and n > 256:
                     row[variant] = {"error": "skipped: 100 rendezvous x 1024 threads"}
                     continue
-                row[variant] = spmdsim_side(bench, n, variant, repeats)
+                row[variant] = spmdsim_side(bench, n, variant, reps)
             if bench == "large":
                 row["numpy-bound"] = numpy_bound(repeats)
             rows.append(row)
             print_row(row)
     doc = {"machine": machine(), "rows": rows,
-           "notes": "medians of repeated calls after a first call; times in seconds; ratio = spmdsim / jax"}
+           "notes": "medians of repeated calls (3 at >= 1024 devices) after a first call and warm-up calls "
+                     "(3; 1 at >= 1024 devices); times in seconds; ratio = spmdsim / jax"}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     print_table(rows)

@@ -1,5 +1,5 @@
 """The jax.pmap side of one benchmark, in its own process (XLA's CPU device count is fixed at start-up):
-``python -m benchmarks.jax_side BENCH N REPEATS`` prints one JSON line."""
+``python -m benchmarks.jax_side BENCH N REPEATS WARMUP`` prints one JSON line."""
 import json
 import os
 import sys
@@ -7,7 +7,7 @@ import time
 
 
 def main():
-    bench, n, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    bench, n, repeats, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
@@ -35,6 +35,8 @@ def main():
     start = time.perf_counter()
     jax.block_until_ready(f(*args))
     first = time.perf_counter() - start
+    for _ in range(warmup):  # as on spmdsim's side
+        jax.block_until_ready(f(*args))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

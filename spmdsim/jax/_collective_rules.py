@@ -1,88 +1,98 @@
 """Collective primitives of a jaxpr, sent to the same rendezvous and rule table as :mod:`spmdsim.lax`.
 
-The jaxpr's parameters are passed through unchanged (``axes``, ``axis_index_groups``,
-``all_gather_dimension``, ``scatter_dimension``, ``split_axis``, ``concat_axis``, ``perm``, ``source``); the
-site reported in errors and traces is the user's line that produced the equation.
+:func:`collective_call` says what one collective equation does in the rule table's terms, after the checks
+that JAX makes only when lowering (after tracing, so a jaxpr can hold calls that jax.pmap would reject):
+uneven groups for gathers and scatters, bool operands of a reduce-scatter, duplicate ``ppermute`` pairs.
+Both executors use it: the thread executor here (one rendezvous per equation, the site being the user's line
+that produced the equation), the vectorized executor along its device axis.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from spmdsim import _runtime, lax as _lax
 from spmdsim.jax._interpreter import current_site, impl
 
+REDUCTIONS = {"psum": np.add, "pmax": np.maximum, "pmin": np.minimum}
 
-def _names(axis_name) -> tuple:
+
+class CollectiveCall(NamedTuple):
+    """A collective equation as the rule table sees it: the rule, the named axes, groups, rule parameters."""
+
+    rule: str
+    axis_names: tuple
+    groups: tuple | None
+    params: dict
+
+
+def names_of(axis_name) -> tuple:
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _frames(op, axis_name):
-    return _runtime.resolve_axes(_runtime.current_lane(), _names(axis_name), op)
-
-
-def _bind(op, x, axis_name, groups=None, *, even_groups=False, **params):
-    """JAX checks some arguments only when lowering (after tracing), so the rules check them here."""
-    frames = _frames(op, axis_name)
+def collective_call(prim: str, x: np.ndarray, size: int, params: dict) -> CollectiveCall | None:
+    """The rule call for collective equation ``prim`` on operand ``x`` over an axis of ``size`` devices, or
+    None when the equation is the identity. Raises what JAX raises when it lowers the equation."""
+    names = names_of(params.get("axis_name", params.get("axes")))
+    groups = params.get("axis_index_groups")
     if groups is not None:
-        groups = _lax._check_groups(groups, math.prod(f.size for f in frames), op)
-        if even_groups:
-            _lax._require_even(groups, op)
-    return _lax.bind(op, [x], frames, groups, site=current_site(), **params)[0]
+        groups = _lax._check_groups(groups, size, prim)
+        if prim in ("all_gather", "reduce_scatter") or (prim == "all_to_all" and len(groups[0]) > 1):
+            _lax._require_even(groups, prim)
+    if prim in REDUCTIONS:
+        return CollectiveCall(prim, tuple(a for a in names if not isinstance(a, int)), groups, {})
+    if prim == "all_gather":
+        return CollectiveCall(prim, names, groups, {"all_gather_dimension": params["all_gather_dimension"],
+                                                    "tiled": bool(params["tiled"])})
+    if prim == "reduce_scatter":
+        if x.dtype == np.bool_:
+            raise TypeError("add does not accept dtype bool at position 0 (psum_scatter of a bool array). Convert "
+                            "first, e.g. x.astype(jnp.int32).")
+        return CollectiveCall(prim, names, groups, {"scatter_dimension": params["scatter_dimension"],
+                                                    "tiled": bool(params["tiled"])})
+    if prim == "all_to_all":
+        # The primitive always splits and concatenates in place (jax.lax.all_to_all adds and removes the unit
+        # axis around it when tiled=False); as in XLA's lowering, a first group of one is the identity.
+        if groups is not None and len(groups[0]) == 1:
+            return None
+        return CollectiveCall(prim, names, groups, {"split_axis": params["split_axis"],
+                                                    "concat_axis": params["concat_axis"], "tiled": True})
+    if prim == "ppermute":
+        return CollectiveCall(prim, names, None, {"perm": _lax._check_perm(params["perm"], size)})
+    if prim == "pbroadcast":
+        return CollectiveCall(prim, names, None, {"source": params["source"]})
+    raise NotImplementedError(f"collective primitive {prim!r}")
 
 
-def _reduction(op, ufunc):
-    def rule(x, *, axes, axis_index_groups):
-        named = tuple(a for a in axes if not isinstance(a, int))
-        positional = tuple(a for a in axes if isinstance(a, int))
-        if positional:
-            x = ufunc.reduce(x, axis=positional, dtype=x.dtype if ufunc is np.add else None)
-        return _bind(op, x, named, axis_index_groups) if named else x
+def positional_reduce(prim: str, x: np.ndarray, axes, shift: int = 0) -> np.ndarray:
+    """The int entries of a reduction's ``axes`` are axes of the block, reduced on each device first."""
+    positional = tuple(a + shift for a in axes if isinstance(a, int))
+    if not positional:
+        return x
+    ufunc = REDUCTIONS[prim]
+    return ufunc.reduce(x, axis=positional, dtype=x.dtype if ufunc is np.add else None)
+
+
+def _thread_rule(prim: str):
+    def rule(x, **params):
+        if prim in REDUCTIONS:
+            x = positional_reduce(prim, x, params["axes"])
+        names = names_of(params.get("axis_name", params.get("axes")))
+        frames = _runtime.resolve_axes(_runtime.current_lane(), tuple(a for a in names if not isinstance(a, int)),
+                                       prim)
+        if not frames:
+            return x
+        call = collective_call(prim, x, math.prod(f.size for f in frames), params)
+        if call is None:
+            return x
+        return _lax.bind(call.rule, [x], frames, call.groups, site=current_site(), **call.params)[0]
     return rule
 
 
-impl("psum")(_reduction("psum", np.add))
-impl("pmax")(_reduction("pmax", np.maximum))
-impl("pmin")(_reduction("pmin", np.minimum))
-
-
-@impl("all_gather")
-def _all_gather(x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled, **_):
-    return _bind("all_gather", x, axis_name, axis_index_groups, even_groups=True,
-                 all_gather_dimension=all_gather_dimension, tiled=bool(tiled))
-
-
-@impl("reduce_scatter")
-def _reduce_scatter(x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
-    if x.dtype == np.bool_:
-        raise TypeError("add does not accept dtype bool at position 0 (psum_scatter of a bool array). Convert "
-                        "first, e.g. x.astype(jnp.int32).")
-    return _bind("reduce_scatter", x, axis_name, axis_index_groups, even_groups=True,
-                 scatter_dimension=scatter_dimension, tiled=bool(tiled))
-
-
-@impl("all_to_all")
-def _all_to_all(x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
-    # The primitive always splits and concatenates in place; jax.lax.all_to_all adds and removes the unit
-    # axis around it for tiled=False. As in XLA's lowering, a first group of size one is the identity.
-    if axis_index_groups is not None and len(axis_index_groups[0]) == 1:
-        return x
-    return _bind("all_to_all", x, axis_name, axis_index_groups, even_groups=True, split_axis=split_axis,
-                 concat_axis=concat_axis, tiled=True)
-
-
-@impl("ppermute")
-def _ppermute(x, *, axis_name, perm):
-    size = 1
-    for f in _frames("ppermute", axis_name):
-        size *= f.size
-    return _bind("ppermute", x, axis_name, perm=_lax._check_perm(perm, size))
-
-
-@impl("pbroadcast")
-def _pbroadcast(x, *, axis_name, source):
-    return _bind("pbroadcast", x, axis_name, source=source)
+for _prim in ("psum", "pmax", "pmin", "all_gather", "reduce_scatter", "all_to_all", "ppermute", "pbroadcast"):
+    impl(_prim)(_thread_rule(_prim))
 
 
 @impl("axis_index")

@@ -22,6 +22,7 @@ from jax.extend import core as ext_core
 
 from spmdsim import _collectives
 from spmdsim.errors import CollectiveDeadlockError
+from spmdsim.jax._collective_rules import REDUCTIONS, collective_call, names_of, positional_reduce
 from spmdsim.jax._dtypes import numpy_shape_dtype
 from spmdsim.jax._interpreter import IMPL, _read_literal
 
@@ -343,88 +344,38 @@ def _scan(devices, *args, jaxpr, num_consts, num_carry, length, reverse, **_):
 
 # -- collectives along the device axis, through the same rule table -----------------------------------------
 
-def _names(axis_name) -> tuple:
-    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
-def _collective(devices: Devices, op: str, x: np.ndarray, axis_name, groups, **params) -> np.ndarray:
-    from spmdsim import lax
-    names = _names(axis_name)
-    if len(set(names)) != len(names):
-        raise ValueError(f"{op}: repeated axis in `source` argument: {names!r}. Name each axis once.")
-    if names != (devices.name,):
-        raise NotImplementedError(f"the vectorized executor maps one named axis ({devices.name!r}); {op} over "
-                                  f"{names} needs the thread executor.")
-    if not devices.complete:
-        raise CollectiveDeadlockError(f"{op} over {devices.name!r} reached by devices "
-                                      f"{', '.join(map(str, devices.ids))} only: on real hardware this hangs.")
-    groups = lax._check_groups(groups, devices.size, op)
-    results = _collectives.apply_grouped(op, [[b] for b in x], groups, **params)
-    first = results[0][0]
-    if all(r[0] is first for r in results):  # the same value everywhere (psum, all_gather, ...): no copies
-        return np.broadcast_to(first, (len(results), *first.shape))
-    return np.stack([r[0] for r in results])
-
-
-def _reduction_collective(op, ufunc):
-    def rule(devices, x, *, axes, axis_index_groups):
-        named = tuple(a for a in axes if not isinstance(a, int))
-        positional = tuple(a + 1 for a in axes if isinstance(a, int))
-        if positional:
-            x = ufunc.reduce(x, axis=positional, dtype=x.dtype if ufunc is np.add else None)
-        return _collective(devices, op, x, named, axis_index_groups) if named else x
+def _batched_collective(prim: str):
+    def rule(devices: Devices, x, **params):
+        if prim in REDUCTIONS:
+            x = positional_reduce(prim, x, params["axes"], shift=1)
+        names = tuple(a for a in names_of(params.get("axis_name", params.get("axes"))) if not isinstance(a, int))
+        if not names:
+            return x
+        if len(set(names)) != len(names):
+            raise ValueError(f"{prim}: repeated axis in `source` argument: {names!r}. Name each axis once.")
+        if names != (devices.name,):
+            raise NotImplementedError(f"the vectorized executor maps one named axis ({devices.name!r}); {prim} "
+                                      f"over {names} needs the thread executor.")
+        call = collective_call(prim, x[0], devices.size, params)
+        if call is None:
+            return x
+        if not devices.complete:
+            raise CollectiveDeadlockError(f"{prim} over {devices.name!r} reached by devices "
+                                          f"{', '.join(map(str, devices.ids))} only: on real hardware this hangs.")
+        results = _collectives.apply_grouped(call.rule, [[b] for b in x], call.groups, **call.params)
+        first = results[0][0]
+        if all(r[0] is first for r in results):  # the same value everywhere (psum, all_gather, ...): no copies
+            return np.broadcast_to(first, (len(results), *first.shape))
+        return np.stack([r[0] for r in results])
     return rule
 
 
-BATCHED["psum"] = _reduction_collective("psum", np.add)
-BATCHED["pmax"] = _reduction_collective("pmax", np.maximum)
-BATCHED["pmin"] = _reduction_collective("pmin", np.minimum)
-
-
-@batched("all_gather")
-def _all_gather(devices, x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled, **_):
-    from spmdsim import lax
-    if axis_index_groups is not None:
-        lax._require_even(tuple(map(tuple, axis_index_groups)), "all_gather")
-    return _collective(devices, "all_gather", x, axis_name, axis_index_groups,
-                       all_gather_dimension=all_gather_dimension, tiled=bool(tiled))
-
-
-@batched("reduce_scatter")
-def _reduce_scatter(devices, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
-    from spmdsim import lax
-    if x.dtype == np.bool_:
-        raise TypeError("add does not accept dtype bool at position 0 (psum_scatter of a bool array).")
-    if axis_index_groups is not None:
-        lax._require_even(tuple(map(tuple, axis_index_groups)), "psum_scatter")
-    return _collective(devices, "reduce_scatter", x, axis_name, axis_index_groups,
-                       scatter_dimension=scatter_dimension, tiled=bool(tiled))
-
-
-@batched("all_to_all")
-def _all_to_all(devices, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
-    from spmdsim import lax
-    if axis_index_groups is not None and len(axis_index_groups[0]) == 1:
-        return x
-    if axis_index_groups is not None:
-        lax._require_even(tuple(map(tuple, axis_index_groups)), "all_to_all")
-    return _collective(devices, "all_to_all", x, axis_name, axis_index_groups, split_axis=split_axis,
-                       concat_axis=concat_axis, tiled=True)
-
-
-@batched("ppermute")
-def _ppermute(devices, x, *, axis_name, perm):
-    from spmdsim import lax
-    return _collective(devices, "ppermute", x, axis_name, None, perm=lax._check_perm(perm, devices.size))
-
-
-@batched("pbroadcast")
-def _pbroadcast(devices, x, *, axis_name, source):
-    return _collective(devices, "pbroadcast", x, axis_name, None, source=source)
+for _prim in ("psum", "pmax", "pmin", "all_gather", "reduce_scatter", "all_to_all", "ppermute", "pbroadcast"):
+    BATCHED[_prim] = _batched_collective(_prim)
 
 
 @batched("axis_index")
 def _axis_index(devices, *, axis_name):
-    if _names(axis_name) != (devices.name,):
+    if names_of(axis_name) != (devices.name,):
         raise NotImplementedError(f"the vectorized executor maps one named axis ({devices.name!r}).")
     return devices.ids.astype(np.int32)
