@@ -169,6 +169,30 @@ add(Case("pmap-size-3", A, lambda api: api.pmap(lambda x: api.lax.psum(x, "i"), 
 add(Case("pmap-size-7", A, lambda api: api.pmap(lambda x: api.lax.pmean(x, "i"), "i"), (X8[:7],)))
 add(Case("pmap-bool-in-out", A, lambda api: api.pmap(lambda x: x > 4), (X8,)))
 
+class Pair:
+    """A custom pytree node, registered with JAX (for jax.pmap and spmdsim.jax) and with spmdsim (for
+    spmdsim.pmap)."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+def _register_pair():
+    import jax
+
+    import spmdsim
+    flatten, unflatten = (lambda p: ((p.a, p.b), None)), (lambda _, children: Pair(*children))
+    jax.tree_util.register_pytree_node(Pair, flatten, unflatten)
+    spmdsim.register_pytree_node(Pair, flatten, unflatten)
+
+
+_register_pair()
+add(Case("pmap-in_axes-custom-pytree", A, lambda api: api.pmap(lambda p: Pair(p.a * 2, p.b + p.a.sum()),
+                                                                in_axes=(Pair(0, None),), out_axes=Pair(0, 0)),
+         (Pair(X8, np.float32(5)),), out_axis=None))
+add(Case("pmap-custom-pytree-psum", A, lambda api: api.pmap(lambda p: api.lax.psum(p, "i"), "i"),
+         (Pair(X8, X8[:, 0].copy()),)))
+
 # -- two named axes: pmap(vmap(f, axis_name='j'), axis_name='i') -------------------------------------------
 X24 = np.arange(2 * 4, dtype=np.float32).reshape(2, 4)
 T = "two-axes"

@@ -6,7 +6,9 @@ On by default; ``spmdsim.set_ordered_output(False)`` (a statement or a context m
 """
 from __future__ import annotations
 
+import functools
 import io
+import os
 import sys
 import threading
 
@@ -42,6 +44,7 @@ class DeviceStream(io.TextIOBase):
         self._buffers: dict = {}
         self._lock = threading.Lock()
         self.users = 0
+        self.saved_hook = sys.breakpointhook
 
     def writable(self) -> bool:
         return True
@@ -76,11 +79,15 @@ _install_lock = threading.Lock()
 
 
 def begin(current_lane) -> DeviceStream | None:
-    """Install the device stream for a top-level mapped call (shared by concurrent calls)."""
+    """Install the device stream for a top-level mapped call (shared by concurrent calls), and a
+    ``breakpoint()`` hook whose pdb talks to the terminal, not to the device's buffer."""
     if not _enabled:
         return None
     with _install_lock:
         stream = sys.stdout if isinstance(sys.stdout, DeviceStream) else DeviceStream(sys.stdout, current_lane)
+        if stream.users == 0:
+            stream.saved_hook = sys.breakpointhook
+            sys.breakpointhook = functools.partial(_breakpoint, stream)
         stream.users += 1
         sys.stdout = stream
         return stream
@@ -92,8 +99,24 @@ def end(stream: DeviceStream | None) -> None:
     stream.release()
     with _install_lock:
         stream.users -= 1
-        if stream.users == 0 and sys.stdout is stream:
-            sys.stdout = stream.stream
+        if stream.users == 0:
+            sys.breakpointhook = stream.saved_hook
+            if sys.stdout is stream:
+                sys.stdout = stream.stream
+
+
+def _breakpoint(stream: DeviceStream, *args, **kwargs):
+    """``breakpoint()`` inside a device: pdb on the terminal, its prompt naming the device. Devices that
+    reach a breakpoint at the same time share the terminal: guard it, e.g. ``if axis_index('i') == 0:``."""
+    lane = stream._current_lane()
+    if lane is None or os.environ.get("PYTHONBREAKPOINT") is not None:
+        return stream.saved_hook(*args, **kwargs)
+    import pdb
+
+    stream.release()
+    debugger = pdb.Pdb(stdout=stream.stream)
+    debugger.prompt = f"(Pdb {lane.label}) "
+    debugger.set_trace(sys._getframe().f_back)
 
 
 def release_all() -> None:

@@ -174,22 +174,35 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
                 raise ValueError(f"{api}: {path} is {b.dtype}{list(b.shape)} on {lane_label(i)} but "
                                  f"{ref.dtype}{list(ref.shape)} on {lane_label(0)}; outputs can only be stacked "
                                  f"when every {'device' if api == 'pmap' else 'lane'} returns the same shape and dtype.")
-        if ax is None:
-            differ = [lane_label(i) for i, b in enumerate(blocks)
-                      if (check_replicated or api == "vmap") and not np.array_equal(b, ref, equal_nan=ref.dtype.kind in "fc")]
+        stacked.append(_place(path, blocks, ax, api, lane_label, check_replicated))
+    return _tree.unflatten(treedef, stacked)
+
+
+class Stacked(list):
+    """Flat outputs of every lane already stacked on a leading axis (the JAX front end's vectorized executor)."""
+
+
+def _place(path: str, blocks, ax: int | None, api: str, lane_label: Callable[[int], str], check_replicated: bool):
+    """One output leaf from its per-lane blocks (a list, or an array with the lanes on axis 0): moved or stacked
+    to ``ax``, or lane 0's value for ``ax=None`` (checked to be the same everywhere when asked, and for vmap)."""
+    ref = blocks[0]
+    if ax is None:
+        if check_replicated or api == "vmap":
+            differ = [lane_label(i) for i in range(len(blocks))
+                      if not np.array_equal(blocks[i], ref, equal_nan=ref.dtype.kind in "fc")]
             if differ:
                 cls = ReplicationError if api == "pmap" else ValueError
                 raise cls(f"{api}: {path} has out_axes=None but is not the same everywhere: {', '.join(differ)} "
                           f"differ from {lane_label(0)}. Reduce it first (e.g. psum/pmean over the axis) or give "
                           f"it a mapped out_axes.")
-            stacked.append(np.array(ref))
-            continue
-        if not -(ref.ndim + 1) <= ax <= ref.ndim:
-            raise ValueError(f"{api}: out_axes={ax} for {path} is out of bounds: per-"
-                             f"{'device' if api == 'pmap' else 'lane'} values have rank {ref.ndim}, so the mapped "
-                             f"axis can go at {-(ref.ndim + 1)}..{ref.ndim}.")
-        stacked.append(np.stack(blocks, axis=ax))
-    return _tree.unflatten(treedef, stacked)
+        return np.array(ref)
+    if not -(ref.ndim + 1) <= ax <= ref.ndim:
+        raise ValueError(f"{api}: out_axes={ax} for {path} is out of bounds: per-"
+                         f"{'device' if api == 'pmap' else 'lane'} values have rank {ref.ndim}, so the mapped "
+                         f"axis can go at {-(ref.ndim + 1)}..{ref.ndim}.")
+    if isinstance(blocks, np.ndarray):
+        return np.moveaxis(blocks, 0, ax)
+    return np.stack(blocks, axis=ax)
 
 
 def split_static(fun: Callable, args: tuple, in_axes, static_argnums: tuple) -> tuple[dict, tuple, Any]:
@@ -233,8 +246,9 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
                  hint: str = "", run: Callable | None = None):
     """Validate and split the arguments, run one lane per index, stack the outputs.
 
-    ``run(inputs, n, name)``, when given, replaces the thread runner: it returns the per-lane outputs (the
-    JAX front end's vectorized executor computes them all at once from ``inputs.stacked(n)``).
+    ``run(inputs, n, name)``, when given, replaces the thread runner: it returns the per-lane outputs, or
+    :class:`Stacked` flat outputs with the lanes on axis 0 (the JAX front end's vectorized executor computes
+    them all at once from ``inputs.stacked(n)``).
     """
     statics, args, in_axes = split_static(fun, args, in_axes, static_argnums)
     if kwargs:
@@ -260,6 +274,10 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
     def lane_label(i: int) -> str:
         return _runtime.frames_label(frames + (_runtime.Frame(name, n, i, (), api == "pmap"),))
 
+    if isinstance(outputs, Stacked):
+        axes = _tree.broadcast_prefix(out_axes, list(outputs), name=f"{api} out_axes")
+        return [_place(f"output[{k}]", arr, ax, api, lane_label, check_replicated)
+                for k, (arr, ax) in enumerate(zip(outputs, axes))]
     return _stack_outputs(outputs, out_axes, api, lane_label, check_replicated)
 
 

@@ -12,7 +12,7 @@ Vocabulary:
 - A **rendezvous** is one collective step of one communicator (the lanes that differ only in the named
   axes). Every lane of the axis takes part, also with ``axis_index_groups``: as on hardware, one op spans the
   whole axis and the rule runs per group. The last lane to arrive applies the rule outside the lock and
-  hands each lane its result; the others sleep on the rendezvous' own condition.
+  hands each lane its result; the others sleep on their own wake lock (one wake-up per device).
 
 A lane that raises fails the world: lanes waiting in a rendezvous wake and unwind with :class:`_Aborted`,
 lanes still computing unwind at their next collective or finish, and the top-level call raises.

@@ -1,18 +1,29 @@
 """Pytree helpers over optree, with JAX's conventions.
 
 ``None`` is an empty subtree (not a leaf), dicts flatten in sorted-key order, namedtuples and registered
-classes are nodes: optree's defaults with ``none_is_leaf=False`` match ``jax.tree_util``.
+classes are nodes: optree's defaults with ``none_is_leaf=False`` match ``jax.tree_util``. spmdsim's own
+classes of nodes live in optree's namespace ``"spmdsim"`` (see :func:`register_pytree_node`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import optree
 
-__all__ = ["flatten", "flatten_with_paths", "unflatten", "keystr", "broadcast_prefix", "prefix_leaves"]
+__all__ = ["flatten", "flatten_with_paths", "unflatten", "keystr", "broadcast_prefix", "prefix_leaves",
+           "register_pytree_node", "NAMESPACE"]
 
-flatten = optree.tree_flatten
+NAMESPACE = "spmdsim"
+flatten = functools.partial(optree.tree_flatten, namespace=NAMESPACE)
 unflatten = optree.tree_unflatten
+
+
+def register_pytree_node(cls: type, flatten_func: Callable, unflatten_func: Callable) -> type:
+    """Make ``cls`` a pytree node for spmdsim, like ``jax.tree_util.register_pytree_node``:
+    ``flatten_func(x) -> (children, aux_data)`` and ``unflatten_func(aux_data, children) -> x``.
+    (For the JAX front end, register the class with JAX as usual.)"""
+    return optree.register_pytree_node(cls, flatten_func, unflatten_func, namespace=NAMESPACE)
 
 
 def keystr(path) -> str:
@@ -21,17 +32,17 @@ def keystr(path) -> str:
 
 
 def flatten_with_paths(tree) -> tuple[list[str], list[Any], Any]:
-    paths, leaves, treedef = optree.tree_flatten_with_path(tree)
+    paths, leaves, treedef = optree.tree_flatten_with_path(tree, namespace=NAMESPACE)
     return [keystr(p) for p in paths], leaves, treedef
 
 
 def prefix_leaves(prefix) -> list:
     """The leaves of an ``in_axes``/``out_axes`` tree, where ``None`` counts as a leaf."""
-    return optree.tree_leaves(prefix, none_is_leaf=True)
+    return optree.tree_leaves(prefix, none_is_leaf=True, namespace=NAMESPACE)
 
 
 def _is_prefix_leaf(node) -> bool:
-    return node is None or optree.tree_is_leaf(node, none_is_leaf=True)
+    return node is None or optree.tree_is_leaf(node, none_is_leaf=True, namespace=NAMESPACE)
 
 
 def broadcast_prefix(prefix, full, *, name: str, hint: str = "",
@@ -51,15 +62,16 @@ def broadcast_prefix(prefix, full, *, name: str, hint: str = "",
 
     def walk(p, f, path):
         if is_prefix_leaf(p):
-            out.extend([p] * len(optree.tree_leaves(f)))
+            out.extend([p] * len(optree.tree_leaves(f, namespace=NAMESPACE)))
             return
-        if f is None or optree.tree_is_leaf(f):
+        if f is None or optree.tree_is_leaf(f, namespace=NAMESPACE):
             mismatch(path, "different types", f"{name} has a subtree of type {type(p).__name__} where the value "
                                               f"has a leaf ({'None' if f is None else type(f).__name__})")
         if type(p) is not type(f):
             mismatch(path, "different types", f"{name} has a subtree of type {type(p).__name__} but the value "
                                               f"has a subtree of type {type(f).__name__}")
-        p_level, f_level = optree.tree_flatten_one_level(p), optree.tree_flatten_one_level(f)
+        p_level = optree.tree_flatten_one_level(p, namespace=NAMESPACE)
+        f_level = optree.tree_flatten_one_level(f, namespace=NAMESPACE)
         if len(p_level.children) != len(f_level.children):
             mismatch(path, f"different lengths of {type(p).__name__}",
                      f"{name} has {len(p_level.children)} children, the value has {len(f_level.children)}")

@@ -312,3 +312,16 @@ def test_collective_picture(tmp_path):
     fills = [r.get("fill") for r in root.findall("{http://www.w3.org/2000/svg}rect")[1:]]
     # before/after per device: device 0 after holds device 3's element, so it has device 3's colour
     assert fills[1] == fills[6]
+
+
+def test_breakpoint_inside_a_device_talks_to_the_terminal(tmp_path):
+    script = tmp_path / "bp.py"
+    script.write_text("import numpy as np, spmdsim\nfrom spmdsim import lax\n\n"
+                      "def f(x):\n    secret = x * 7\n    if lax.axis_index('i') == 1:\n        breakpoint()\n"
+                      "    return lax.psum(secret, 'i')\n\nprint('result', spmdsim.pmap(f, 'i')(np.arange(3.0)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONBREAKPOINT"}
+    proc = subprocess.run([sys.executable, str(script)], input="p secret\nc\n", capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": ROOT}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "(Pdb device 1 [i=1]) np.float64(7.0)" in proc.stdout
+    assert "result [21. 21. 21.]" in proc.stdout

@@ -55,10 +55,10 @@ class _Traced:
     def __call__(self, *blocks):
         return eval_jaxpr(self.jaxpr, self.consts, *blocks)
 
-    def run_vectorized(self, inputs, n: int, name) -> list[list[np.ndarray]]:
-        """All devices at once (the vectorized executor); returns the per-device outputs."""
-        outs = eval_jaxpr_batched(self.jaxpr, self.consts, inputs.stacked(n), Devices(name, n, np.arange(n)))
-        return [[o[d] for o in outs] for d in range(n)]
+    def run_vectorized(self, inputs, n: int, name) -> "_pmap.Stacked":
+        """All devices at once (the vectorized executor); the outputs keep the device axis first."""
+        return _pmap.Stacked(eval_jaxpr_batched(self.jaxpr, self.consts, inputs.stacked(n),
+                                                Devices(name, n, np.arange(n))))
 
 
 def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axes=0,

@@ -15,6 +15,7 @@ The thread executor stays the reference; the conformance suite runs the JAX fron
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -57,44 +58,54 @@ def batched(*names: str):
     return register
 
 
-def _check(value: np.ndarray, aval, n: int, eqn) -> None:
-    shape, dtype = numpy_shape_dtype(aval)
-    if value.shape != (n, *shape) or value.dtype != dtype:
-        raise AssertionError(f"spmdsim bug: the vectorized rule for {eqn.primitive.name!r} returned "
-                             f"{value.dtype}{list(value.shape)}, expected {dtype}{[n, *shape]}.")
+class _Step:
+    """One equation prepared once per jaxpr: its batched rule, operands, and the result avals."""
+
+    __slots__ = ("eqn", "rule", "operands", "outvars", "expected", "multiple")
+
+    def __init__(self, eqn):
+        self.eqn = eqn
+        self.rule = BATCHED.get(eqn.primitive.name)
+        self.operands = [(True, _read_literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
+                         for v in eqn.invars]
+        self.outvars = [None if isinstance(v, ext_core.DropVar) else v for v in eqn.outvars]
+        self.expected = [numpy_shape_dtype(v.aval) for v in eqn.outvars]
+        self.multiple = eqn.primitive.multiple_results
+
+
+_programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def eval_jaxpr_batched(jaxpr, consts, args, devices: Devices) -> list[np.ndarray]:
     """Evaluate ``jaxpr`` once for all of ``devices``: every argument and result has the device axis first."""
     n = len(devices.ids)
+    program = _programs.get(jaxpr)
+    if program is None:
+        program = _programs[jaxpr] = [_Step(eqn) for eqn in jaxpr.eqns]
     env: dict = {}
-
-    def read(v):
-        if isinstance(v, ext_core.Literal):
-            lit = _read_literal(v)
-            return np.broadcast_to(lit, (n, *lit.shape))
-        return env[v]
-
     for v, c in zip(jaxpr.constvars, consts):
         c = np.asarray(c)
         env[v] = np.broadcast_to(c, (n, *c.shape))
     for v, a in zip(jaxpr.invars, args):
         env[v] = a
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        rule = BATCHED.get(eqn.primitive.name)
-        with np.errstate(all="ignore"):
-            if rule is not None:
-                out = rule(devices, *invals, **eqn.params)
+    with np.errstate(all="ignore"):
+        for step in program:
+            invals = [np.broadcast_to(value, (n, *value.shape)) if literal else env[value]
+                      for literal, value in step.operands]
+            if step.rule is not None:
+                out = step.rule(devices, *invals, **step.eqn.params)
             else:
-                out = _per_device(eqn, invals, n)
-        outs = out if eqn.primitive.multiple_results else [out]
-        for var, val in zip(eqn.outvars, outs):
-            val = np.asarray(val)
-            _check(val, var.aval, n, eqn)
-            if not isinstance(var, ext_core.DropVar):
-                env[var] = val
-    return [read(v) for v in jaxpr.outvars]
+                out = _per_device(step.eqn, invals, n)
+            for var, val, (shape, dtype) in zip(step.outvars, out if step.multiple else (out,), step.expected):
+                if type(val) is not np.ndarray:
+                    val = np.asarray(val)
+                if val.shape != (n, *shape) or val.dtype != dtype:
+                    raise AssertionError(f"spmdsim bug: the vectorized rule for {step.eqn.primitive.name!r} returned "
+                                         f"{val.dtype}{list(val.shape)}, expected {dtype}{[n, *shape]}.")
+                if var is not None:
+                    env[var] = val
+    return [np.broadcast_to(_read_literal(v), (n, *v.aval.shape)) if isinstance(v, ext_core.Literal) else env[v]
+            for v in jaxpr.outvars]
 
 
 def _per_device(eqn, invals, n):
