@@ -123,7 +123,12 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--jax-timeout", type=float, default=240.0, help="seconds per jax.pmap subprocess")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results.json"))
+    parser.add_argument("--markdown", metavar="JSON", help="print the Markdown table of an earlier run and exit")
     args = parser.parse_args(argv)
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown(json.load(f)))
+        return 0
     plan = {k: ([8] if args.quick else v) for k, v in PLAN.items() if not args.only or k in args.only}
     repeats = 2 if args.quick else args.repeats
     rows = []
@@ -171,6 +176,24 @@ def print_row(row: dict) -> None:
     parts = [f"{v}={_ms(row[v])} ms" for v in VARIANTS]
     print(f"{row['benchmark']:8s} N={row['devices']:5d}  jax={_ms(row['jax'])} ms  " + "  ".join(parts)
           + (f"  ({row['jax']['error']})" if "error" in row["jax"] else ""), flush=True)
+
+
+def markdown(doc: dict) -> str:
+    """The results as a Markdown table: times in ms, ratio = spmdsim / jax.pmap."""
+    lines = ["| benchmark | N | jax.pmap | jax first call | NumPy front end | ratio | JAX front end, threads | ratio "
+             "| JAX front end, vectorized | ratio | vectorized first call |", "|---|---:|" + "---:|" * 9]
+    for r in doc["rows"]:
+        jx = r["jax"]
+        lines.append(f"| {r['benchmark']} | {r['devices']} | {_ms(jx) if 'error' not in jx else 'failed: ' + jx['error'][:60]} "
+                     f"| {_first(jx)} | {_ms(r['numpy'])} | {_ratio(r['numpy'], jx)} | {_ms(r['jax-threads'])} "
+                     f"| {_ratio(r['jax-threads'], jx)} | {_ms(r['jax-vectorized'])} | {_ratio(r['jax-vectorized'], jx)} "
+                     f"| {_first(r['jax-vectorized'])} |")
+        if "numpy-bound" in r:
+            bound = r["numpy-bound"]["median_s"]
+            lines.append(f"| (NumPy bound: one add-reduce) | 8 | | | {_ms(r['numpy-bound'])} | "
+                         f"{bound / r['numpy']['median_s']:.2f} of the bound | | {bound / r['jax-threads']['median_s']:.2f} "
+                         f"of the bound | | {bound / r['jax-vectorized']['median_s']:.2f} of the bound | |")
+    return "\n".join(lines)
 
 
 def print_table(rows: list[dict]) -> None:
