@@ -25,11 +25,13 @@ def test_case(case):
     run_case(case)
 
 
+@pytest.mark.area("bookkeeping")
 def test_every_known_difference_names_a_case():
     unused = [p for p in KNOWN_DIFFERENCES if not fnmatch.filter(CASES, p)]
     assert not unused, f"known differences that match no case: {unused}"
 
 
+@pytest.mark.area("vectorized = threads (spmdsim vs spmdsim)")
 @pytest.mark.parametrize("case", [pytest.param(c, id=i) for i, c in CASES.items() if "vectorized" in c.front_ends])
 def test_vectorized_executor_equals_thread_executor(case):
     """The vectorized executor against the reference thread executor, on every case (differences from JAX

@@ -71,9 +71,11 @@ def _markdown(env: dict, rows: list[tuple[str, collections.Counter]], total: col
              f"spmdsim {env['spmdsim']} · Python {env['python']} · {env['machine']} · device kind "
              f"`{env['device_kind']}` · {env['date']}", "",
              "Each case runs on both spmdsim front ends (NumPy: `spmdsim.pmap` + `spmdsim.lax`; JAX: "
-             "`spmdsim.jax.pmap` on the jaxpr) and on real `jax.pmap`; results must agree in structure, shape, "
-             "dtype and value (exact for integers and bools), and errors in exception class. Expected differences "
-             "are listed with their reasons in `conformance/known_differences.py`.", "",
+             "`spmdsim.jax.pmap` on the jaxpr, with its thread and its vectorized executor) and on real "
+             "`jax.pmap`; results must agree in structure, shape, dtype and value (exact for integers and bools), "
+             "and errors in exception class. Expected differences are listed with their reasons in "
+             "`conformance/known_differences.py`. The area `vectorized = threads` compares spmdsim's two "
+             "executors with each other, bit for bit, on every case (expected differences from JAX included).", "",
              "| area | " + " | ".join(OUTCOMES) + " |", "|---|" + "---:|" * len(OUTCOMES)]
     for area, c in rows + [("**total**", total)]:
         lines.append(f"| {area} | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |")
