@@ -122,6 +122,17 @@ def bind(op: str, arrays: list, frames: list, groups: tuple | None, *, site: str
                                     combine=combine, site=site or _runtime.user_site(3))
 
 
+def _bind_leafwise(call: _Call, op: str, arrays: list, params: list[dict]):
+    """Bind ``op`` for leaves whose rule parameters may differ (a negative axis resolves per rank): one
+    rendezvous when they agree, the usual case, else one per leaf."""
+    if not call.frames or not arrays:
+        return _tree.unflatten(call.treedef, arrays)
+    if all(p == params[0] for p in params):
+        return call.bind(op, arrays, **params[0])
+    return _tree.unflatten(call.treedef, [bind(op, [a], call.frames, call.groups, **p)[0]
+                                          for a, p in zip(arrays, params)])
+
+
 def _reduce_positional(x: np.ndarray, positional: tuple, ufunc: np.ufunc) -> np.ndarray:
     if not positional:
         return x
@@ -256,13 +267,9 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
     arrays = [np.asarray(leaf) for leaf in call.leaves]
     if tiled and any(a.ndim == 0 for a in arrays):
         raise _AxisError("all_gather: tiled=True needs operands of rank >= 1 (it concatenates along `axis`).")
-    dims = {_canonical_axis(axis, a.ndim + (0 if tiled else 1), "all_gather", "axis") for a in arrays}
-    if not call.frames:
-        return x
-    if len(dims) > 1:  # leaves of different ranks with a negative axis: gather leaf by leaf
-        return _tree.unflatten(call.treedef, [all_gather(a, axis_name, axis_index_groups=axis_index_groups,
-                                                         axis=axis, tiled=tiled) for a in arrays])
-    return call.bind("all_gather", arrays, all_gather_dimension=dims.pop() if dims else 0, tiled=bool(tiled))
+    params = [{"all_gather_dimension": _canonical_axis(axis, a.ndim + (0 if tiled else 1), "all_gather", "axis"),
+               "tiled": bool(tiled)} for a in arrays]
+    return _bind_leafwise(call, "all_gather", arrays, params)
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False):
@@ -283,7 +290,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     _require_even(call.groups, "psum_scatter")
     n = len(call.group)
     arrays = [np.asarray(leaf) for leaf in call.leaves]
-    dims = set()
+    params = []
     for a in arrays:
         if a.dtype == np.bool_:
             raise TypeError("psum_scatter: add does not accept dtype bool. Convert first, e.g. x.astype(np.int32).")
@@ -291,7 +298,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
             raise _AxisError("psum_scatter: the operand must have rank >= 1 (it is split along "
                              "scatter_dimension), got a scalar.")
         d = _canonical_axis(scatter_dimension, a.ndim, "psum_scatter", "scatter_dimension")
-        dims.add(d)
+        params.append({"scatter_dimension": d, "tiled": bool(tiled)})
         if not tiled and a.shape[d] != n:
             raise ValueError(f"psum_scatter: reduce_scatter operand scatter dimension size {a.shape[d]} must match "
                              f"shard count {n} (shape {a.shape}, scatter_dimension={scatter_dimension}). Use "
@@ -299,13 +306,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
         if tiled and a.shape[d] % n:
             raise ValueError(f"psum_scatter: tiled reduce_scatter operand scatter dimension size {a.shape[d]} must "
                              f"be divisible by shard_count {n} (shape {a.shape}).")
-    if not call.frames:
-        return x
-    if len(dims) > 1:
-        return _tree.unflatten(call.treedef, [psum_scatter(a, axis_name, scatter_dimension=scatter_dimension,
-                                                           axis_index_groups=axis_index_groups, tiled=tiled)
-                                              for a in arrays])
-    return call.bind("reduce_scatter", arrays, scatter_dimension=dims.pop() if dims else 0, tiled=bool(tiled))
+    return _bind_leafwise(call, "reduce_scatter", arrays, params)
 
 
 def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tiled=False):
@@ -323,13 +324,13 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
     _require_even(call.groups, "all_to_all")
     n = len(call.group)
     arrays = [np.asarray(leaf) for leaf in call.leaves]
-    axes = set()
+    params = []
     for a in arrays:
         if a.ndim == 0:
             raise _AxisError("all_to_all: the operand must have rank >= 1, got a scalar.")
         s = _canonical_axis(split_axis, a.ndim, "all_to_all", "split_axis")
         c = _canonical_axis(concat_axis, a.ndim, "all_to_all", "concat_axis")
-        axes.add((s, c))
+        params.append({"split_axis": s, "concat_axis": c, "tiled": bool(tiled)})
         if not tiled and a.shape[s] != n:
             raise ValueError(f"all_to_all requires the size of the mapped axis axis_name to equal "
                              f"x.shape[split_axis], but they are {n} and {a.shape[s]} respectively (shape "
@@ -337,14 +338,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
         if tiled and a.shape[s] % n:
             raise ValueError(f"The size of all_to_all split_axis ({a.shape[s]}) has to be divisible by the size "
                              f"of the named axis {axis_name} ({n}).")
-    if not call.frames:
-        return x
-    if len(axes) > 1:
-        return _tree.unflatten(call.treedef, [all_to_all(a, axis_name, split_axis, concat_axis,
-                                                         axis_index_groups=axis_index_groups, tiled=tiled)
-                                              for a in arrays])
-    s, c = axes.pop() if axes else (0, 0)
-    return call.bind("all_to_all", arrays, split_axis=s, concat_axis=c, tiled=bool(tiled))
+    return _bind_leafwise(call, "all_to_all", arrays, params)
 
 
 def pswapaxes(x, axis_name, axis, *, axis_index_groups=None):

@@ -234,3 +234,15 @@ def test_pmap_without_axis_name_binds_no_name():
 def test_collective_argument_errors(call, cls, phrase):
     with pytest.raises(cls, match=phrase):
         run(call, np.ones((4, 3, 4)))
+
+
+def test_pytree_leaves_of_different_ranks_with_a_negative_axis():
+    t = {"a": np.arange(4 * 3).reshape(4, 3), "b": np.arange(4 * 3 * 2).reshape(4, 3, 2)}
+    with spmdsim.trace() as tr:
+        out = spmdsim.pmap(lambda v: lax.all_gather(v, "i", axis=-1), "i")(t)
+    np.testing.assert_array_equal(out["a"][1], np.moveaxis(t["a"], 0, -1))
+    np.testing.assert_array_equal(out["b"][2], np.moveaxis(t["b"], 0, -1))
+    assert [e.params["all_gather_dimension"] for e in tr.events] == [1, 2]    # one rendezvous per leaf
+    same = spmdsim.pmap(lambda v: lax.psum_scatter(v, "i", scatter_dimension=-1), "i")(
+        {"a": np.ones((4, 4)), "b": np.ones((4, 2, 4))})
+    assert same["a"].shape == (4,) and same["b"].shape == (4, 2)
