@@ -79,7 +79,8 @@ class _Inputs:
 
     def stacked(self, n: int) -> list[np.ndarray]:
         """Every leaf with the device axis first: mapped leaves moved (a view), the others broadcast."""
-        return [np.moveaxis(leaf, ax, 0) if ax is not None else np.broadcast_to(leaf, (n, *np.shape(leaf)))
+        return [np.moveaxis(leaf, ax, 0) if ax is not None else
+                np.broadcast_to(_as_array(leaf, "", ""), (n, *np.shape(leaf)))
                 for leaf, ax in zip(self.leaves, self.axes)]
 
 
@@ -90,7 +91,7 @@ def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str)
     paths = [("args" if p.startswith("[0]") else "kwargs") + p[3:] for p in paths]
     axes = dyn_axes + kw_axes
     arrays = []
-    for path, leaf, ax in zip(paths, leaves, axes):
+    for k, (path, leaf, ax) in enumerate(zip(paths, leaves, axes)):
         if ax is None and _is_python_scalar(leaf):
             arrays.append(leaf)
             continue
@@ -103,9 +104,8 @@ def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str)
             if not -arr.ndim <= ax < arr.ndim:
                 raise ValueError(f"{api}: in_axes={ax} is out of bounds for {path} of shape {arr.shape} "
                                  f"(rank {arr.ndim}; valid: {-arr.ndim}..{arr.ndim - 1}).")
-            ax %= arr.ndim
+            axes[k] = ax % arr.ndim
         arrays.append(arr)
-        axes[len(arrays) - 1] = ax
     return _Inputs(paths, arrays, axes, treedef)
 
 
