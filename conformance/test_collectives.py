@@ -36,7 +36,7 @@ def test_every_known_difference_names_a_case():
 def test_vectorized_executor_equals_thread_executor(case):
     """The vectorized executor against the reference thread executor, on every case (differences from JAX
     included): the same results bit for bit, or the same exception class."""
-    from conformance.harness import APIS, Mismatch, _call
+    from conformance.harness import APIS, _call
     from spmdsim.testing import assert_trees_match
 
     if case.devices_needed > jax.device_count():

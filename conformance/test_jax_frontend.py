@@ -1,6 +1,5 @@
 """The JAX front end against jax.pmap on ordinary JAX functions: the primitives real programs produce,
 every collective, and gradients through the collectives. Shape, dtype and value must agree."""
-import functools
 
 import jax
 import jax.numpy as jnp

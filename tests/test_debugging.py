@@ -1,6 +1,5 @@
 """Debugging collectives: trace and timeline, stepping debugger (API and terminal), ordered output,
 would-hang report, reduction orders, teaching pictures."""
-import functools
 import json
 import os
 import pty
@@ -160,7 +159,6 @@ def reference_sum(blocks, order):
         return level[0]
     flat = [b.ravel() for b in blocks]
     out = np.empty_like(flat[0])
-    edges = np.linspace(0, flat[0].size, n + 1)
     for c, piece in enumerate(np.array_split(np.arange(flat[0].size), n)):
         for e in piece:
             acc = flat[(c + 1) % n][e]

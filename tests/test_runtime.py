@@ -1,7 +1,6 @@
 """Runtime guarantees: per-device threads, deterministic reductions, errors that never hang or get lost."""
 import functools
 import gc
-import sys
 import threading
 import tracemalloc
 
