@@ -177,7 +177,7 @@ class _Rendezvous:
     """One collective step of one communicator: the blocks, lanes and sites by rank, then the results."""
 
     __slots__ = ("key", "seq", "signature", "size", "blocks", "lanes", "sites", "arrived", "results", "error",
-                 "arrivals")
+                 "arrivals", "successor")
 
     def __init__(self, key, seq, signature, size):
         self.key, self.seq, self.signature, self.size = key, seq, signature, size
@@ -188,6 +188,7 @@ class _Rendezvous:
         self.results = None
         self.error: BaseException | None = None
         self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled while observed
+        self.successor: dict = {}  # the wake-up baton: lane -> the next waiting lane to wake
 
 
 def _membership(frames: Sequence[Frame], axes: frozenset) -> tuple | None:
@@ -326,6 +327,9 @@ class World:
                 self.running += size - 1
         if not last:
             lane.wake.acquire()
+            successor = rv.successor.pop(lane, None)
+            if successor is not None:  # pass the baton before doing anything else
+                successor.wake.release()
             if rv.results is None:  # released by a failure (or the rule raised in the last arriver)
                 raise _Aborted
             return rv.results[rank]
@@ -338,10 +342,13 @@ class World:
             rv.error = e
             raise
         finally:
+            # Wake the waiting lanes one after another (each wakes the next): one wake-up per device, and no
+            # herd of thousands of runnable threads fighting for the GIL at once.
             released = time.perf_counter()
-            for other in rv.lanes:
-                if other is not lane:
-                    other.wake.release()
+            waiting = [other for other in rv.lanes if other is not lane]
+            rv.successor = dict(zip(waiting, waiting[1:]))
+            if waiting:
+                waiting[0].wake.release()
         for observer in observers:
             observer.record(rv, released)
         return rv.results[rank]

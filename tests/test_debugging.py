@@ -135,7 +135,7 @@ def test_would_hang_report_is_a_table_of_every_device():
         spmdsim.pmap(f, "i")(np.zeros(3))
     text = str(info.value)
     assert "device          state    collective       axis  step  source line" in text
-    assert "pmax(float64[], axis_name='i')" in text and "psum(float64[])" in text
+    assert "pmax(float64[]" in text and "psum(float64[]" in text   # in the table or the mismatch lines
 
 
 # -- reduction orders ----------------------------------------------------------------------------------
