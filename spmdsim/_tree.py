@@ -53,6 +53,10 @@ def broadcast_prefix(prefix, full, *, name: str, hint: str = "",
     ValueError naming the key path where ``prefix`` is not a tree prefix of ``full``, as JAX does
     ("pytree structure error: ... at key path pmap in_axes[0][0]").
     """
+    if (type(prefix) in (tuple, list) and type(full) is type(prefix) and len(prefix) == len(full)
+            and all(p is None or type(p) is int for p in prefix)
+            and all(type(f).__module__ == "numpy" and hasattr(f, "shape") for f in full)):
+        return list(prefix)  # the common flat case (the JAX front end's flat axes): nothing to walk
     out: list = []
 
     def mismatch(path, kind, detail):

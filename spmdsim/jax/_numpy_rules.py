@@ -501,7 +501,7 @@ def _dot_general(lhs, rhs, *, dimension_numbers, precision=None, preferred_eleme
     lf = [i for i in range(lhs.ndim) if i not in lb and i not in lc]
     rf = [i for i in range(rhs.ndim) if i not in rb and i not in rc]
     batch = [lhs.shape[i] for i in lb]
-    size = lambda dims, shape: int(np.prod([shape[i] for i in dims], dtype=np.int64))  # noqa: E731
+    size = lambda dims, shape: math.prod(shape[i] for i in dims)  # noqa: E731
     a = np.transpose(lhs, (*lb, *lf, *lc)).astype(compute, copy=False).reshape(
         (*batch, size(lf, lhs.shape), size(lc, lhs.shape)))
     b = np.transpose(rhs, (*rb, *rc, *rf)).astype(compute, copy=False).reshape(

@@ -61,7 +61,7 @@ def batched(*names: str):
 class _Step:
     """One equation prepared once per jaxpr: its batched rule, operands, and the result avals."""
 
-    __slots__ = ("eqn", "rule", "operands", "outvars", "expected", "multiple")
+    __slots__ = ("eqn", "rule", "operands", "outvars", "expected", "multiple", "_literals")
 
     def __init__(self, eqn):
         self.eqn = eqn
@@ -71,6 +71,16 @@ class _Step:
         self.outvars = [None if isinstance(v, ext_core.DropVar) else v for v in eqn.outvars]
         self.expected = [numpy_shape_dtype(v.aval) for v in eqn.outvars]
         self.multiple = eqn.primitive.multiple_results
+        self._literals: tuple = (None, ())
+
+    def inputs(self, env: dict, n: int) -> list:
+        """The operands for ``n`` devices: variables from ``env``, literals broadcast (once per ``n``)."""
+        cached_n, literals = self._literals
+        if cached_n != n:
+            literals = [np.broadcast_to(value, (n, *value.shape)) if literal else None
+                        for literal, value in self.operands]
+            self._literals = (n, literals)
+        return [env[value] if lit is None else lit for lit, (_, value) in zip(literals, self.operands)]
 
 
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -90,8 +100,7 @@ def eval_jaxpr_batched(jaxpr, consts, args, devices: Devices) -> list[np.ndarray
         env[v] = a
     with np.errstate(all="ignore"):
         for step in program:
-            invals = [np.broadcast_to(value, (n, *value.shape)) if literal else env[value]
-                      for literal, value in step.operands]
+            invals = step.inputs(env, n)
             if step.rule is not None:
                 out = step.rule(devices, *invals, **step.eqn.params)
             else:
