@@ -39,14 +39,15 @@ def _check_axis_name(axis_name, api: str) -> None:
 _PYTHON_SCALAR_DTYPES = {bool: np.bool_, int: np.int32, float: np.float32, complex: np.complex64}
 
 
-def _is_python_scalar(leaf) -> bool:
+def is_python_scalar(leaf) -> bool:
+    """A Python bool, int, float or complex: weakly typed in JAX (constants in collectives, broadcast as is)."""
     return type(leaf) in _PYTHON_SCALAR_DTYPES
 
 
 def _as_array(leaf, path: str, api: str) -> np.ndarray:
     if isinstance(leaf, np.ndarray):
         return leaf
-    if _is_python_scalar(leaf):
+    if is_python_scalar(leaf):
         return np.asarray(leaf, dtype=_PYTHON_SCALAR_DTYPES[type(leaf)])
     arr = np.asarray(leaf)
     if arr.dtype.kind in "OUS":
@@ -69,7 +70,7 @@ class _Inputs:
         """Device ``i``'s arguments: read-only views of the caller's arrays, no copies."""
         out = []
         for leaf, ax in zip(self.leaves, self.axes):
-            if _is_python_scalar(leaf):  # broadcast as is: stays weakly typed, as in JAX (x_f32 * 2.0 is f32)
+            if is_python_scalar(leaf):  # broadcast as is: stays weakly typed, as in JAX (x_f32 * 2.0 is f32)
                 out.append(leaf)
                 continue
             v = leaf[(slice(None),) * ax + (i, Ellipsis)] if ax is not None else leaf.view()
@@ -92,7 +93,7 @@ def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str)
     axes = dyn_axes + kw_axes
     arrays = []
     for k, (path, leaf, ax) in enumerate(zip(paths, leaves, axes)):
-        if ax is None and _is_python_scalar(leaf):
+        if ax is None and is_python_scalar(leaf):
             arrays.append(leaf)
             continue
         arr = _as_array(leaf, path, api)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import operator
 
 import numpy as np
 
 from spmdsim import _collectives, _runtime, _tree
+from spmdsim._pmap import is_python_scalar as _is_python_scalar
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pshuffle",
            "pswapaxes", "axis_index", "axis_size", "pbroadcast"]
@@ -81,10 +81,6 @@ def _canonical_axis(axis: int, ndim: int, api: str, what: str) -> int:
         raise _AxisError(f"{api}: {what}={axis} is out of bounds for an array of dimension {ndim} "
                          f"(valid: {-ndim}..{ndim - 1}).")
     return axis % ndim
-
-
-def _is_python_scalar(x) -> bool:
-    return isinstance(x, (bool, numbers.Number)) and not isinstance(x, np.generic)
 
 
 def _position(frames) -> int:

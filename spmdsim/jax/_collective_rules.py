@@ -28,14 +28,10 @@ class CollectiveCall(NamedTuple):
     params: dict
 
 
-def names_of(axis_name) -> tuple:
-    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
 def collective_call(prim: str, x: np.ndarray, size: int, params: dict) -> CollectiveCall | None:
     """The rule call for collective equation ``prim`` on operand ``x`` over an axis of ``size`` devices, or
     None when the equation is the identity. Raises what JAX raises when it lowers the equation."""
-    names = names_of(params.get("axis_name", params.get("axes")))
+    names = _lax._axis_names(params.get("axis_name", params.get("axes")))
     groups = params.get("axis_index_groups")
     if groups is not None:
         groups = _lax._check_groups(groups, size, prim)
@@ -79,7 +75,7 @@ def _thread_rule(prim: str):
     def rule(x, **params):
         if prim in REDUCTIONS:
             x = positional_reduce(prim, x, params["axes"])
-        names = names_of(params.get("axis_name", params.get("axes")))
+        names = _lax._axis_names(params.get("axis_name", params.get("axes")))
         frames = _runtime.resolve_axes(_runtime.current_lane(), tuple(a for a in names if not isinstance(a, int)),
                                        prim)
         if not frames:

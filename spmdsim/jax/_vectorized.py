@@ -23,7 +23,8 @@ from jax.extend import core as ext_core
 
 from spmdsim import _collectives
 from spmdsim.errors import CollectiveDeadlockError
-from spmdsim.jax._collective_rules import REDUCTIONS, collective_call, names_of, positional_reduce
+from spmdsim.jax._collective_rules import REDUCTIONS, collective_call, positional_reduce
+from spmdsim.lax import _axis_names
 from spmdsim.jax._dtypes import numpy_shape_dtype
 from spmdsim.jax._interpreter import IMPL, _read_literal
 
@@ -368,7 +369,7 @@ def _batched_collective(prim: str):
     def rule(devices: Devices, x, **params):
         if prim in REDUCTIONS:
             x = positional_reduce(prim, x, params["axes"], shift=1)
-        names = tuple(a for a in names_of(params.get("axis_name", params.get("axes"))) if not isinstance(a, int))
+        names = tuple(a for a in _axis_names(params.get("axis_name", params.get("axes"))) if not isinstance(a, int))
         if not names:
             return x
         if len(set(names)) != len(names):
@@ -396,6 +397,6 @@ for _prim in ("psum", "pmax", "pmin", "all_gather", "reduce_scatter", "all_to_al
 
 @batched("axis_index")
 def _axis_index(devices, *, axis_name):
-    if names_of(axis_name) != (devices.name,):
+    if _axis_names(axis_name) != (devices.name,):
         raise NotImplementedError(f"the vectorized executor maps one named axis ({devices.name!r}).")
     return devices.ids.astype(np.int32)
