@@ -54,6 +54,18 @@ def test_spmdsim_run_end_to_end(tmp_path):
     assert_trees_match(sim, {k: np.asarray(v) for k, v in real.items()}, out_axis=None, rtol=2e-5, atol=2e-6)
 
 
+def test_spmdsim_run_with_the_vectorized_executor_at_scale(tmp_path):
+    out = tmp_path / "sim.npz"
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", "--executor", "vectorized",
+                           os.path.join(EXAMPLES, "named_psum.py"), "--out", str(out), "--devices", "2048"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "vectorized executor" in proc.stderr
+    result = np.load(out)["result"]
+    assert result.shape == (2048,) and result[0] == 2 * sum(range(2048))    # psum(2 * [0, ..., 2047])
+
+
 def test_spmdsim_run_reports_virtual_devices_and_passes_arguments(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text("import sys, jax\nfrom jax import pmap\nprint(jax.device_count(), jax.local_device_count(), "

@@ -1,4 +1,5 @@
-"""``spmdsim run SCRIPT.py [script args] [--devices N]``: run an unmodified JAX script on virtual devices.
+"""``spmdsim run [--executor threads|vectorized] [--trace PATH] SCRIPT.py [script args] [--devices N]``: run an
+unmodified JAX script on virtual devices.
 
 ``jax.pmap`` becomes :func:`spmdsim.jax.pmap` (also for ``from jax import pmap``, which runs after the
 replacement), and ``jax.device_count``, ``jax.local_device_count`` and ``jax.devices`` report the N virtual
@@ -18,14 +19,18 @@ REPLACED = ("pmap", "device_count", "local_device_count", "devices")
 
 
 @contextlib.contextmanager
-def patched_jax(n_devices: int):
-    """Replace jax.pmap and the device queries for the duration of the block."""
+def patched_jax(n_devices: int, executor: str = "threads"):
+    """Replace jax.pmap (by spmdsim.jax.pmap with ``executor``) and the device queries for the block."""
+    import functools
+
     import jax
 
     import spmdsim.jax as sjax
 
     saved = {name: getattr(jax, name) for name in REPLACED}
-    replacements = {"pmap": sjax.pmap, "device_count": spmdsim.device_count,
+    pmap = sjax.pmap if executor == "threads" else functools.wraps(sjax.pmap)(
+        functools.partial(sjax.pmap, executor=executor))
+    replacements = {"pmap": pmap, "device_count": spmdsim.device_count,
                     "local_device_count": spmdsim.local_device_count,
                     "devices": lambda backend=None: spmdsim.devices(backend)}
     with spmdsim.set_device_count(n_devices):
@@ -76,20 +81,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="spmdsim run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, default=spmdsim.device_count(),
                         help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
+    parser.add_argument("--executor", choices=["threads", "vectorized"], default="threads",
+                        help="threads (default: one thread per device, the reference) or vectorized (all devices "
+                             "at once; for thousands of devices)")
     parser.add_argument("--trace", metavar="PATH", default=None,
                         help="record every collective and write a Perfetto/Chrome trace JSON to PATH")
     args = parser.parse_args(ours)
     if not script:
         parser.error("give the script to run: spmdsim run SCRIPT.py [script args] [--devices N]")
     print(f"spmdsim run: {script[0]} on {args.devices} virtual devices; replaced jax.pmap with spmdsim.jax.pmap "
-          f"(values computed by NumPy) and jax.device_count/local_device_count/devices with the virtual devices; "
-          f"everything else is real JAX.", file=sys.stderr)
+          f"(values computed by NumPy, {args.executor} executor) and jax.device_count/local_device_count/devices "
+          f"with the virtual devices; everything else is real JAX.", file=sys.stderr)
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = script
     sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))  # as `python SCRIPT.py` does
     tracing = spmdsim.trace(values="summary") if args.trace else contextlib.nullcontext()
     try:
-        with patched_jax(args.devices), tracing as tr:
+        with patched_jax(args.devices, args.executor), tracing as tr:
             try:
                 runpy.run_path(script[0], run_name="__main__")
             finally:
