@@ -181,18 +181,29 @@ def test_set_device_count_is_refused_inside_a_mapped_function():
 
 
 def test_deadlock_is_reported_whichever_order_the_devices_get_there():
-    """The device that returns may finish before or after the others arrive: both orders are reported."""
+    """The device that returns may finish before or after the others arrive: both orders are reported.
+    The order is forced by waiting on the runtime's own state (no sleeps), so the test is deterministic."""
     import time
 
+    from spmdsim import _runtime
+
+    def until(condition):
+        deadline = time.monotonic() + 20
+        while not condition():
+            assert time.monotonic() < deadline, "the devices never reached the expected state"
+            time.sleep(0.001)
+
     def early_return(x):
+        world = _runtime.current_lane().world
         if lax.axis_index("i") == 2:
             return x
-        time.sleep(0.05)          # device 2 has certainly finished before the others arrive
+        until(lambda: world.finished)                       # device 2 has returned before anyone arrives
         return lax.psum(x, "i")
 
     def late_return(x):
+        world = _runtime.current_lane().world
         if lax.axis_index("i") == 2:
-            time.sleep(0.05)      # the others are certainly waiting when device 2 returns
+            until(lambda: sum(lane.state == _runtime.WAITING for lane in world.lanes) == 3)
             return x
         return lax.psum(x, "i")
 
