@@ -137,6 +137,12 @@ def _reduce_positional(x: np.ndarray, positional: tuple, ufunc: np.ufunc) -> np.
 
 
 def _reduction(op: str, ufunc: np.ufunc, api: str, x, axis_name, axis_index_groups, to_int32: bool):
+    call, out = _reduce(op, ufunc, api, x, axis_name, axis_index_groups, to_int32)
+    return _tree.unflatten(call.treedef, out)
+
+
+def _reduce(op: str, ufunc: np.ufunc, api: str, x, axis_name, axis_index_groups, to_int32: bool):
+    """The reduction's call (frames, groups, the operand's leaves) and this device's result leaves."""
     named, positional = _split_positional(_axis_names(axis_name))
     if positional and axis_index_groups is not None:
         raise ValueError(f"{api}: axis_index_groups only supported for sums over just named axes, got "
@@ -145,8 +151,7 @@ def _reduction(op: str, ufunc: np.ufunc, api: str, x, axis_name, axis_index_grou
     if all(_is_python_scalar(leaf) for leaf in call.leaves) and call.leaves:
         # JAX folds constants without communicating: psum(c) is size * c, pmax(c) is c.
         factor = len(call.group) if op == "psum" else 1
-        out = [factor * leaf for leaf in call.leaves]
-        return _tree.unflatten(call.treedef, out)
+        return call, [factor * leaf for leaf in call.leaves]
     arrays = []
     for leaf in call.leaves:
         a = np.asarray(leaf)
@@ -154,8 +159,8 @@ def _reduction(op: str, ufunc: np.ufunc, api: str, x, axis_name, axis_index_grou
             a = a.astype(np.int32)
         arrays.append(_reduce_positional(a, positional, ufunc))
     if not call.frames:
-        return _tree.unflatten(call.treedef, arrays)
-    return call.bind(op, arrays)
+        return call, arrays
+    return call, bind(op, arrays, call.frames, call.groups)
 
 
 # -- reductions -----------------------------------------------------------------------------------------
@@ -218,11 +223,10 @@ def pmean(x, axis_name, *, axis_index_groups=None):
     array([1.5, 1.5, 1.5, 1.5], dtype=float32)
     """
     named, positional = _split_positional(_axis_names(axis_name))
-    n = len(_Call("pmean", None, named, axis_index_groups).group)
-    leaves, treedef = _tree.flatten(x)
-    totals = _tree.flatten(psum(x, axis_name, axis_index_groups=axis_index_groups))[0]
-    return _tree.unflatten(treedef, [_divide(total, n * math.prod(np.shape(leaf)[a] for a in positional))
-                                     for leaf, total in zip(leaves, totals)])
+    call, totals = _reduce("psum", np.add, "pmean", x, axis_name, axis_index_groups, to_int32=True)
+    n = len(call.group)
+    return _tree.unflatten(call.treedef, [_divide(total, n * math.prod(np.shape(leaf)[a] for a in positional))
+                                          for leaf, total in zip(call.leaves, totals)])
 
 
 def _divide(total, count: int):

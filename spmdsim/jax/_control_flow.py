@@ -9,16 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from spmdsim.jax._dtypes import numpy_shape_dtype
-from spmdsim.jax._interpreter import eval_closed_jaxpr, eval_jaxpr, impl
-
-
-def _closed(jaxpr):
-    """Closed jaxprs have .jaxpr and .consts; open ones are evaluated without constants."""
-    return (jaxpr.jaxpr, jaxpr.consts) if hasattr(jaxpr, "consts") else (jaxpr, ())
+from spmdsim.jax._interpreter import eval_closed_jaxpr, eval_jaxpr, impl, split_closed
 
 
 def _call(jaxpr, args):
-    inner, consts = _closed(jaxpr)
+    inner, consts = split_closed(jaxpr)
     return eval_jaxpr(inner, consts, *args)
 
 

@@ -123,5 +123,10 @@ def eval_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
     return [_read_literal(v) if isinstance(v, ext_core.Literal) else env[v] for v in jaxpr.outvars]
 
 
+def split_closed(jaxpr) -> tuple:
+    """(jaxpr, consts) of a ClosedJaxpr; an open Jaxpr (as in remat's params) has no constants."""
+    return (jaxpr.jaxpr, jaxpr.consts) if hasattr(jaxpr, "consts") else (jaxpr, ())
+
+
 def eval_closed_jaxpr(closed, *args) -> list[np.ndarray]:
     return eval_jaxpr(closed.jaxpr, closed.consts, *args)

@@ -26,7 +26,7 @@ from spmdsim.errors import CollectiveDeadlockError
 from spmdsim.jax._collective_rules import REDUCTIONS, collective_call, positional_reduce
 from spmdsim.lax import _axis_names
 from spmdsim.jax._dtypes import numpy_shape_dtype
-from spmdsim.jax._interpreter import IMPL, _read_literal
+from spmdsim.jax._interpreter import IMPL, _read_literal, split_closed
 
 __all__ = ["eval_jaxpr_batched", "BATCHED"]
 
@@ -131,12 +131,8 @@ def _per_device(eqn, invals, n):
     return np.stack([np.asarray(o) for o in outs])
 
 
-def _closed(jaxpr):
-    return (jaxpr.jaxpr, jaxpr.consts) if hasattr(jaxpr, "consts") else (jaxpr, ())
-
-
 def _call(devices, jaxpr, args):
-    inner, consts = _closed(jaxpr)
+    inner, consts = split_closed(jaxpr)
     return eval_jaxpr_batched(inner, consts, list(args), devices)
 
 
@@ -297,7 +293,7 @@ def _custom_vjp_call(devices, *args, **params):
 
 
 def _has_collectives(jaxpr) -> bool:
-    inner, _ = _closed(jaxpr)
+    inner, _ = split_closed(jaxpr)
     for eqn in inner.eqns:
         if eqn.primitive.name in COLLECTIVES - {"axis_index"}:
             return True
