@@ -8,6 +8,7 @@ time limit is reported as such. Results (with machine and version information) g
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -124,6 +125,9 @@ def main(argv=None) -> int:
     parser.add_argument("--jax-timeout", type=float, default=240.0, help="seconds per jax.pmap subprocess")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results.json"))
     parser.add_argument("--markdown", metavar="JSON", help="print the Markdown table of an earlier run and exit")
+    parser.add_argument("--fresh-threads", action="store_true",
+                        help="start new device threads for every call (spmdsim's default outside "
+                             "spmdsim.reuse_threads(); the benchmarks otherwise reuse them)")
     args = parser.parse_args(argv)
     if args.markdown:
         with open(args.markdown) as f:
@@ -141,12 +145,13 @@ def main(argv=None) -> int:
                 if variant == "jax-threads" and bench == "latency" and n > 256:
                     row[variant] = {"error": "skipped: 100 rendezvous x 1024 threads"}
                     continue
-                row[variant] = spmdsim_side(bench, n, variant, reps)
+                with (contextlib.nullcontext() if args.fresh_threads else spmdsim.reuse_threads()):
+                    row[variant] = spmdsim_side(bench, n, variant, reps)
             if bench == "large":
                 row["numpy-bound"] = numpy_bound(repeats)
             rows.append(row)
             print_row(row)
-    doc = {"machine": machine(), "rows": rows,
+    doc = {"machine": machine(), "rows": rows, "threads": "fresh per call" if args.fresh_threads else "reused",
            "notes": "medians of repeated calls (3 at >= 1024 devices) after a first call and warm-up calls "
                      "(3; 1 at >= 1024 devices); times in seconds; ratio = spmdsim / jax"}
     with open(args.out, "w") as f:

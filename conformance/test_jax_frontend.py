@@ -241,3 +241,48 @@ def test_mismatch_report_names_key_path_device_and_index():
         assert_trees_match(actual, expected)
     with pytest.raises(Mismatch, match="dtype int32 from spmdsim, but float32 from jax"):
         assert_trees_match({"a": np.zeros((4, 3), np.int32)}, expected)
+
+
+def _collectives_traced(fun, *args):
+    import spmdsim
+    with spmdsim.trace() as tr:
+        out = sjax.pmap(fun, axis_name="i")(*args)
+    return out, [(e.op, e.shapes) for e in tr.events]
+
+
+def test_one_pytree_call_is_one_rendezvous_as_in_the_numpy_front_end():
+    # JAX emits one psum equation per leaf; they came from one call, so they meet in one rendezvous.
+    out, events = _collectives_traced(lambda x, m: lax.psum((x, m), "i"), X, M)
+    assert events == [("psum", ((6,), (3, 4)))]
+    np.testing.assert_allclose(out[1], np.broadcast_to(M.sum(0), M.shape), rtol=1e-6)
+    import spmdsim
+    with spmdsim.trace() as tr:
+        spmdsim.pmap(lambda x, m: spmdsim.lax.psum((x, m), "i"), axis_name="i")(X, M)
+    assert [(e.op, e.shapes) for e in tr.events] == events
+
+
+def test_collectives_of_different_lines_or_feeding_each_other_stay_separate():
+    def two_lines(x):
+        a = lax.psum(x, "i")
+        b = lax.psum(x * 2, "i")
+        return a, b
+    _, events = _collectives_traced(two_lines, X)
+    assert events == [("psum", ((6,),)), ("psum", ((6,),))]
+    out, events = _collectives_traced(lambda x: lax.psum(lax.psum(x, "i"), "i"), X)
+    assert events == [("psum", ((6,),)), ("psum", ((6,),))]
+    np.testing.assert_allclose(out, np.broadcast_to(N * X.sum(0), X.shape), rtol=1e-6)
+
+
+def test_outputs_are_jax_arrays_as_jnp_asarray_makes_them_also_when_the_fast_put_fails(monkeypatch):
+    from spmdsim.jax import _api
+    f = sjax.pmap(lambda x: (x * 2, jnp.sum(x) > 0), axis_name="i")
+    expected = [jnp.asarray(np.asarray(v)) for v in f(X)]
+    for attempt in ("fast", "failing"):
+        if attempt == "failing":
+            monkeypatch.setattr(_api, "_fast_put", lambda arr: 1 / 0)
+        got = f(X)
+        for g, e in zip(got, expected):
+            assert type(g) is type(e) and g.dtype == e.dtype and g.shape == e.shape
+            assert g.sharding == e.sharding and g.committed == e.committed and g.weak_type == e.weak_type
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
+    assert _api._fast_put is None  # after a failure, jnp.asarray from then on

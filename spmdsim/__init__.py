@@ -9,6 +9,7 @@ from spmdsim._collectives import ReductionOrder, current_reduction_order, set_re
 from spmdsim._output import set_ordered_output
 from spmdsim._devices import VirtualDevice, device_count, devices, local_device_count, set_device_count
 from spmdsim._pmap import pmap, vmap
+from spmdsim._threads import reuse_threads
 from spmdsim._trace import trace
 from spmdsim._tree import register_pytree_node
 from spmdsim.errors import (CollectiveDeadlockError, CollectiveError, CollectiveMismatchError, ReplicationError,
@@ -16,6 +17,7 @@ from spmdsim.errors import (CollectiveDeadlockError, CollectiveError, Collective
 
 __version__ = "0.1.0"
 
-__all__ = ["pmap", "vmap", "lax", "trace", "debug", "show", "register_pytree_node", "devices", "device_count", "local_device_count", "set_device_count",
-           "VirtualDevice", "set_reduction_order", "set_ordered_output", "current_reduction_order", "ReductionOrder", "errors", "SpmdSimError", "CollectiveError", "CollectiveMismatchError",
-           "CollectiveDeadlockError", "ReplicationError"]
+__all__ = ["pmap", "vmap", "reuse_threads", "lax", "trace", "debug", "show", "register_pytree_node", "devices",
+           "device_count", "local_device_count", "set_device_count", "VirtualDevice", "set_reduction_order",
+           "set_ordered_output", "current_reduction_order", "ReductionOrder", "errors", "SpmdSimError",
+           "CollectiveError", "CollectiveMismatchError", "CollectiveDeadlockError", "ReplicationError"]

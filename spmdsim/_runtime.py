@@ -20,6 +20,7 @@ lanes still computing unwind at their next collective or finish, and the top-lev
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -28,7 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Hashable, Sequence
 
-from spmdsim import _output
+from spmdsim import _output, _threads
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
 __all__ = ["Frame", "Lane", "current_lane", "run_mapped", "resolve_axes", "bind_collective", "user_site"]
@@ -72,8 +73,9 @@ def user_site(depth: int = 1) -> str:
     return f"{_short_path(f.f_code.co_filename)}:{f.f_lineno}"
 
 
+@functools.lru_cache(maxsize=1024)
 def _short_path(filename: str) -> str:
-    """Relative to the working directory when the file lies under it, else as given."""
+    """Relative to the working directory (at first use) when the file lies under it, else as given."""
     if filename.startswith("<"):
         return filename
     rel = os.path.relpath(filename)
@@ -383,12 +385,14 @@ def resolve_axes(lane: Lane | None, axis_names: tuple, api: str, *, phrase: str 
     return out
 
 
-def bind_collective(op: str, leaves: list, frames: list[Frame], *, params: dict, combine: Callable[[list], list],
+def bind_collective(op: str, leaves: list, frames: list[Frame], *, params: tuple, combine: Callable[[list], list],
                     site: str | None = None) -> list:
     """Take part in one collective over ``frames`` and return this lane's result leaves.
 
-    ``combine(blocks)`` receives every lane's leaves indexed by the row-major index over ``frames`` (in
-    the order given) and returns the results in the same indexing; it runs once, in the last lane to arrive.
+    ``params`` are the call's (name, value) pairs; with ``op``, the axes and the leaves' shapes and dtypes they
+    form the signature that every device of the communicator must agree on. ``combine(blocks)`` receives
+    every lane's leaves indexed by the row-major index over ``frames`` (in the order given) and returns the
+    results in the same indexing; it runs once, in the last lane to arrive.
     """
     lane = current_lane()
     instances = tuple(f.instance for f in frames)
@@ -401,7 +405,7 @@ def bind_collective(op: str, leaves: list, frames: list[Frame], *, params: dict,
                                          math.prod(f.size for f in frames), tuple(f.name for f in frames),
                                          tuple(f.size for f in frames))
     key, rank, size, names, sizes = cached
-    signature = (op, names, sizes, tuple(params.items()), tuple((x.shape, x.dtype) for x in leaves))
+    signature = (op, names, sizes, params, tuple((x.shape, x.dtype) for x in leaves))
     return lane.world.rendezvous(lane, key=key, rank=rank, size=size, signature=signature,
                                  site=site or user_site(2), leaves=leaves, combine=combine)
 
@@ -444,15 +448,19 @@ def run_mapped(body: Callable[[int], Any], *, axis_name: Hashable, size: int, is
             world.finish(lane, DONE)
         for observer in observers:
             observer.lane(lane.label, start, time.perf_counter(), outcome)
+        _local.lane = None  # a reused thread must not keep this call's lane (and its world) alive
 
-    threads = [threading.Thread(target=target, args=(i,), name=f"spmdsim {lanes[i].label}", daemon=True)
-               for i in range(size)]
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
     try:
-        for t in threads:
-            t.start()
-        _join(threads, world)
+        wait = _threads.run_threads([functools.partial(target, i) for i in range(size)],
+                                    [f"spmdsim {lane.label}" for lane in lanes])
+        try:
+            wait()
+        except BaseException as e:  # KeyboardInterrupt in the caller: stop every lane, then wait for them
+            world.fail(e)
+            wait()
+            raise
     finally:
         _output.end(stream)
 
@@ -470,14 +478,3 @@ def run_mapped(body: Callable[[int], Any], *, axis_name: Hashable, size: int, is
             raise _Aborted
         raise world.failure
     return results
-
-
-def _join(threads: list[threading.Thread], world: World) -> None:
-    try:
-        for t in threads:
-            t.join()
-    except BaseException as e:  # KeyboardInterrupt in the caller: stop every lane, then wait for them
-        world.fail(e)
-        for t in threads:
-            t.join()
-        raise

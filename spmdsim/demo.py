@@ -78,7 +78,7 @@ def run(devices: int = 8, steps: int = 500, lr: float = 0.1, momentum: float = 0
     scale = devices / rows
     losses, identical = [], True
     start = time.perf_counter()
-    with spmdsim.trace() as tr:
+    with spmdsim.trace() as tr, spmdsim.reuse_threads():  # the same 8 device threads for every step
         for i in range(1, steps + 1):
             p, v, loss = step(params, velocity, xs, ys, mask, scale, lr, momentum)
             # out_axes=0 stacks every device's copy: check that they stayed bitwise identical.

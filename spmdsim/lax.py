@@ -109,13 +109,26 @@ class _Call:
         return _tree.unflatten(self.treedef, bind(op, arrays, self.frames, self.groups, **params))
 
 
+class Binding:
+    """Rule ``op`` of the rule table with its parameters bound, ready to meet the other devices."""
+
+    __slots__ = ("op", "params", "combine")
+
+    def __init__(self, op: str, groups: tuple | None, **params):
+        self.op = op
+        self.params = (("axis_index_groups", groups), *params.items())  # part of the call's signature
+        self.combine = functools.partial(_collectives.apply_grouped, op, axis_index_groups=groups, **params)
+
+    def __call__(self, arrays: list, frames: list, site: str) -> list:
+        """One rendezvous over ``frames``; returns this device's result arrays."""
+        return _runtime.bind_collective(self.op, arrays, frames, params=self.params, combine=self.combine,
+                                        site=site)
+
+
 def bind(op: str, arrays: list, frames: list, groups: tuple | None, *, site: str | None = None, **params) -> list:
     """One rendezvous over ``frames`` applying rule ``op`` of the rule table per group; returns this
-    device's result arrays. Shared by these wrappers and the JAX front end (which passes the jaxpr's
-    source line as ``site``)."""
-    combine = functools.partial(_collectives.apply_grouped, op, axis_index_groups=groups, **params)
-    return _runtime.bind_collective(op, arrays, frames, params={"axis_index_groups": groups, **params},
-                                    combine=combine, site=site or _runtime.user_site(3))
+    device's result arrays. The JAX front end prepares a :class:`Binding` per equation instead."""
+    return Binding(op, groups, **params)(arrays, frames, site or _runtime.user_site(3))
 
 
 def _bind_leafwise(call: _Call, op: str, arrays: list, params: list[dict]):

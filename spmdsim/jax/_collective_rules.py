@@ -3,8 +3,9 @@
 :func:`collective_call` says what one collective equation does in the rule table's terms, after the checks
 that JAX makes only when lowering (after tracing, so a jaxpr can hold calls that jax.pmap would reject):
 uneven groups for gathers and scatters, bool operands of a reduce-scatter, duplicate ``ppermute`` pairs.
-Both executors use it: the thread executor here (one rendezvous per equation, the site being the user's line
-that produced the equation), the vectorized executor along its device axis.
+Both executors use it: the thread executor here (one rendezvous per equation, or per pytree call, which JAX
+splits into one equation per leaf; the site being the user's line that produced it), the vectorized
+executor along its device axis.
 """
 from __future__ import annotations
 
@@ -73,18 +74,36 @@ def positional_reduce(prim: str, x: np.ndarray, axes, shift: int = 0) -> np.ndar
 
 def _thread_rule(prim: str):
     def rule(x, **params):
-        if prim in REDUCTIONS:
-            x = positional_reduce(prim, x, params["axes"])
-        names = _lax._axis_names(params.get("axis_name", params.get("axes")))
-        frames = _runtime.resolve_axes(_runtime.current_lane(), tuple(a for a in names if not isinstance(a, int)),
-                                       prim)
-        if not frames:
-            return x
-        call = collective_call(prim, x, math.prod(f.size for f in frames), params)
-        if call is None:
-            return x
-        return _lax.bind(call.rule, [x], frames, call.groups, site=current_site(), **call.params)[0]
+        return prepare(prim, params)(x)[0]
+
+    rule.specialize = lambda eqn: (lambda run: lambda x: run(x)[0])(prepare(prim, eqn.params))
+    rule.specialize_call = lambda eqns: prepare(prim, eqns[0].params)
     return rule
+
+
+def prepare(prim: str, params: dict):
+    """The thread executor's function for a collective equation, or for the equations of one pytree call
+    (one per leaf, same parameters): its operands meet the other devices' in one rendezvous, and it
+    returns the list of results. What the equation fixes (axis names, positional axes, the lowering checks
+    and the rule binding per axis size) is worked out once."""
+    names = _lax._axis_names(params.get("axis_name", params.get("axes")))
+    named = tuple(a for a in names if not isinstance(a, int))
+    bindings: dict = {}  # axis size -> Binding, or None for the identity
+
+    def run(*xs) -> list:
+        if prim in REDUCTIONS:
+            xs = [positional_reduce(prim, x, params["axes"]) for x in xs]
+        frames = _runtime.resolve_axes(_runtime.current_lane(), named, prim)
+        if not frames:
+            return list(xs)
+        size = math.prod(f.size for f in frames)
+        if size not in bindings:
+            calls = [collective_call(prim, x, size, params) for x in xs]  # raises what JAX raises when lowering
+            bindings[size] = None if calls[0] is None else _lax.Binding(calls[0].rule, calls[0].groups,
+                                                                          **calls[0].params)
+        binding = bindings[size]
+        return list(xs) if binding is None else binding(list(xs), frames, current_site())
+    return run
 
 
 for _prim in ("psum", "pmax", "pmin", "all_gather", "reduce_scatter", "all_to_all", "ppermute", "pbroadcast"):

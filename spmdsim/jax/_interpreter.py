@@ -1,11 +1,17 @@
 """Evaluate a jaxpr with NumPy: an environment, one rule per primitive, an aval check per equation.
 
 ``IMPL[name](*invals, **params)`` computes one equation: it returns one array, or a list of arrays for
-primitives with several results. Rules live in :mod:`._numpy_rules`, :mod:`._control_flow`,
+primitives with several results. A rule may also carry ``rule.specialize(eqn)``, which returns a function of
+the operands alone with everything that the equation fixes (parameters, shapes, dtypes) worked out once per
+jaxpr, or None for the generic rule; and ``rule.specialize_call(eqns)`` for a *pytree call*: the equations
+that JAX emits one per leaf for one call on a pytree (``lax.psum((a, b), 'i')`` gives one ``psum`` equation
+per leaf, all with the same parameters and source line), computed together (one rendezvous, as in the
+NumPy front end). Rules live in :mod:`._numpy_rules`, :mod:`._control_flow`,
 :mod:`._collective_rules` and :mod:`._prng`; each module registers its own with :func:`impl`.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any, Callable
@@ -15,7 +21,7 @@ from jax.extend import core as ext_core
 
 from spmdsim.jax import _dtypes
 
-__all__ = ["IMPL", "impl", "eval_jaxpr", "eval_closed_jaxpr", "current_site", "supported_primitives"]
+__all__ = ["IMPL", "impl", "specialize", "eval_jaxpr", "eval_closed_jaxpr", "current_site", "supported_primitives"]
 
 IMPL: dict[str, Callable[..., Any]] = {}
 _local = threading.local()
@@ -35,6 +41,14 @@ def supported_primitives() -> list[str]:
     return sorted(IMPL)
 
 
+def specialize(specializer):
+    """Decorator: attach ``specializer(eqn) -> fn(*invals) | None`` to the rule it decorates."""
+    def attach(rule):
+        rule.specialize = specializer
+        return rule
+    return attach
+
+
 def _summarize(eqn) -> str:
     try:
         from jax._src import source_info_util
@@ -47,8 +61,8 @@ def current_site() -> str:
     """``file:line (function)`` of the user's code that produced the equation being evaluated. Equations
     inside JAX's own functions (``jnp.cumsum`` is a jit) have no user frame: the enclosing call's line is
     used."""
-    for eqn in reversed(getattr(_local, "stack", ())):
-        site = _summarize(eqn)
+    for step in reversed(getattr(_local, "stack", ())):
+        site = step.site if step is not None else ""
         if site:
             return site
     return "<unknown>"
@@ -66,19 +80,58 @@ def _report_aval(value, expected_shape, expected_dtype, eqn) -> None:
 
 
 class _Step:
-    """One equation, prepared once per jaxpr: its rule, operands (literals already NumPy arrays) and the
-    shape and dtype every result must have."""
+    """One equation (or the equations of one pytree call), prepared once per jaxpr: the function computing
+    it from its operands (the rule with its parameters bound, or the rule's specialisation), the operands
+    (literals already NumPy arrays) and the shape and dtype every result must have."""
 
-    __slots__ = ("eqn", "rule", "operands", "params", "outvars", "expected", "multiple")
+    __slots__ = ("eqns", "eqn", "call", "operands", "outvars", "expected", "multiple", "_site")
 
-    def __init__(self, eqn):
-        self.eqn, self.params = eqn, eqn.params
-        self.rule = IMPL.get(eqn.primitive.name)
+    def __init__(self, eqns: list):
+        self.eqns, self.eqn = eqns, eqns[0]
+        eqn = self.eqn
+        rule = IMPL.get(eqn.primitive.name)
+        if len(eqns) > 1:
+            self.call = rule.specialize_call(eqns)
+        else:
+            specializer = getattr(rule, "specialize", None)
+            self.call = specializer(eqn) if specializer is not None else None
+            if self.call is None and rule is not None:
+                self.call = functools.partial(rule, **eqn.params) if eqn.params else rule
         self.operands = [(True, _read_literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
-                         for v in eqn.invars]
-        self.outvars = [None if isinstance(v, ext_core.DropVar) else v for v in eqn.outvars]
-        self.expected = [_dtypes.numpy_shape_dtype(v.aval) for v in eqn.outvars]
-        self.multiple = eqn.primitive.multiple_results
+                         for e in eqns for v in e.invars]
+        self.outvars = [None if isinstance(v, ext_core.DropVar) else v for e in eqns for v in e.outvars]
+        self.expected = [_dtypes.numpy_shape_dtype(v.aval) for e in eqns for v in e.outvars]
+        self.multiple = eqn.primitive.multiple_results or len(eqns) > 1
+        self._site = None
+
+    @property
+    def site(self) -> str:
+        """``file:line (function)`` of the user's code that produced this equation ('' inside JAX's own)."""
+        if self._site is None:
+            self._site = _summarize(self.eqn)
+        return self._site
+
+
+def _same_call(eqns: list, eqn) -> bool:
+    """Whether ``eqn`` continues the pytree call ``eqns``: a rule that computes such calls together, the same
+    primitive, parameters and user source line, and no operand produced inside the call."""
+    first = eqns[0]
+    if eqn.primitive is not first.primitive or not hasattr(IMPL.get(eqn.primitive.name), "specialize_call"):
+        return False
+    if eqn.params != first.params or not _summarize(first) or _summarize(eqn) != _summarize(first):
+        return False
+    produced = {v for e in eqns for v in e.outvars}
+    return not any(v in produced for v in eqn.invars if not isinstance(v, ext_core.Literal))
+
+
+def _prepare(jaxpr) -> list[_Step]:
+    calls: list[list] = []
+    for eqn in jaxpr.eqns:
+        if calls and _same_call(calls[-1], eqn):
+            calls[-1].append(eqn)
+        else:
+            calls.append([eqn])
+    return [_Step(eqns) for eqns in calls]
 
 
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -87,7 +140,7 @@ _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _program(jaxpr) -> list[_Step]:
     program = _programs.get(jaxpr)
     if program is None:
-        program = _programs[jaxpr] = [_Step(eqn) for eqn in jaxpr.eqns]
+        program = _programs[jaxpr] = _prepare(jaxpr)
     return program
 
 
@@ -103,24 +156,36 @@ def eval_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
     try:
         with np.errstate(all="ignore"):
             for step in _program(jaxpr):
-                eqn = stack[-1] = step.eqn
-                if step.rule is None:
+                stack[-1] = step
+                if step.call is None:
+                    eqn = step.eqn
                     raise NotImplementedError(
                         f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} (params "
                         f"{dict(eqn.params)}), used at {current_site()}. Supported primitives: "
                         f"spmdsim.jax.supported_primitives().")
-                out = step.rule(*[value if literal else env[value] for literal, value in step.operands],
-                                **step.params)
-                for var, val, (shape, dtype) in zip(step.outvars, out if step.multiple else (out,), step.expected):
-                    if type(val) is not np.ndarray:
-                        val = np.asarray(val)
-                    if val.shape != shape or val.dtype != dtype:
-                        _report_aval(val, shape, dtype, eqn)
+                out = step.call(*[value if literal else env[value] for literal, value in step.operands])
+                if step.multiple:
+                    for var, val, expected in zip(step.outvars, out, step.expected):
+                        val = _checked(val, expected, step)
+                        if var is not None:
+                            env[var] = val
+                else:
+                    val = _checked(out, step.expected[0], step)
+                    var = step.outvars[0]
                     if var is not None:
                         env[var] = val
     finally:
         stack.pop()
     return [_read_literal(v) if isinstance(v, ext_core.Literal) else env[v] for v in jaxpr.outvars]
+
+
+def _checked(val, expected: tuple, step: _Step) -> np.ndarray:
+    """The aval check: every result has exactly the shape and dtype of the jaxpr's variable."""
+    if type(val) is not np.ndarray:
+        val = np.asarray(val)
+    if val.shape != expected[0] or val.dtype != expected[1]:
+        _report_aval(val, *expected, step.eqn)
+    return val
 
 
 def split_closed(jaxpr) -> tuple:

@@ -11,9 +11,17 @@ import math
 import ml_dtypes
 import numpy as np
 
-from spmdsim.jax._interpreter import impl
+from spmdsim.jax._interpreter import impl, specialize
 
 _LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _operand_dtype(eqn, i: int = 0) -> np.dtype | None:
+    aval = getattr(eqn.invars[i], "aval", None)
+    try:
+        return np.dtype(aval.dtype)
+    except TypeError:  # key types
+        return None
 
 
 def _via_f32(fn):
@@ -22,7 +30,12 @@ def _via_f32(fn):
         if x.dtype in _LOW_FLOATS:
             return np.asarray(fn(x.astype(np.float32), *(r.astype(np.float32) for r in rest))).astype(x.dtype)
         return fn(x, *rest)
-    return rule
+
+    @specialize
+    def direct(eqn):  # the jaxpr says the dtype: no float32 detour needed, call the NumPy function itself
+        dtype = _operand_dtype(eqn)
+        return fn if dtype is not None and dtype not in _LOW_FLOATS else None
+    return direct(rule)
 
 
 # -- elementwise -----------------------------------------------------------------------------------------
@@ -49,7 +62,7 @@ for _name, _fn in _UNARY.items():
     impl(_name)(_via_f32(_fn))
 for _name, _fn in _BINARY.items():
     impl(_name)(_via_f32(_fn) if _name not in ("eq", "ne", "lt", "le", "gt", "ge") else
-                (lambda fn: lambda x, y: fn(x, y))(_fn))
+                specialize(lambda eqn, fn=_fn: fn)((lambda fn: lambda x, y: fn(x, y))(_fn)))
 
 
 @impl("not")
@@ -57,7 +70,13 @@ def _not(x):
     return np.invert(x)
 
 
+def _float_divide(eqn):
+    dtype = _operand_dtype(eqn)
+    return np.true_divide if dtype is not None and dtype.kind in "fc" and dtype not in _LOW_FLOATS else None
+
+
 @impl("div")
+@specialize(_float_divide)
 def _div(x, y):
     if x.dtype.kind in "iu":  # C semantics: round toward zero
         q = np.floor_divide(x, np.where(y == 0, 1, y))
@@ -237,7 +256,20 @@ def _optimization_barrier(*xs, **_):
 
 # -- shapes ----------------------------------------------------------------------------------------------
 
+def _static_broadcast(eqn):
+    """broadcast_in_dim with a static shape: the operand's shape is known, so is the reshape before it."""
+    if len(eqn.invars) != 1:
+        return None
+    shape, dims = tuple(eqn.params["shape"]), eqn.params["broadcast_dimensions"]
+    expanded = [1] * len(shape)
+    for src, dst in enumerate(dims):
+        expanded[dst] = eqn.invars[0].aval.shape[src]
+    expanded = tuple(expanded)
+    return lambda x: np.broadcast_to(x.reshape(expanded), shape)
+
+
 @impl("broadcast_in_dim")
+@specialize(_static_broadcast)
 def _broadcast_in_dim(x, *dyn_shape, shape, broadcast_dimensions, sharding=None):
     expanded = [1] * len(shape)
     for src, dst in enumerate(broadcast_dimensions):
@@ -454,7 +486,15 @@ def _reduction(ufunc):
         if x.dtype in _LOW_FLOATS and ufunc in (np.add, np.multiply):
             return ufunc.reduce(x.astype(np.float32), axis=tuple(axes)).astype(x.dtype)
         return ufunc.reduce(x, axis=tuple(axes), dtype=x.dtype if ufunc in (np.add, np.multiply) else None)
-    return rule
+
+    @specialize
+    def direct(eqn):
+        dtype = _operand_dtype(eqn)
+        if dtype is None or dtype in _LOW_FLOATS:
+            return None
+        axis, acc = tuple(eqn.params["axes"]), dtype if ufunc in (np.add, np.multiply) else None
+        return lambda x: ufunc.reduce(x, axis=axis, dtype=acc)
+    return direct(rule)
 
 
 impl("reduce_sum")(_reduction(np.add))
@@ -491,23 +531,50 @@ impl("cummin")(_cumulative(lambda x, a: np.minimum.accumulate(x, axis=a)))
 impl("cumlogsumexp")(_cumulative(lambda x, a: np.logaddexp.accumulate(x, axis=a)))
 
 
+def _dot_general_plan(lhs_shape, rhs_shape, dimension_numbers):
+    """Transpositions and shapes that turn dot_general into a batched matmul: lhs to (batch, free,
+    contracting), rhs to (batch, contracting, free), then the result to (batch, lhs free, rhs free)."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    lf = [i for i in range(len(lhs_shape)) if i not in lb and i not in lc]
+    rf = [i for i in range(len(rhs_shape)) if i not in rb and i not in rc]
+    batch = [lhs_shape[i] for i in lb]
+    size = lambda dims, shape: math.prod(shape[i] for i in dims)  # noqa: E731
+    return ((*lb, *lf, *lc), (*batch, size(lf, lhs_shape), size(lc, lhs_shape)),
+            (*rb, *rc, *rf), (*batch, size(rc, rhs_shape), size(rf, rhs_shape)),
+            (*batch, *(lhs_shape[i] for i in lf), *(rhs_shape[i] for i in rf)))
+
+
+def _dot_general_with(plan, compute, out_dtype):
+    lhs_perm, lhs_shape, rhs_perm, rhs_shape, out_shape = plan
+
+    def dot(lhs, rhs):
+        a = np.transpose(lhs, lhs_perm).astype(compute, copy=False).reshape(lhs_shape)
+        b = np.transpose(rhs, rhs_perm).astype(compute, copy=False).reshape(rhs_shape)
+        return np.matmul(a, b).reshape(out_shape).astype(out_dtype, copy=False)
+    return dot
+
+
+def _dot_general_dtypes(lhs_dtype, rhs_dtype, preferred_element_type):
+    out = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(lhs_dtype,
+                                                                                                      rhs_dtype)
+    return (np.dtype(np.float32) if out in _LOW_FLOATS else out), out
+
+
+def _specialize_dot_general(eqn):
+    lhs, rhs = eqn.invars
+    dtypes = _dot_general_dtypes(np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype),
+                                 eqn.params.get("preferred_element_type"))
+    return _dot_general_with(_dot_general_plan(lhs.aval.shape, rhs.aval.shape, eqn.params["dimension_numbers"]),
+                             *dtypes)
+
+
 @impl("dot_general")
+@specialize(_specialize_dot_general)
 def _dot_general(lhs, rhs, *, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None,
                  **_):
     """As a batched matmul: lhs to (batch, free, contracting), rhs to (batch, contracting, free)."""
-    (lc, rc), (lb, rb) = dimension_numbers
-    out_dtype = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(lhs, rhs)
-    compute = np.dtype(np.float32) if out_dtype in _LOW_FLOATS else out_dtype
-    lf = [i for i in range(lhs.ndim) if i not in lb and i not in lc]
-    rf = [i for i in range(rhs.ndim) if i not in rb and i not in rc]
-    batch = [lhs.shape[i] for i in lb]
-    size = lambda dims, shape: math.prod(shape[i] for i in dims)  # noqa: E731
-    a = np.transpose(lhs, (*lb, *lf, *lc)).astype(compute, copy=False).reshape(
-        (*batch, size(lf, lhs.shape), size(lc, lhs.shape)))
-    b = np.transpose(rhs, (*rb, *rc, *rf)).astype(compute, copy=False).reshape(
-        (*batch, size(rc, rhs.shape), size(rf, rhs.shape)))
-    out = np.matmul(a, b)
-    return out.reshape((*batch, *(lhs.shape[i] for i in lf), *(rhs.shape[i] for i in rf))).astype(out_dtype, copy=False)
+    plan = _dot_general_plan(lhs.shape, rhs.shape, dimension_numbers)
+    return _dot_general_with(plan, *_dot_general_dtypes(lhs.dtype, rhs.dtype, preferred_element_type))(lhs, rhs)
 
 
 @impl("sort")

@@ -20,7 +20,8 @@ REPLACED = ("pmap", "device_count", "local_device_count", "devices")
 
 @contextlib.contextmanager
 def patched_jax(n_devices: int, executor: str = "threads"):
-    """Replace jax.pmap (by spmdsim.jax.pmap with ``executor``) and the device queries for the block."""
+    """Replace jax.pmap (by spmdsim.jax.pmap with ``executor``) and the device queries for the block; the
+    device threads are reused between calls (``spmdsim.reuse_threads()``) until the block ends."""
     import functools
 
     import jax
@@ -33,7 +34,7 @@ def patched_jax(n_devices: int, executor: str = "threads"):
     replacements = {"pmap": pmap, "device_count": spmdsim.device_count,
                     "local_device_count": spmdsim.local_device_count,
                     "devices": lambda backend=None: spmdsim.devices(backend)}
-    with spmdsim.set_device_count(n_devices):
+    with spmdsim.set_device_count(n_devices), spmdsim.reuse_threads():
         for name, value in replacements.items():
             setattr(jax, name, value)
         try:
