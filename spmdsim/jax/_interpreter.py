@@ -134,58 +134,99 @@ def _prepare(jaxpr) -> list[_Step]:
     return [_Step(eqns) for eqns in calls]
 
 
+def _missing(step: _Step):
+    eqn = step.eqn
+    raise NotImplementedError(
+        f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} (params {dict(eqn.params)}), used at "
+        f"{current_site()}. Supported primitives: spmdsim.jax.supported_primitives().")
+
+
+def _bad_aval(value, shape, dtype, step: _Step):
+    _report_aval(np.asarray(value), shape, dtype, step.eqn)
+
+
+def program_source(jaxpr) -> tuple[str, dict]:
+    """The jaxpr as the source of one Python function ``run(stack, *consts, *args)``, and its namespace.
+
+    One line per equation calls the step's prepared function on local variables (one per jaxpr variable),
+    then the aval check of each result; ``stack[-1]`` names the step being computed (for error sites). This
+    is the whole per-equation cost: no environment dictionary, no loop, no operand list.
+    """
+    steps = _prepare(jaxpr)
+    ns: dict = {"ndarray": np.ndarray, "asarray": np.asarray, "_missing": _missing, "_bad_aval": _bad_aval,
+                "_read_literal": _read_literal}
+    names: dict = {}
+
+    def local(var) -> str:
+        if var not in names:
+            names[var] = f"v{len(names)}"
+        return names[var]
+
+    consts = [local(v) for v in jaxpr.constvars]
+    params = ", ".join(["stack", *consts, *(local(v) for v in jaxpr.invars)])
+    lines = [f"def run({params}):"]
+    lines += [f"    {c} = asarray({c})" for c in consts]
+    for k, step in enumerate(steps):
+        ns[f"S{k}"] = step
+        lines.append(f"    stack[-1] = S{k}")
+        if step.call is None:
+            lines.append(f"    _missing(S{k})")
+            continue
+        ns[f"C{k}"] = step.call
+        operands = []
+        for j, (literal, value) in enumerate(step.operands):
+            if literal:
+                ns[f"L{k}_{j}"] = value
+                operands.append(f"L{k}_{j}")
+            else:
+                operands.append(local(value))
+        outs = [local(v) if v is not None else f"_{k}_{i}" for i, v in enumerate(step.outvars)]
+        target = (f"{', '.join(outs)}, = " if outs else "") if step.multiple else f"{outs[0]} = "
+        lines.append(f"    {target}C{k}({', '.join(operands)})")
+        for i, (out, (shape, dtype)) in enumerate(zip(outs, step.expected)):
+            ns[f"E{k}_{i}"], ns[f"D{k}_{i}"] = shape, dtype
+            lines.append(f"    if type({out}) is not ndarray: {out} = asarray({out})")
+            lines.append(f"    if {out}.shape != E{k}_{i} or {out}.dtype != D{k}_{i}: "
+                         f"_bad_aval({out}, E{k}_{i}, D{k}_{i}, S{k})")
+    results = []
+    for j, v in enumerate(jaxpr.outvars):
+        if isinstance(v, ext_core.Literal):
+            ns[f"R{j}"] = v
+            results.append(f"_read_literal(R{j})")
+        else:
+            results.append(local(v))
+    lines.append(f"    return [{', '.join(results)}]")
+    return "\n".join(lines) + "\n", ns
+
+
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _program(jaxpr) -> list[_Step]:
+def _program(jaxpr) -> Callable:
     program = _programs.get(jaxpr)
     if program is None:
-        program = _programs[jaxpr] = _prepare(jaxpr)
+        source, ns = program_source(jaxpr)
+        exec(compile(source, "<spmdsim: jaxpr>", "exec"), ns)  # noqa: S102 - our own generated code
+        program = _programs[jaxpr] = ns["run"]
     return program
 
 
 def eval_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
-    """Evaluate ``jaxpr`` (a ``jax.extend.core.Jaxpr``) on NumPy arrays; returns the output arrays."""
-    env: dict = {}
-    for v, val in zip(jaxpr.constvars, consts):
-        env[v] = np.asarray(val)
-    for v, val in zip(jaxpr.invars, args):
-        env[v] = val
+    """Evaluate ``jaxpr`` (a ``jax.extend.core.Jaxpr``) on NumPy arrays; returns the output arrays.
+
+    The jaxpr is prepared once (rules specialised, pytree calls grouped, see :func:`program_source`); every
+    result is checked against the jaxpr's shape and dtype (a mismatch is an spmdsim bug, reported as such).
+    Raises NotImplementedError naming the primitive, its parameters and the user's line for a primitive
+    without a rule, when it is reached.
+    """
+    run = _program(jaxpr)
     stack = _local.__dict__.setdefault("stack", [])
     stack.append(None)
     try:
         with np.errstate(all="ignore"):
-            for step in _program(jaxpr):
-                stack[-1] = step
-                if step.call is None:
-                    eqn = step.eqn
-                    raise NotImplementedError(
-                        f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} (params "
-                        f"{dict(eqn.params)}), used at {current_site()}. Supported primitives: "
-                        f"spmdsim.jax.supported_primitives().")
-                out = step.call(*[value if literal else env[value] for literal, value in step.operands])
-                if step.multiple:
-                    for var, val, expected in zip(step.outvars, out, step.expected):
-                        val = _checked(val, expected, step)
-                        if var is not None:
-                            env[var] = val
-                else:
-                    val = _checked(out, step.expected[0], step)
-                    var = step.outvars[0]
-                    if var is not None:
-                        env[var] = val
+            return run(stack, *consts, *args)
     finally:
         stack.pop()
-    return [_read_literal(v) if isinstance(v, ext_core.Literal) else env[v] for v in jaxpr.outvars]
-
-
-def _checked(val, expected: tuple, step: _Step) -> np.ndarray:
-    """The aval check: every result has exactly the shape and dtype of the jaxpr's variable."""
-    if type(val) is not np.ndarray:
-        val = np.asarray(val)
-    if val.shape != expected[0] or val.dtype != expected[1]:
-        _report_aval(val, *expected, step.eqn)
-    return val
 
 
 def split_closed(jaxpr) -> tuple:

@@ -564,6 +564,11 @@ def _specialize_dot_general(eqn):
     lhs, rhs = eqn.invars
     dtypes = _dot_general_dtypes(np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype),
                                  eqn.params.get("preferred_element_type"))
+    (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
+    lhs_ndim, rhs_ndim = len(lhs.aval.shape), len(rhs.aval.shape)
+    if (not lb and tuple(lc) == (lhs_ndim - 1,) and tuple(rc) == (0,) and rhs_ndim <= 2 and lhs_ndim >= 1
+            and dtypes[0] == dtypes[1] == lhs.aval.dtype == rhs.aval.dtype and dtypes[1].kind in "fciu"):
+        return np.dot  # the last axis of lhs with the first of rhs: matrix-vector, vector-matrix, matrix-matrix
     return _dot_general_with(_dot_general_plan(lhs.aval.shape, rhs.aval.shape, eqn.params["dimension_numbers"]),
                              *dtypes)
 
