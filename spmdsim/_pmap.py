@@ -70,13 +70,23 @@ class _Inputs:
         """Device ``i``'s arguments: read-only views of the caller's arrays, no copies."""
         out = []
         for leaf, ax in zip(self.leaves, self.axes):
-            if is_python_scalar(leaf):  # broadcast as is: stays weakly typed, as in JAX (x_f32 * 2.0 is f32)
-                out.append(leaf)
+            if ax is None:
+                out.append(self.shared(leaf))
                 continue
-            v = leaf[(slice(None),) * ax + (i, Ellipsis)] if ax is not None else leaf.view()
+            v = leaf[i, ...] if ax == 0 else leaf[(slice(None),) * ax + (i, Ellipsis)]
             v.flags.writeable = False
             out.append(v)
         return _tree.unflatten(self.treedef, out)
+
+    @staticmethod
+    def shared(leaf):
+        """A broadcast (``in_axes=None``) leaf as every device sees it: a read-only view; a Python scalar as
+        is, so it stays weakly typed, as in JAX (``x_f32 * 2.0`` is float32)."""
+        if is_python_scalar(leaf):
+            return leaf
+        v = leaf.view()
+        v.flags.writeable = False
+        return v
 
     def stacked(self, n: int) -> list[np.ndarray]:
         """Every leaf with the device axis first: mapped leaves moved (a view), the others broadcast."""
@@ -156,7 +166,7 @@ def _check_device_count(n: int, devices: Sequence | None) -> None:
 def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int], str],
                    check_replicated: bool):
     """Stack per-lane output pytrees along ``out_axes``; ``None`` takes lane 0's value."""
-    paths, first_leaves, treedef = _tree.flatten_with_paths(outputs[0])
+    first_leaves, treedef = _tree.flatten(outputs[0])
     per_lane = [first_leaves]
     for i, out in enumerate(outputs[1:], 1):
         leaves, other = _tree.flatten(out)
@@ -166,8 +176,8 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
         per_lane.append(leaves)
     axes = _tree.broadcast_prefix(out_axes, outputs[0], name=f"{api} out_axes")
     stacked = []
-    for k, (path, ax) in enumerate(zip(paths, axes)):
-        path = "output" + path
+    for k, ax in enumerate(axes):
+        path = _LazyPath(outputs[0], k)
         blocks = [_as_array(leaves[k], path, api) for leaves in per_lane]
         ref = blocks[0]
         for i, b in enumerate(blocks):
@@ -177,6 +187,19 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
                                  f"when every {'device' if api == 'pmap' else 'lane'} returns the same shape and dtype.")
         stacked.append(_place(path, blocks, ax, api, lane_label, check_replicated))
     return _tree.unflatten(treedef, stacked)
+
+
+class _LazyPath:
+    """``output['w']``, the path of leaf ``k`` of ``tree``, worked out only when an error message needs it."""
+
+    def __init__(self, tree, k: int):
+        self.tree, self.k = tree, k
+
+    def __str__(self) -> str:
+        return "output" + _tree.flatten_with_paths(self.tree)[0][self.k]
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 class Stacked(list):
@@ -236,8 +259,10 @@ def split_static(fun: Callable, args: tuple, in_axes, static_argnums: tuple) -> 
     return statics, tuple(args[i] for i in dyn_argnums), in_axes
 
 
-def merge_static(statics: dict, dyn: Sequence) -> list:
+def merge_static(statics: dict, dyn: Sequence) -> Sequence:
     """The full positional argument list from the static values and the dynamic ones."""
+    if not statics:
+        return dyn
     it = iter(dyn)
     return [statics[k] if k in statics else next(it) for k in range(len(dyn) + len(statics))]
 

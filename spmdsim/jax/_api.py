@@ -70,8 +70,16 @@ def _fast_put_like(template: jax.Array):
         devices = [next(iter(sharding.device_set))]
     except Exception:  # noqa: BLE001
         return None
-    return lambda arr: xla_client.batched_device_put(core.ShapedArray(arr.shape, arr.dtype), sharding, [arr],
-                                                      devices, False)
+    avals: dict = {}
+
+    def put(arr):
+        aval = avals.get((arr.shape, arr.dtype))
+        if aval is None:
+            if len(avals) > 1024:
+                avals.clear()
+            aval = avals[(arr.shape, arr.dtype)] = core.ShapedArray(arr.shape, arr.dtype)
+        return xla_client.batched_device_put(aval, sharding, [arr], devices, False)
+    return put
 
 
 _fast_put = ...  # not yet known: made from the first jnp.asarray result

@@ -90,7 +90,15 @@ def _pow(x, y):
     return _via_f32(np.power)(x, y.astype(x.dtype)).astype(x.dtype)
 
 
+def _specialize_integer_pow(eqn):
+    y, dtype = eqn.params["y"], _operand_dtype(eqn)
+    if y == 2 and dtype is not None and dtype not in _LOW_FLOATS:
+        return lambda x: x * x  # what the expansion below does for y=2, without the loop
+    return None
+
+
 @impl("integer_pow")
+@specialize(_specialize_integer_pow)
 def _integer_pow(x, *, y):
     """Binary exponentiation with multiplications in x's dtype, as XLA expands it."""
     def power(a):
