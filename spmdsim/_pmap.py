@@ -61,7 +61,7 @@ def _as_array(leaf, path: str, api: str) -> np.ndarray:
 class _Inputs:
     """The flat leaves of the dynamic arguments and, per leaf, its mapped axis (None: broadcast)."""
 
-    paths: list[str]
+    paths: list  # of _LazyPath
     leaves: list[np.ndarray]
     axes: list[int | None]
     treedef: Any
@@ -98,8 +98,8 @@ class _Inputs:
 def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str) -> _Inputs:
     dyn_axes = _tree.broadcast_prefix(in_axes, dyn_args, name=f"{api} in_axes", hint=hint)
     kw_axes = [0] * len(_tree.flatten(kwargs)[0])
-    paths, leaves, treedef = _tree.flatten_with_paths((dyn_args, kwargs))
-    paths = [("args" if p.startswith("[0]") else "kwargs") + p[3:] for p in paths]
+    leaves, treedef = _tree.flatten((dyn_args, kwargs))
+    paths = [_LazyPath((dyn_args, kwargs), k, _argument_path) for k in range(len(leaves))]
     axes = dyn_axes + kw_axes
     arrays = []
     for k, (path, leaf, ax) in enumerate(zip(paths, leaves, axes)):
@@ -189,14 +189,20 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
     return _tree.unflatten(treedef, stacked)
 
 
-class _LazyPath:
-    """``output['w']``, the path of leaf ``k`` of ``tree``, worked out only when an error message needs it."""
+def _argument_path(keystr: str) -> str:
+    """``args[1]['w']`` or ``kwargs['x']`` from the key path into ``(args, kwargs)``."""
+    return ("args" if keystr.startswith("[0]") else "kwargs") + keystr[3:]
 
-    def __init__(self, tree, k: int):
-        self.tree, self.k = tree, k
+
+class _LazyPath:
+    """The path of leaf ``k`` of ``tree`` (``output['w']``, ``args[1]``), worked out only when an error message
+    needs it: formatting key paths costs more than a small mapped call."""
+
+    def __init__(self, tree, k: int, spell: Callable[[str], str] = lambda keystr: "output" + keystr):
+        self.tree, self.k, self.spell = tree, k, spell
 
     def __str__(self) -> str:
-        return "output" + _tree.flatten_with_paths(self.tree)[0][self.k]
+        return self.spell(_tree.flatten_with_paths(self.tree)[0][self.k])
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)

@@ -346,7 +346,7 @@ class World:
         finally:
             # Wake the waiting lanes one after another (each wakes the next): one wake-up per device, and no
             # herd of thousands of runnable threads fighting for the GIL at once.
-            released = time.perf_counter()
+            released = time.perf_counter() if observers else 0.0
             waiting = [other for other in rv.lanes if other is not lane]
             rv.successor = dict(zip(waiting, waiting[1:]))
             if waiting:

@@ -125,10 +125,19 @@ class Binding:
                                         site=site)
 
 
+@functools.lru_cache(maxsize=512)
+def _binding(op: str, groups: tuple | None, params: tuple) -> Binding:
+    return Binding(op, groups, **dict(params))
+
+
 def bind(op: str, arrays: list, frames: list, groups: tuple | None, *, site: str | None = None, **params) -> list:
     """One rendezvous over ``frames`` applying rule ``op`` of the rule table per group; returns this
     device's result arrays. The JAX front end prepares a :class:`Binding` per equation instead."""
-    return Binding(op, groups, **params)(arrays, frames, site or _runtime.user_site(3))
+    try:
+        binding = _binding(op, groups, tuple(params.items()))
+    except TypeError:  # an unhashable parameter
+        binding = Binding(op, groups, **params)
+    return binding(arrays, frames, site or _runtime.user_site(3))
 
 
 def _bind_leafwise(call: _Call, op: str, arrays: list, params: list[dict]):
