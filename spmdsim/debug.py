@@ -244,7 +244,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
     _runtime.pause_hooks.append(prompt)
     try:
-        with spmdsim.set_device_count(args.devices or spmdsim.device_count()), _maybe_patched_jax(args.devices):
+        with spmdsim.set_device_count(args.devices or spmdsim.device_count()), _maybe_patched_jax(args.devices), \
+                spmdsim.reuse_threads():
             runpy.run_path(script[0], run_name="__main__")
     except DebuggerQuit as e:
         prompt.say(f"spmdsim debug: stopped ({e}).")
