@@ -105,8 +105,8 @@ class _Pool:
     def run(self, bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Callable[[], None]:
         n = len(bodies)
         with self.lock:
-            taken = self.idle[max(0, len(self.idle) - n):]
-            del self.idle[max(0, len(self.idle) - n):]
+            keep = max(0, len(self.idle) - n)
+            taken, self.idle = self.idle[keep:], self.idle[:keep]
         taken += [_Worker(self) for _ in range(n - len(taken))]
         done = threading.Lock()
         done.acquire()

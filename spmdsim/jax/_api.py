@@ -139,13 +139,15 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     def mapped(*args, **kwargs):
         statics, dyn_args, dyn_in_axes = _pmap.split_static(fun, args, in_axes, static)
         leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
+        axes_key = (in_tree, dyn_in_axes)
         try:
-            flat_in_axes = axes_cache.get((in_tree, dyn_in_axes))
+            flat_in_axes = axes_cache.get(axes_key)
         except TypeError:  # in_axes holding lists or dicts: not hashable, flattened every call
-            flat_in_axes = api_util.flatten_axes("pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
+            axes_key = flat_in_axes = None
         if flat_in_axes is None:
-            flat_in_axes = axes_cache[(in_tree, dyn_in_axes)] = api_util.flatten_axes(
-                "pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
+            flat_in_axes = api_util.flatten_axes("pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
+            if axes_key is not None:
+                axes_cache[axes_key] = flat_in_axes
         converted = [_to_numpy(leaf) for leaf in leaves]
         arrays = [a for a, _ in converted]
         mapped_axes = [(a, ax) for a, ax in zip(arrays, flat_in_axes) if ax is not None]

@@ -76,7 +76,11 @@ def _thread_rule(prim: str):
     def rule(x, **params):
         return prepare(prim, params)(x)[0]
 
-    rule.specialize = lambda eqn: (lambda run: lambda x: run(x)[0])(prepare(prim, eqn.params))
+    def specialize(eqn):
+        run = prepare(prim, eqn.params)
+        return lambda x: run(x)[0]
+
+    rule.specialize = specialize
     rule.specialize_call = lambda eqns: prepare(prim, eqns[0].params)
     return rule
 

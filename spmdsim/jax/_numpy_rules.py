@@ -264,25 +264,27 @@ def _optimization_barrier(*xs, **_):
 
 # -- shapes ----------------------------------------------------------------------------------------------
 
+def _expanded_shape(operand_shape, shape, broadcast_dimensions) -> tuple:
+    """The operand's shape with size-1 axes inserted, so that it broadcasts to ``shape``."""
+    expanded = [1] * len(shape)
+    for src, dst in enumerate(broadcast_dimensions):
+        expanded[dst] = operand_shape[src]
+    return tuple(expanded)
+
+
 def _static_broadcast(eqn):
     """broadcast_in_dim with a static shape: the operand's shape is known, so is the reshape before it."""
     if len(eqn.invars) != 1:
         return None
-    shape, dims = tuple(eqn.params["shape"]), eqn.params["broadcast_dimensions"]
-    expanded = [1] * len(shape)
-    for src, dst in enumerate(dims):
-        expanded[dst] = eqn.invars[0].aval.shape[src]
-    expanded = tuple(expanded)
+    shape = tuple(eqn.params["shape"])
+    expanded = _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"])
     return lambda x: np.broadcast_to(x.reshape(expanded), shape)
 
 
 @impl("broadcast_in_dim")
 @specialize(_static_broadcast)
 def _broadcast_in_dim(x, *dyn_shape, shape, broadcast_dimensions, sharding=None):
-    expanded = [1] * len(shape)
-    for src, dst in enumerate(broadcast_dimensions):
-        expanded[dst] = x.shape[src]
-    return np.broadcast_to(x.reshape(expanded), shape)
+    return np.broadcast_to(x.reshape(_expanded_shape(x.shape, shape, broadcast_dimensions)), shape)
 
 
 @impl("reshape")
