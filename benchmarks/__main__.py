@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,18 +29,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARMUP = 3  # calls after the first, untimed: allocators and caches settle (large arrays page-fault at first)
 
 
+def _kernel_time() -> float:
+    """CPU seconds this process has spent in the kernel (all threads): page faults, zeroing fresh memory."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 def measure(fn, repeats: int, warmup: int = WARMUP) -> dict:
+    """Wall time of a first call, then of ``repeats`` calls after ``warmup`` untimed ones, each with the
+    kernel time it caused (on a VM, faulting in fresh memory can cost 10x more than computing on it)."""
     start = time.perf_counter()
     fn()
     first = time.perf_counter() - start
     for _ in range(warmup):
         fn()
-    times = []
+    times, kernel = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        k, start = _kernel_time(), time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return {"first_s": first, "times_s": times, "median_s": statistics.median(times)}
+        kernel.append(_kernel_time() - k)
+    return {"first_s": first, "times_s": times, "median_s": statistics.median(times), "kernel_s": kernel,
+            "kernel_median_s": statistics.median(kernel)}
 
 
 def jax_side(bench: str, n: int, repeats: int, timeout: float) -> dict:
@@ -167,6 +177,10 @@ def _ms(result: dict) -> str:
     return f"{1e3 * result['median_s']:.2f}"
 
 
+def _kernel_ms(result: dict) -> str:
+    return "—" if "kernel_median_s" not in result else f"{1e3 * result['kernel_median_s']:.1f}"
+
+
 def _first(result: dict) -> str:
     return "—" if "error" in result else f"{1e3 * result['first_s']:.0f}"
 
@@ -198,6 +212,9 @@ def markdown(doc: dict) -> str:
             lines.append(f"| (NumPy bound: one add-reduce) | 8 | | | {_ms(r['numpy-bound'])} | "
                          f"{bound / r['numpy']['median_s']:.2f} of the bound | | {bound / r['jax-threads']['median_s']:.2f} "
                          f"of the bound | | {bound / r['jax-vectorized']['median_s']:.2f} of the bound | |")
+            lines.append(f"| (kernel time per call, ms) | 8 | | | {_kernel_ms(r['numpy'])} (bound "
+                         f"{_kernel_ms(r['numpy-bound'])}) | | {_kernel_ms(r['jax-threads'])} | | "
+                         f"{_kernel_ms(r['jax-vectorized'])} | | |")
     return "\n".join(lines)
 
 
@@ -212,6 +229,8 @@ def print_table(rows: list[dict]) -> None:
         if "numpy-bound" in r:
             body.append(["  numpy bound", "8", "", "", _ms(r["numpy-bound"]),
                          f"{r['numpy-bound']['median_s'] / r['numpy']['median_s']:.2f} of bound", "", "", "", "", ""])
+            body.append(["  kernel ms/call", "8", "", "", f"{_kernel_ms(r['numpy'])} (bound {_kernel_ms(r['numpy-bound'])})",
+                         "", _kernel_ms(r["jax-threads"]), "", _kernel_ms(r["jax-vectorized"]), "", ""])
     try:
         from rich.console import Console
         from rich.table import Table

@@ -32,7 +32,8 @@ from typing import Any, Callable, Hashable, Sequence
 from spmdsim import _output, _threads
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
-__all__ = ["Frame", "Lane", "current_lane", "run_mapped", "resolve_axes", "bind_collective", "user_site"]
+__all__ = ["Frame", "Lane", "Channel", "current_lane", "run_mapped", "resolve_axes", "channel", "bind_collective",
+           "user_site"]
 
 _local = threading.local()
 _call_ids = itertools.count()
@@ -113,13 +114,14 @@ class Lane:
     (or a failure of the world) releases it: one wake-up per device, no shared lock to re-acquire.
     """
 
-    __slots__ = ("world", "frames", "call", "state", "where", "waiting", "seq", "keys", "nested_calls", "wake")
+    __slots__ = ("world", "frames", "call", "state", "where", "waiting", "steps", "channels", "nested_calls",
+                 "wake")
 
     def __init__(self, world: "World", frames: tuple[Frame, ...], call: "_Call"):
         self.world, self.frames, self.call = world, frames, call
         self.state, self.where, self.waiting = RUNNING, "", None
-        self.seq: dict = {}
-        self.keys: dict = {}
+        self.steps: dict = {}     # communicator id -> [next step number], shared by its channels
+        self.channels: dict = {}  # axis names -> Channel
         self.nested_calls = 0
         self.wake = threading.Lock()
         self.wake.acquire()
@@ -175,6 +177,41 @@ def describe(signature: tuple) -> str:
         f"axis_name={names[0]}", f"axis_name={names[0]!r}", 1)
 
 
+class Channel:
+    """One lane's handle on the communicator of some named axes (the lanes that differ from it only along
+    them), worked out once per lane and axis names: the frames in the order named, the names and sizes, this
+    lane's ``rank`` (row-major over the frames) and the communicator's ``size``. ``key`` identifies the
+    communicator (equal for every member, whatever the order of the names), ``kid`` is the world's short id
+    for it and ``step`` the lane's counter of collectives on it."""
+
+    __slots__ = ("frames", "names", "sizes", "rank", "size", "key", "kid", "step")
+
+    def __init__(self, lane: "Lane | None", frames: list[Frame]):
+        self.frames = frames
+        self.names = tuple(f.name for f in frames)
+        self.sizes = tuple(f.size for f in frames)
+        self.rank = 0
+        for f in frames:
+            self.rank = self.rank * f.size + f.index
+        self.size = math.prod(self.sizes)
+        self.key = self.kid = self.step = None
+        if frames:
+            self.key = _membership(lane.frames, frozenset(f.instance for f in frames))
+            self.kid = lane.world.communicator_id(self.key)
+            self.step = lane.steps.setdefault(self.kid, [0])
+
+
+def channel(lane: "Lane | None", axis_names: tuple, api: str) -> Channel:
+    """This lane's :class:`Channel` for ``axis_names`` (a tuple of hashable names; empty: no communication).
+    Raises what :func:`resolve_axes` raises for unbound or repeated names."""
+    chan = lane.channels.get(axis_names) if lane is not None else None
+    if chan is None:
+        chan = Channel(lane, resolve_axes(lane, axis_names, api))
+        if lane is not None:
+            lane.channels[axis_names] = chan
+    return chan
+
+
 class _Rendezvous:
     """One collective step of one communicator: the blocks, lanes and sites by rank, then the results."""
 
@@ -209,8 +246,14 @@ class World:
         self.lanes: list[Lane] = []
         self.finished: list[Lane] = []
         self.running = 0
-        self.open: dict[tuple, _Rendezvous] = {}
+        self.open: dict[tuple, _Rendezvous] = {}  # (communicator id, step) -> its open rendezvous
         self.failure: BaseException | None = None
+        self._communicators: dict[tuple, int] = {}
+
+    def communicator_id(self, key: tuple) -> int:
+        """A small int standing for the communicator ``key`` (cheap to hash on every collective)."""
+        with self.lock:
+            return self._communicators.setdefault(key, len(self._communicators))
 
     # -- state changes; every method below that is not `_locked` takes the lock --------------------------
 
@@ -295,17 +338,20 @@ class World:
 
     # -- the rendezvous ----------------------------------------------------------------------------------
 
-    def rendezvous(self, lane: Lane, *, key: tuple, rank: int, size: int, signature: tuple, site: str,
-                   leaves: list, combine: Callable[[list], list]) -> list:
+    def rendezvous(self, lane: Lane, chan: Channel, signature: tuple, site: str, leaves: list,
+                   combine: Callable[[list], list]) -> list:
+        rank, size = chan.rank, chan.size
         with self.lock:
             if self.failure is not None:
                 raise _Aborted
-            seq = lane.seq.get(key, 0)
-            lane.seq[key] = seq + 1
-            rv = self.open.get((key, seq))
+            step = chan.step
+            seq = step[0]
+            step[0] = seq + 1
+            at = (chan.kid, seq)
+            rv = self.open.get(at)
             created = rv is None
             if created:
-                rv = self.open[(key, seq)] = _Rendezvous(key, seq, signature, size)
+                rv = self.open[at] = _Rendezvous(chan.key, seq, signature, size)
             elif rv.signature != signature or rv.lanes[rank] is not None:
                 self._fail_locked(self._mismatch(rv, lane, signature, site))
                 raise _Aborted
@@ -318,12 +364,14 @@ class World:
                 lane.state, lane.waiting = WAITING, (rv, rank)
                 self.running -= 1
                 if created and self.finished:  # a member that already finished will never come
+                    key = chan.key
                     done = next((d for d in self.finished if _membership(d.frames, key[0]) == key), None)
                     if done is not None:
                         self._fail_locked(self._deadlock(rv, f"{done.label} {done.state} without reaching it"))
-                self._check_stuck_locked()
+                if self.running == 0:
+                    self._check_stuck_locked()
             else:  # the others become runnable now; they get their results after the rule has run
-                del self.open[(key, seq)]
+                del self.open[at]
                 for other in rv.lanes:
                     other.state = RUNNING
                 self.running += size - 1
@@ -385,29 +433,19 @@ def resolve_axes(lane: Lane | None, axis_names: tuple, api: str, *, phrase: str 
     return out
 
 
-def bind_collective(op: str, leaves: list, frames: list[Frame], *, params: tuple, combine: Callable[[list], list],
+def bind_collective(op: str, leaves: list, chan: Channel, *, params: tuple, combine: Callable[[list], list],
                     site: str | None = None) -> list:
-    """Take part in one collective over ``frames`` and return this lane's result leaves.
+    """Take part in one collective over the communicator of ``chan`` (see :func:`channel`) and return this
+    lane's result leaves.
 
     ``params`` are the call's (name, value) pairs; with ``op``, the axes and the leaves' shapes and dtypes they
     form the signature that every device of the communicator must agree on. ``combine(blocks)`` receives
-    every lane's leaves indexed by the row-major index over ``frames`` (in the order given) and returns the
-    results in the same indexing; it runs once, in the last lane to arrive.
+    every lane's leaves indexed by the row-major index over the channel's frames (in the order named) and
+    returns the results in the same indexing; it runs once, in the last lane to arrive.
     """
-    lane = current_lane()
-    instances = tuple(f.instance for f in frames)
-    cached = lane.keys.get(instances)
-    if cached is None:
-        rank = 0
-        for f in frames:
-            rank = rank * f.size + f.index
-        cached = lane.keys[instances] = (_membership(lane.frames, frozenset(instances)), rank,
-                                         math.prod(f.size for f in frames), tuple(f.name for f in frames),
-                                         tuple(f.size for f in frames))
-    key, rank, size, names, sizes = cached
-    signature = (op, names, sizes, params, tuple((x.shape, x.dtype) for x in leaves))
-    return lane.world.rendezvous(lane, key=key, rank=rank, size=size, signature=signature,
-                                 site=site or user_site(2), leaves=leaves, combine=combine)
+    signature = (op, chan.names, chan.sizes, params, tuple([(x.shape, x.dtype) for x in leaves]))
+    lane = _local.lane
+    return lane.world.rendezvous(lane, chan, signature, site or user_site(2), leaves, combine)
 
 
 def run_mapped(body: Callable[[int], Any], *, axis_name: Hashable, size: int, is_device: bool) -> list:

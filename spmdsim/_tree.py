@@ -9,14 +9,26 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import numpy as np
 import optree
 
 __all__ = ["flatten", "flatten_with_paths", "unflatten", "keystr", "broadcast_prefix", "prefix_leaves",
            "register_pytree_node", "NAMESPACE"]
 
 NAMESPACE = "spmdsim"
-flatten = functools.partial(optree.tree_flatten, namespace=NAMESPACE)
-unflatten = optree.tree_unflatten
+_flatten = functools.partial(optree.tree_flatten, namespace=NAMESPACE)
+_LEAF = optree.tree_structure(0, namespace=NAMESPACE)
+
+
+def flatten(tree) -> tuple[list, Any]:
+    """``(leaves, treedef)``; a NumPy array, the usual operand of a collective, without a walk."""
+    if type(tree) is np.ndarray:
+        return [tree], _LEAF
+    return _flatten(tree)
+
+
+def unflatten(treedef, leaves):
+    return leaves[0] if treedef is _LEAF else optree.tree_unflatten(treedef, leaves)
 
 
 def register_pytree_node(cls: type, flatten_func: Callable, unflatten_func: Callable) -> type:

@@ -40,6 +40,20 @@ def _split_positional(axes: tuple) -> tuple[tuple, tuple]:
     return named, positional
 
 
+@functools.lru_cache(maxsize=256, typed=True)
+def _split_hashable(axis_name) -> tuple[tuple, tuple]:
+    return _split_positional(_axis_names(axis_name))
+
+
+def _split_axis_name(axis_name) -> tuple[tuple, tuple]:
+    """``(named axes, positional axes)`` of an ``axis_name`` argument; remembered when it is hashable (every
+    collective call starts here)."""
+    try:
+        return _split_hashable(axis_name)
+    except TypeError:  # a list of names
+        return _split_positional(_axis_names(axis_name))
+
+
 @functools.lru_cache(maxsize=256)
 def _check_groups_cached(groups: tuple, size: int, api: str) -> tuple:
     covered = sorted(i for g in groups for i in g)
@@ -83,30 +97,23 @@ def _canonical_axis(axis: int, ndim: int, api: str, what: str) -> int:
     return axis % ndim
 
 
-def _position(frames) -> int:
-    index = 0
-    for f in frames:
-        index = index * f.size + f.index
-    return index
-
-
 class _Call:
     """One collective call as seen from the calling device: its frames, axis size, group and leaves."""
 
     def __init__(self, api: str, x, axis_name, axis_index_groups=None):
         self.api = api
         self.leaves, self.treedef = _tree.flatten(x)
-        self.frames = _runtime.resolve_axes(_runtime.current_lane(), _axis_names(axis_name), api)
-        self.size = math.prod(f.size for f in self.frames)
+        self.chan = _runtime.channel(_runtime.current_lane(), _axis_names(axis_name), api)
+        self.frames, self.size = self.chan.frames, self.chan.size
         self.groups = _check_groups(axis_index_groups, self.size, api)
 
     @property
     def group(self) -> tuple:
         """This device's group (its axis indices, in rank order)."""
-        return _own_group(self.groups, _position(self.frames), self.size)
+        return _own_group(self.groups, self.chan.rank, self.size)
 
     def bind(self, op: str, arrays: list, **params):
-        return _tree.unflatten(self.treedef, bind(op, arrays, self.frames, self.groups, **params))
+        return _tree.unflatten(self.treedef, bind(op, arrays, self.chan, self.groups, **params))
 
 
 class Binding:
@@ -119,9 +126,9 @@ class Binding:
         self.params = (("axis_index_groups", groups), *params.items())  # part of the call's signature
         self.combine = functools.partial(_collectives.apply_grouped, op, axis_index_groups=groups, **params)
 
-    def __call__(self, arrays: list, frames: list, site: str) -> list:
-        """One rendezvous over ``frames``; returns this device's result arrays."""
-        return _runtime.bind_collective(self.op, arrays, frames, params=self.params, combine=self.combine,
+    def __call__(self, arrays: list, chan: _runtime.Channel, site: str) -> list:
+        """One rendezvous on ``chan``'s communicator; returns this device's result arrays."""
+        return _runtime.bind_collective(self.op, arrays, chan, params=self.params, combine=self.combine,
                                         site=site)
 
 
@@ -130,14 +137,15 @@ def _binding(op: str, groups: tuple | None, params: tuple) -> Binding:
     return Binding(op, groups, **dict(params))
 
 
-def bind(op: str, arrays: list, frames: list, groups: tuple | None, *, site: str | None = None, **params) -> list:
-    """One rendezvous over ``frames`` applying rule ``op`` of the rule table per group; returns this
+def bind(op: str, arrays: list, chan: _runtime.Channel, groups: tuple | None, *, site: str | None = None,
+         **params) -> list:
+    """One rendezvous on ``chan``'s communicator applying rule ``op`` of the rule table per group; returns this
     device's result arrays. The JAX front end prepares a :class:`Binding` per equation instead."""
     try:
         binding = _binding(op, groups, tuple(params.items()))
     except TypeError:  # an unhashable parameter
         binding = Binding(op, groups, **params)
-    return binding(arrays, frames, site or _runtime.user_site(3))
+    return binding(arrays, chan, site or _runtime.user_site(3))
 
 
 def _bind_leafwise(call: _Call, op: str, arrays: list, params: list[dict]):
@@ -147,7 +155,7 @@ def _bind_leafwise(call: _Call, op: str, arrays: list, params: list[dict]):
         return _tree.unflatten(call.treedef, arrays)
     if all(p == params[0] for p in params):
         return call.bind(op, arrays, **params[0])
-    return _tree.unflatten(call.treedef, [bind(op, [a], call.frames, call.groups, **p)[0]
+    return _tree.unflatten(call.treedef, [bind(op, [a], call.chan, call.groups, **p)[0]
                                           for a, p in zip(arrays, params)])
 
 
@@ -165,24 +173,23 @@ def _reduction(op: str, ufunc: np.ufunc, api: str, x, axis_name, axis_index_grou
 
 def _reduce(op: str, ufunc: np.ufunc, api: str, x, axis_name, axis_index_groups, to_int32: bool):
     """The reduction's call (frames, groups, the operand's leaves) and this device's result leaves."""
-    named, positional = _split_positional(_axis_names(axis_name))
+    named, positional = _split_axis_name(axis_name)
     if positional and axis_index_groups is not None:
         raise ValueError(f"{api}: axis_index_groups only supported for sums over just named axes, got "
                          f"axis_name={axis_name!r}.")
     call = _Call(api, x, named, axis_index_groups)
-    if all(_is_python_scalar(leaf) for leaf in call.leaves) and call.leaves:
+    if call.leaves and _is_python_scalar(call.leaves[0]) and all(map(_is_python_scalar, call.leaves)):
         # JAX folds constants without communicating: psum(c) is size * c, pmax(c) is c.
         factor = len(call.group) if op == "psum" else 1
         return call, [factor * leaf for leaf in call.leaves]
-    arrays = []
-    for leaf in call.leaves:
-        a = np.asarray(leaf)
-        if to_int32 and a.dtype == np.bool_:
-            a = a.astype(np.int32)
-        arrays.append(_reduce_positional(a, positional, ufunc))
+    arrays = [np.asarray(leaf) for leaf in call.leaves]
+    if to_int32:
+        arrays = [a.astype(np.int32) if a.dtype == np.bool_ else a for a in arrays]
+    if positional:
+        arrays = [_reduce_positional(a, positional, ufunc) for a in arrays]
     if not call.frames:
         return call, arrays
-    return call, bind(op, arrays, call.frames, call.groups)
+    return call, bind(op, arrays, call.chan, call.groups)
 
 
 # -- reductions -----------------------------------------------------------------------------------------
@@ -244,7 +251,7 @@ def pmean(x, axis_name, *, axis_index_groups=None):
     >>> spmdsim.pmap(lambda v: spmdsim.lax.pmean(v, 'i'), axis_name='i')(np.arange(4, dtype=np.int32))
     array([1.5, 1.5, 1.5, 1.5], dtype=float32)
     """
-    named, positional = _split_positional(_axis_names(axis_name))
+    named, positional = _split_axis_name(axis_name)
     call, totals = _reduce("psum", np.add, "pmean", x, axis_name, axis_index_groups, to_int32=True)
     n = len(call.group)
     return _tree.unflatten(call.treedef, [_divide(total, n * math.prod(np.shape(leaf)[a] for a in positional))
@@ -440,11 +447,10 @@ def axis_index(axis_name):
     For a tuple of names the position is row-major in the order given: ``('i', 'j')`` gives
     ``index(i) * size(j) + index(j)``. No communication. NameError for an unbound name.
     """
-    frames = _runtime.resolve_axes(_runtime.current_lane(), _axis_names(axis_name), "axis_index")
-    return np.asarray(_position(frames), dtype=np.int32)
+    return np.asarray(_runtime.channel(_runtime.current_lane(), _axis_names(axis_name), "axis_index").rank,
+                      dtype=np.int32)
 
 
 def axis_size(axis_name) -> int:
     """The size of ``axis_name`` (product over a tuple) as a Python int; mirrors ``jax.lax.axis_size``."""
-    frames = _runtime.resolve_axes(_runtime.current_lane(), _axis_names(axis_name), "axis_size")
-    return math.prod(f.size for f in frames)
+    return _runtime.channel(_runtime.current_lane(), _axis_names(axis_name), "axis_size").size

@@ -9,7 +9,6 @@ executor along its device axis.
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -97,16 +96,16 @@ def prepare(prim: str, params: dict):
     def run(*xs) -> list:
         if prim in REDUCTIONS:
             xs = [positional_reduce(prim, x, params["axes"]) for x in xs]
-        frames = _runtime.resolve_axes(_runtime.current_lane(), named, prim)
-        if not frames:
+        chan = _runtime.channel(_runtime.current_lane(), named, prim)
+        if not chan.frames:
             return list(xs)
-        size = math.prod(f.size for f in frames)
+        size = chan.size
         if size not in bindings:
             calls = [collective_call(prim, x, size, params) for x in xs]  # raises what JAX raises when lowering
             bindings[size] = None if calls[0] is None else _lax.Binding(calls[0].rule, calls[0].groups,
                                                                           **calls[0].params)
         binding = bindings[size]
-        return list(xs) if binding is None else binding(list(xs), frames, current_site())
+        return list(xs) if binding is None else binding(list(xs), chan, current_site())
     return run
 
 
