@@ -222,8 +222,10 @@ def apply_grouped(name: str, member_blocks: Sequence[Sequence[np.ndarray]],
     """
     rule = COLLECTIVE_RULES[name]
     n = len(member_blocks)
-    groups = axis_index_groups if axis_index_groups is not None else (tuple(range(n)),)
     n_leaves = len(member_blocks[0])
+    if axis_index_groups is None and n_leaves == 1:  # the usual call: one array, one group
+        return [[result] for result in rule([blocks[0] for blocks in member_blocks], **params)]
+    groups = axis_index_groups if axis_index_groups is not None else (tuple(range(n)),)
     out: list[list] = [[None] * n_leaves for _ in range(n)]
     for group in groups:
         for leaf in range(n_leaves):

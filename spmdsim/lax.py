@@ -167,6 +167,12 @@ def _reduce_positional(x: np.ndarray, positional: tuple, ufunc: np.ufunc) -> np.
 
 
 def _reduction(op: str, ufunc: np.ufunc, api: str, x, axis_name, axis_index_groups, to_int32: bool):
+    if type(x) is np.ndarray and axis_index_groups is None:
+        named, positional = _split_axis_name(axis_name)
+        if named and not positional:  # the usual call, one array over named axes: _reduce without the pytree
+            if to_int32 and x.dtype == np.bool_:
+                x = x.astype(np.int32)
+            return bind(op, [x], _runtime.channel(_runtime.current_lane(), named, api), None)[0]
     call, out = _reduce(op, ufunc, api, x, axis_name, axis_index_groups, to_int32)
     return _tree.unflatten(call.treedef, out)
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from spmdsim import _runtime, lax as _lax
-from spmdsim.jax._interpreter import current_site, impl
+from spmdsim.jax._interpreter import current_site, impl, site_of
 
 REDUCTIONS = {"psum": np.add, "pmax": np.maximum, "pmin": np.minimum}
 
@@ -76,25 +76,26 @@ def _thread_rule(prim: str):
         return prepare(prim, params)(x)[0]
 
     def specialize(eqn):
-        run = prepare(prim, eqn.params)
+        run = prepare(prim, eqn.params, site_of(eqn))
         return lambda x: run(x)[0]
 
     rule.specialize = specialize
-    rule.specialize_call = lambda eqns: prepare(prim, eqns[0].params)
+    rule.specialize_call = lambda eqns: prepare(prim, eqns[0].params, site_of(eqns[0]))
     return rule
 
 
-def prepare(prim: str, params: dict):
+def prepare(prim: str, params: dict, site: str = ""):
     """The thread executor's function for a collective equation, or for the equations of one pytree call
     (one per leaf, same parameters): its operands meet the other devices' in one rendezvous, and it
-    returns the list of results. What the equation fixes (axis names, positional axes, the lowering checks
-    and the rule binding per axis size) is worked out once."""
+    returns the list of results. What the equation fixes (axis names, positional axes, the lowering checks,
+    the rule binding per axis size, the user's source line when the equation has one) is worked out once."""
     names = _lax._axis_names(params.get("axis_name", params.get("axes")))
     named = tuple(a for a in names if not isinstance(a, int))
+    positional = prim in REDUCTIONS and len(named) < len(names)
     bindings: dict = {}  # axis size -> Binding, or None for the identity
 
     def run(*xs) -> list:
-        if prim in REDUCTIONS:
+        if positional:
             xs = [positional_reduce(prim, x, params["axes"]) for x in xs]
         chan = _runtime.channel(_runtime.current_lane(), named, prim)
         if not chan.frames:
@@ -105,7 +106,7 @@ def prepare(prim: str, params: dict):
             bindings[size] = None if calls[0] is None else _lax.Binding(calls[0].rule, calls[0].groups,
                                                                           **calls[0].params)
         binding = bindings[size]
-        return list(xs) if binding is None else binding(list(xs), chan, current_site())
+        return list(xs) if binding is None else binding(list(xs), chan, site or current_site())
     return run
 
 

@@ -21,7 +21,8 @@ from jax.extend import core as ext_core
 
 from spmdsim.jax import _dtypes
 
-__all__ = ["IMPL", "impl", "specialize", "eval_jaxpr", "eval_closed_jaxpr", "current_site", "supported_primitives"]
+__all__ = ["IMPL", "impl", "specialize", "eval_jaxpr", "eval_closed_jaxpr", "current_site", "site_of",
+           "supported_primitives"]
 
 IMPL: dict[str, Callable[..., Any]] = {}
 _local = threading.local()
@@ -49,7 +50,9 @@ def specialize(specializer):
     return attach
 
 
-def _summarize(eqn) -> str:
+def site_of(eqn) -> str:
+    """``file:line (function)`` of the user's code that produced ``eqn``; '' for an equation of JAX's own
+    code (see :func:`current_site`)."""
     try:
         from jax._src import source_info_util
         return source_info_util.summarize(eqn.source_info)
@@ -108,7 +111,7 @@ class _Step:
     def site(self) -> str:
         """``file:line (function)`` of the user's code that produced this equation ('' inside JAX's own)."""
         if self._site is None:
-            self._site = _summarize(self.eqn)
+            self._site = site_of(self.eqn)
         return self._site
 
 
@@ -118,7 +121,7 @@ def _same_call(eqns: list, eqn) -> bool:
     first = eqns[0]
     if eqn.primitive is not first.primitive or not hasattr(IMPL.get(eqn.primitive.name), "specialize_call"):
         return False
-    if eqn.params != first.params or not _summarize(first) or _summarize(eqn) != _summarize(first):
+    if eqn.params != first.params or not site_of(first) or site_of(eqn) != site_of(first):
         return False
     produced = {v for e in eqns for v in e.outvars}
     return not any(v in produced for v in eqn.invars if not isinstance(v, ext_core.Literal))
