@@ -12,8 +12,6 @@ import contextlib
 import json
 import os
 import platform
-import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -22,34 +20,9 @@ import numpy as np
 
 import spmdsim
 from benchmarks import programs
+from benchmarks.timing import WARMUP, measure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-WARMUP = 3  # calls after the first, untimed: allocators and caches settle (large arrays page-fault at first)
-
-
-def _kernel_time() -> float:
-    """CPU seconds this process has spent in the kernel (all threads): page faults, zeroing fresh memory."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
-
-
-def measure(fn, repeats: int, warmup: int = WARMUP) -> dict:
-    """Wall time of a first call, then of ``repeats`` calls after ``warmup`` untimed ones, each with the
-    kernel time it caused (on a VM, faulting in fresh memory can cost 10x more than computing on it)."""
-    start = time.perf_counter()
-    fn()
-    first = time.perf_counter() - start
-    for _ in range(warmup):
-        fn()
-    times, kernel = [], []
-    for _ in range(repeats):
-        k, start = _kernel_time(), time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-        kernel.append(_kernel_time() - k)
-    return {"first_s": first, "times_s": times, "median_s": statistics.median(times), "kernel_s": kernel,
-            "kernel_median_s": statistics.median(kernel)}
 
 
 def jax_side(bench: str, n: int, repeats: int, timeout: float) -> dict:
@@ -63,9 +36,7 @@ def jax_side(bench: str, n: int, repeats: int, timeout: float) -> dict:
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
         return {"error": (lines[-1] if lines else f"exit {proc.returncode}").strip()[:300]}
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["median_s"] = statistics.median(out["times_s"])
-    return out
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _warmup(n: int) -> int:
@@ -162,8 +133,9 @@ def main(argv=None) -> int:
             rows.append(row)
             print_row(row)
     doc = {"machine": machine(), "rows": rows, "threads": "fresh per call" if args.fresh_threads else "reused",
-           "notes": "medians of repeated calls (3 at >= 1024 devices) after a first call and warm-up calls "
-                     "(3; 1 at >= 1024 devices); times in seconds; ratio = spmdsim / jax"}
+           "notes": "medians of repeated calls (--repeats, 3 at >= 1024 devices, more until 0.5 s of timed calls) "
+                     "after a first call and warm-up calls (3; 1 at >= 1024 devices); kernel_s: kernel CPU time per "
+                     "call; times in seconds; ratio = spmdsim / jax"}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     print_table(rows)
@@ -229,8 +201,9 @@ def print_table(rows: list[dict]) -> None:
         if "numpy-bound" in r:
             body.append(["  numpy bound", "8", "", "", _ms(r["numpy-bound"]),
                          f"{r['numpy-bound']['median_s'] / r['numpy']['median_s']:.2f} of bound", "", "", "", "", ""])
-            body.append(["  kernel ms/call", "8", "", "", f"{_kernel_ms(r['numpy'])} (bound {_kernel_ms(r['numpy-bound'])})",
-                         "", _kernel_ms(r["jax-threads"]), "", _kernel_ms(r["jax-vectorized"]), "", ""])
+            kernel = f"{_kernel_ms(r['numpy'])} (bound {_kernel_ms(r['numpy-bound'])})"
+            body.append(["  kernel ms/call", "8", "", "", kernel, "", _kernel_ms(r["jax-threads"]), "",
+                         _kernel_ms(r["jax-vectorized"]), "", ""])
     try:
         from rich.console import Console
         from rich.table import Table

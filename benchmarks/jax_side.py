@@ -3,7 +3,6 @@
 import json
 import os
 import sys
-import time
 
 
 def main():
@@ -15,6 +14,7 @@ def main():
     import numpy as np
 
     from benchmarks import programs
+    from benchmarks.timing import measure
 
     if bench == "latency":
         f = jax.pmap(programs.jax_chain(jax.lax), "i")
@@ -32,17 +32,8 @@ def main():
             args = (np.ones((n, 4), np.float32),)
     else:
         raise SystemExit(f"unknown benchmark {bench}")
-    start = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    first = time.perf_counter() - start
-    for _ in range(warmup):  # as on spmdsim's side
-        jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - start)
-    print(json.dumps({"first_s": first, "times_s": times, "jax": jax.__version__}))
+    result = measure(lambda: jax.block_until_ready(f(*args)), repeats, warmup)  # as on spmdsim's side
+    print(json.dumps({**result, "jax": jax.__version__}))
 
 
 if __name__ == "__main__":
