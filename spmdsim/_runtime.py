@@ -143,8 +143,7 @@ class Lane:
         if self.state == WAITING:
             rv, rank = self.waiting
             op, names, _, _, avals = rv.signature
-            shown = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in avals)
-            return (self.label, "waiting", f"{op}({shown})", ", ".join(map(repr, names)), str(rv.seq),
+            return (self.label, "waiting", f"{op}({_shown(avals)})", ", ".join(map(repr, names)), str(rv.seq),
                     rv.sites[rank])
         state = {RUNNING: "running", JOINING: "in nested call", DONE: "returned", ABORTED: "stopped",
                  RAISED: f"raised {self.where}"}[self.state]
@@ -168,12 +167,16 @@ class _Call:
         self.parent, self.remaining = parent, size
 
 
+def _shown(avals) -> str:
+    """``float32[4], int32[]``: the operands' shapes and dtypes of a call's signature."""
+    return ", ".join(f"{dtype}{list(shape)}" for shape, dtype in avals)
+
+
 def describe(signature: tuple) -> str:
     """``psum(float32[4], axis_name='i', axis_index_groups=((0, 1), (2, 3)))`` from a call's signature."""
     op, names, _, params, avals = signature
-    shown = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in avals)
     extra = "".join(f", {k}={v!r}" for k, v in params if v is not None)
-    return f"{op}({shown}, axis_name={names[0] if len(names) == 1 else names!r}{extra})".replace(
+    return f"{op}({_shown(avals)}, axis_name={names[0] if len(names) == 1 else names!r}{extra})".replace(
         f"axis_name={names[0]}", f"axis_name={names[0]!r}", 1)
 
 
@@ -409,7 +412,7 @@ def current_lane() -> Lane | None:
     return getattr(_local, "lane", None)
 
 
-def resolve_axes(lane: Lane | None, axis_names: tuple, api: str, *, phrase: str = "Found an unbound") -> list[Frame]:
+def resolve_axes(lane: Lane | None, axis_names: tuple, api: str) -> list[Frame]:
     """The frames bound to ``axis_names`` in this lane (innermost wins), in the order given.
 
     Raises NameError for a name not bound by an enclosing pmap/vmap (JAX's class and its phrase
@@ -427,7 +430,7 @@ def resolve_axes(lane: Lane | None, axis_names: tuple, api: str, *, phrase: str 
         else:
             bound = ", ".join(repr(f.name) for f in frames) or "none (not inside spmdsim.pmap/vmap)"
             raise NameError(
-                f"{phrase} axis name: {name}. {api} was called with axis_name={name!r}, but the axis names "
+                f"Found an unbound axis name: {name}. {api} was called with axis_name={name!r}, but the axis names "
                 f"bound here are: {bound}. To fix this, call {api} inside a function mapped with "
                 f"spmdsim.pmap(..., axis_name={name!r}) or spmdsim.vmap(..., axis_name={name!r}).")
     return out

@@ -28,6 +28,12 @@ class CollectiveCall(NamedTuple):
     params: dict
 
 
+def split_axes(params: dict) -> tuple[tuple, tuple]:
+    """``(named axes, positional axes)`` of a collective equation: its ``axis_name``, or a reduction's
+    ``axes``, whose int entries are axes of the block."""
+    return _lax._split_axis_name(params.get("axis_name", params.get("axes")))
+
+
 def collective_call(prim: str, x: np.ndarray, size: int, params: dict) -> CollectiveCall | None:
     """The rule call for collective equation ``prim`` on operand ``x`` over an axis of ``size`` devices, or
     None when the equation is the identity. Raises what JAX raises when it lowers the equation."""
@@ -38,7 +44,7 @@ def collective_call(prim: str, x: np.ndarray, size: int, params: dict) -> Collec
         if prim in ("all_gather", "reduce_scatter") or (prim == "all_to_all" and len(groups[0]) > 1):
             _lax._require_even(groups, prim)
     if prim in REDUCTIONS:
-        return CollectiveCall(prim, tuple(a for a in names if not isinstance(a, int)), groups, {})
+        return CollectiveCall(prim, split_axes(params)[0], groups, {})
     if prim == "all_gather":
         return CollectiveCall(prim, names, groups, {"all_gather_dimension": params["all_gather_dimension"],
                                                     "tiled": bool(params["tiled"])})
@@ -89,9 +95,8 @@ def prepare(prim: str, params: dict, site: str = ""):
     (one per leaf, same parameters): its operands meet the other devices' in one rendezvous, and it
     returns the list of results. What the equation fixes (axis names, positional axes, the lowering checks,
     the rule binding per axis size, the user's source line when the equation has one) is worked out once."""
-    names = _lax._axis_names(params.get("axis_name", params.get("axes")))
-    named = tuple(a for a in names if not isinstance(a, int))
-    positional = prim in REDUCTIONS and len(named) < len(names)
+    named, positional = split_axes(params)
+    positional = prim in REDUCTIONS and bool(positional)
     bindings: dict = {}  # axis size -> Binding, or None for the identity
 
     def run(*xs) -> list:

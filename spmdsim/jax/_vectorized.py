@@ -23,7 +23,7 @@ from jax.extend import core as ext_core
 
 from spmdsim import _collectives
 from spmdsim.errors import CollectiveDeadlockError
-from spmdsim.jax._collective_rules import REDUCTIONS, collective_call, positional_reduce
+from spmdsim.jax._collective_rules import REDUCTIONS, collective_call, positional_reduce, split_axes
 from spmdsim.lax import _axis_names
 from spmdsim.jax._dtypes import numpy_shape_dtype
 from spmdsim.jax._interpreter import IMPL, _read_literal, split_closed
@@ -365,7 +365,7 @@ def _batched_collective(prim: str):
     def rule(devices: Devices, x, **params):
         if prim in REDUCTIONS:
             x = positional_reduce(prim, x, params["axes"], shift=1)
-        names = tuple(a for a in _axis_names(params.get("axis_name", params.get("axes"))) if not isinstance(a, int))
+        names = split_axes(params)[0]
         if not names:
             return x
         if len(set(names)) != len(names):
