@@ -14,40 +14,24 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 from jax.extend import core as ext_core
 
-from spmdsim.jax import _dtypes
+from spmdsim.jax import _dtypes, _registry
 
 __all__ = ["IMPL", "impl", "specialize", "eval_jaxpr", "eval_closed_jaxpr", "current_site", "site_of",
            "supported_primitives"]
 
-IMPL: dict[str, Callable[..., Any]] = {}
+IMPL = _registry.PER_DEVICE
+impl = _registry.per_device
+specialize = _registry.specialize
 _local = threading.local()
-
-
-def impl(*names: str):
-    """Register a rule for the primitives ``names``."""
-    def register(rule):
-        for name in names:
-            assert name not in IMPL, f"duplicate rule for primitive {name!r}"
-            IMPL[name] = rule
-        return rule
-    return register
 
 
 def supported_primitives() -> list[str]:
     return sorted(IMPL)
-
-
-def specialize(specializer):
-    """Decorator: attach ``specializer(eqn) -> fn(*invals) | None`` to the rule it decorates."""
-    def attach(rule):
-        rule.specialize = specializer
-        return rule
-    return attach
 
 
 def site_of(eqn) -> str:

@@ -27,6 +27,7 @@ from spmdsim.jax._collective_rules import REDUCTIONS, collective_call, positiona
 from spmdsim.lax import _axis_names
 from spmdsim.jax._dtypes import numpy_shape_dtype
 from spmdsim.jax._interpreter import IMPL, _read_literal, split_closed
+from spmdsim.jax._registry import VECTORIZED
 
 __all__ = ["eval_jaxpr_batched", "BATCHED"]
 
@@ -67,6 +68,9 @@ class _Step:
     def __init__(self, eqn):
         self.eqn = eqn
         self.rule = BATCHED.get(eqn.primitive.name)
+        if self.rule is None and eqn.primitive.name in VECTORIZED:
+            rule = VECTORIZED[eqn.primitive.name]
+            self.rule = lambda devices, *xs, **params: rule(*xs, **params)
         self.operands = [(True, _read_literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
                          for v in eqn.invars]
         self.outvars = [None if isinstance(v, ext_core.DropVar) else v for v in eqn.outvars]

@@ -1,0 +1,52 @@
+"""The rule tables of the JAX front end: what each primitive computes, keyed by the primitive's name.
+
+Two tables, one per executor, each a plain dict (the shape of autodidax's ``impl_rules``):
+
+- ``PER_DEVICE[name](*operands, **params)`` computes one equation on one device's values: NumPy arrays in,
+  one array out (a list of arrays for primitives with several results). The equation's parameters arrive
+  under JAX's own names.
+- ``VECTORIZED[name](*operands, **params)`` computes the same equation for every device at once: each
+  operand carries a leading device axis (the same size N for all; literals are broadcast to it), and so does
+  every result. ``VECTORIZED[name](*xs)[d]`` must equal ``PER_DEVICE[name](*(x[d] for x in xs))`` bit for
+  bit.
+
+Rules never modify their operands (they may be read-only views shared between devices) and return exactly
+the dtype the jaxpr declares (the interpreter checks every result's shape and dtype). A per-device rule may
+carry ``rule.specialize(eqn) -> fn(*operands) | None``: a function with everything the equation fixes worked
+out once per jaxpr (see :func:`specialize`).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["PER_DEVICE", "VECTORIZED", "per_device", "vectorized", "specialize"]
+
+PER_DEVICE: dict[str, Callable] = {}
+VECTORIZED: dict[str, Callable] = {}
+
+
+def _register(table: dict, kind: str, names: tuple[str, ...]):
+    def register(rule):
+        for name in names:
+            assert name not in table, f"duplicate {kind} rule for primitive {name!r}"
+            table[name] = rule
+        return rule
+    return register
+
+
+def per_device(*names: str):
+    """Decorator: ``rule`` computes primitives ``names`` on one device's operands."""
+    return _register(PER_DEVICE, "per-device", names)
+
+
+def vectorized(*names: str):
+    """Decorator: ``rule`` computes primitives ``names`` for all devices at once (leading device axis)."""
+    return _register(VECTORIZED, "vectorized", names)
+
+
+def specialize(specializer):
+    """Decorator for a per-device rule: attach ``specializer(eqn) -> fn(*operands) | None``."""
+    def attach(rule):
+        rule.specialize = specializer
+        return rule
+    return attach
