@@ -11,7 +11,7 @@ from jax import lax
 
 import spmdsim
 import spmdsim.jax as sjax
-from spmdsim.jax._run import patched_jax
+from spmdsim.jax._patch import patched_jax
 from spmdsim.testing import assert_trees_match
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -265,5 +265,5 @@ def _maybe_patched_jax(n_devices):
         import jax  # noqa: F401
     except ImportError:
         return contextlib.nullcontext()
-    from spmdsim.jax._run import patched_jax
+    from spmdsim.jax._patch import patched_jax
     return patched_jax(n_devices or spmdsim.device_count())
