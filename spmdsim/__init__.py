@@ -5,7 +5,7 @@ the collectives in ``spmdsim.lax`` are barrier-synchronised rendezvous over name
 ``jax.pmap``/``jax.vmap``/``jax.lax`` so code ports by changing an import.
 """
 from spmdsim import debug, errors, lax, show
-from spmdsim._collectives import ReductionOrder, current_reduction_order, set_reduction_order
+from spmdsim._reduction import ReductionOrder, current_reduction_order, set_reduction_order
 from spmdsim._output import set_ordered_output
 from spmdsim._devices import VirtualDevice, device_count, devices, local_device_count, set_device_count
 from spmdsim._pmap import pmap, vmap

@@ -15,13 +15,15 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 from spmdsim import _devices, _runtime, _tree
+from spmdsim._axes import Frame, Unnamed, frames_label
+from spmdsim._values import as_array, is_python_scalar
 from spmdsim.errors import ReplicationError
 
 __all__ = ["pmap", "vmap"]
 
 
-def _check_axes_spec(spec, api: str, what: str) -> None:
-    for leaf in _tree.prefix_leaves(spec):
+def _check_axes_spec(spec, api: str, what: str, leaves: Callable = _tree.prefix_leaves) -> None:
+    for leaf in leaves(spec):
         if leaf is not None and type(leaf) is not int:
             raise TypeError(f"{api} {what} must be an int, None, or (nested) container with those types as leaves, "
                             f"but got {leaf!r} of type {type(leaf).__name__}. Use a plain Python int such as 0.")
@@ -35,33 +37,22 @@ def _check_axis_name(axis_name, api: str) -> None:
                         f"mean positional axes in psum, tuples mean several axes), got {axis_name!r}.")
 
 
-# Python scalars are weakly typed in JAX: as outputs they take JAX's default dtypes.
-_PYTHON_SCALAR_DTYPES = {bool: np.bool_, int: np.int32, float: np.float32, complex: np.complex64}
-
-
-def is_python_scalar(leaf) -> bool:
-    """A Python bool, int, float or complex: weakly typed in JAX (constants in collectives, broadcast as is)."""
-    return type(leaf) in _PYTHON_SCALAR_DTYPES
-
-
-def _as_array(leaf, path: str, api: str) -> np.ndarray:
-    if isinstance(leaf, np.ndarray):
-        return leaf
-    if is_python_scalar(leaf):
-        return np.asarray(leaf, dtype=_PYTHON_SCALAR_DTYPES[type(leaf)])
-    arr = np.asarray(leaf)
-    if arr.dtype.kind in "OUS":
-        raise TypeError(f"{api}: argument {path} of type {type(leaf).__name__} is not an array; mapped function "
-                        f"arguments must be arrays or numbers. Pass non-array values with "
-                        f"static_broadcasted_argnums, or close over them.")
-    return arr
+def _as_array(leaf, path, api: str) -> np.ndarray:
+    try:
+        return as_array(leaf, f"argument {path}", api)
+    except TypeError:
+        if not isinstance(leaf, np.ndarray):
+            raise TypeError(f"{api}: argument {path} of type {type(leaf).__name__} is not an array; mapped "
+                            f"function arguments must be arrays or numbers. Pass non-array values with "
+                            f"static_broadcasted_argnums, or close over them.") from None
+        raise
 
 
 @dataclasses.dataclass
 class _Inputs:
     """The flat leaves of the dynamic arguments and, per leaf, its mapped axis (None: broadcast)."""
 
-    paths: list  # of _LazyPath
+    paths: list  # of LazyPath
     leaves: list[np.ndarray]
     axes: list[int | None]
     treedef: Any
@@ -88,18 +79,12 @@ class _Inputs:
         v.flags.writeable = False
         return v
 
-    def stacked(self, n: int) -> list[np.ndarray]:
-        """Every leaf with the device axis first: mapped leaves moved (a view), the others broadcast."""
-        return [np.moveaxis(leaf, ax, 0) if ax is not None else
-                np.broadcast_to(_as_array(leaf, "", ""), (n, *np.shape(leaf)))
-                for leaf, ax in zip(self.leaves, self.axes)]
-
 
 def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str) -> _Inputs:
     dyn_axes = _tree.broadcast_prefix(in_axes, dyn_args, name=f"{api} in_axes", hint=hint)
     kw_axes = [0] * len(_tree.flatten(kwargs)[0])
     leaves, treedef = _tree.flatten((dyn_args, kwargs))
-    paths = [_LazyPath((dyn_args, kwargs), k, _argument_path) for k in range(len(leaves))]
+    paths = [LazyPath((dyn_args, kwargs), k, argument_path) for k in range(len(leaves))]
     axes = dyn_axes + kw_axes
     arrays = []
     for k, (path, leaf, ax) in enumerate(zip(paths, leaves, axes)):
@@ -108,20 +93,33 @@ def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str)
             continue
         arr = _as_array(leaf, path, api)
         if ax is not None:
-            if arr.ndim == 0:
-                raise ValueError(f"{api}: in_axes={ax} maps {path}, but it is a scalar (rank 0) and has no axis {ax}. "
-                                 f"Give it in_axes=None to broadcast it to every "
-                                 f"{'device' if api == 'pmap' else 'lane'}, or add a leading axis.")
-            if not -arr.ndim <= ax < arr.ndim:
-                raise ValueError(f"{api}: in_axes={ax} is out of bounds for {path} of shape {arr.shape} "
-                                 f"(rank {arr.ndim}; valid: {-arr.ndim}..{arr.ndim - 1}).")
-            axes[k] = ax % arr.ndim
+            axes[k] = canonical_in_axis(ax, arr.shape, path, api)
         arrays.append(arr)
     return _Inputs(paths, arrays, axes, treedef)
 
 
+def canonical_in_axis(ax: int, shape: tuple, path, api: str) -> int:
+    """``in_axes`` entry ``ax`` for an argument of ``shape``, counted from the front. ValueError for a scalar
+    or an axis out of bounds (JAX raises IndexError or a sharding ValueError there; see the README)."""
+    if len(shape) == 0:
+        raise ValueError(f"{api}: in_axes={ax} maps {path}, but it is a scalar (rank 0) and has no axis {ax}. "
+                         f"Give it in_axes=None to broadcast it to every {'device' if api == 'pmap' else 'lane'}, "
+                         f"or add a leading axis.")
+    if not -len(shape) <= ax < len(shape):
+        raise ValueError(f"{api}: in_axes={ax} is out of bounds for {path} of shape {tuple(shape)} "
+                         f"(rank {len(shape)}; valid: {-len(shape)}..{len(shape) - 1}).")
+    return ax % len(shape)
+
+
 def _mapped_size(inputs: _Inputs, api: str, axis_size: int | None) -> int:
-    mapped = [(p, a.shape[ax], ax) for p, a, ax in zip(inputs.paths, inputs.leaves, inputs.axes) if ax is not None]
+    return mapped_size(inputs.paths, [np.shape(leaf) for leaf in inputs.leaves], inputs.axes, api, axis_size)
+
+
+def mapped_size(paths: Sequence, shapes: Sequence[tuple], axes: Sequence[int | None], api: str,
+                axis_size: int | None) -> int:
+    """The mapped size N: from the first mapped argument, checked against every other one and ``axis_size``.
+    ``paths[k]`` names argument leaf k in errors (formatted only then)."""
+    mapped = [(p, shape[ax], ax) for p, shape, ax in zip(paths, shapes, axes) if ax is not None]
     if not mapped:
         if api == "vmap" and axis_size is not None:
             return axis_size
@@ -144,7 +142,9 @@ def _mapped_size(inputs: _Inputs, api: str, axis_size: int | None) -> int:
     return n
 
 
-def _check_device_count(n: int, devices: Sequence | None) -> None:
+def check_device_count(n: int, devices: Sequence | None) -> None:
+    """ValueError, with the reshape to do, when ``n`` devices are more than are available (in a nested pmap:
+    per block of the enclosing ones)."""
     lane = _runtime.current_lane()
     outer = math.prod(f.size for f in lane.frames if f.is_device) if lane is not None else 1
     total = len(devices) if devices is not None else _devices.device_count()
@@ -177,7 +177,7 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
     axes = _tree.broadcast_prefix(out_axes, outputs[0], name=f"{api} out_axes")
     stacked = []
     for k, ax in enumerate(axes):
-        path = _LazyPath(outputs[0], k)
+        path = LazyPath(outputs[0], k)
         blocks = [_as_array(leaves[k], path, api) for leaves in per_lane]
         ref = blocks[0]
         for i, b in enumerate(blocks):
@@ -189,32 +189,31 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
     return _tree.unflatten(treedef, stacked)
 
 
-def _argument_path(keystr: str) -> str:
+def argument_path(keystr: str) -> str:
     """``args[1]['w']`` or ``kwargs['x']`` from the key path into ``(args, kwargs)``."""
     return ("args" if keystr.startswith("[0]") else "kwargs") + keystr[3:]
 
 
-class _LazyPath:
+class LazyPath:
     """The path of leaf ``k`` of ``tree`` (``output['w']``, ``args[1]``), worked out only when an error message
-    needs it: formatting key paths costs more than a small mapped call."""
+    needs it: formatting key paths costs more than a small mapped call. ``keystrs(tree)`` lists every leaf's
+    key path (spmdsim's pytree registry by default; the JAX front end passes JAX's)."""
 
-    def __init__(self, tree, k: int, spell: Callable[[str], str] = lambda keystr: "output" + keystr):
+    def __init__(self, tree, k: int, spell: Callable[[str], str] = lambda keystr: "output" + keystr,
+                 keystrs: Callable | None = None):
         self.tree, self.k, self.spell = tree, k, spell
+        self.keystrs = keystrs or (lambda t: _tree.flatten_with_paths(t)[0])
 
     def __str__(self) -> str:
-        return self.spell(_tree.flatten_with_paths(self.tree)[0][self.k])
+        return self.spell(self.keystrs(self.tree)[self.k])
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
 
 
-class Stacked(list):
-    """Flat outputs of every lane already stacked on a leading axis (the JAX front end's vectorized executor)."""
-
-
 def _place(path: str, blocks, ax: int | None, api: str, lane_label: Callable[[int], str], check_replicated: bool):
-    """One output leaf from its per-lane blocks (a list, or an array with the lanes on axis 0): moved or stacked
-    to ``ax``, or lane 0's value for ``ax=None`` (checked to be the same everywhere when asked, and for vmap)."""
+    """One output leaf from its per-lane blocks: stacked along ``ax``, or lane 0's value for ``ax=None``
+    (checked to be the same everywhere when asked, and for vmap)."""
     ref = blocks[0]
     if ax is None:
         if check_replicated or api == "vmap":
@@ -230,8 +229,6 @@ def _place(path: str, blocks, ax: int | None, api: str, lane_label: Callable[[in
         raise ValueError(f"{api}: out_axes={ax} for {path} is out of bounds: per-"
                          f"{'device' if api == 'pmap' else 'lane'} values have rank {ref.ndim}, so the mapped "
                          f"axis can go at {-(ref.ndim + 1)}..{ref.ndim}.")
-    if isinstance(blocks, np.ndarray):
-        return np.moveaxis(blocks, 0, ax)
     return np.stack(blocks, axis=ax)
 
 
@@ -240,11 +237,11 @@ def split_static(fun: Callable, args: tuple, in_axes, static_argnums: tuple) -> 
     them)``. Raises ValueError (JAX's texts) for static arguments passed by keyword or not hashable."""
     if not static_argnums:
         return {}, tuple(args), in_axes
-    argnums = sorted({a % len(args) if -len(args) <= a < 0 else a for a in static_argnums})
-    if argnums[-1] >= len(args):
+    if any(not -len(args) <= a < len(args) for a in static_argnums):
         raise ValueError(f"pmapped function has static_broadcasted_argnums={tuple(static_argnums)} but was called "
                          f"with only {len(args)} positional argument{'s' if len(args) != 1 else ''}. All static "
                          f"broadcasted arguments must be passed positionally.")
+    argnums = sorted({a % len(args) for a in static_argnums})
     statics = {}
     for a in argnums:
         try:
@@ -275,13 +272,8 @@ def merge_static(statics: dict, dyn: Sequence) -> Sequence:
 
 def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_name, in_axes, out_axes,
                  axis_size: int | None, static_argnums: tuple = (), devices=None, check_replicated: bool = False,
-                 hint: str = "", run: Callable | None = None):
-    """Validate and split the arguments, run one lane per index, stack the outputs.
-
-    ``run(inputs, n, name)``, when given, replaces the thread runner: it returns the per-lane outputs, or
-    :class:`Stacked` flat outputs with the lanes on axis 0 (the JAX front end's vectorized executor computes
-    them all at once from ``inputs.stacked(n)``).
-    """
+                 hint: str = ""):
+    """Validate and split the arguments, run one lane per index, stack the outputs."""
     statics, args, in_axes = split_static(fun, args, in_axes, static_argnums)
     if kwargs:
         hint += (" When some arguments are passed by keyword, they are not included in the comparison to in_axes: "
@@ -289,37 +281,32 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
     inputs = _flatten_inputs(tuple(args), kwargs, in_axes, api, hint)
     n = _mapped_size(inputs, api, axis_size)
     if api == "pmap":
-        _check_device_count(n, devices)
-    name = axis_name if axis_name is not None else _runtime.Unnamed(api)
+        check_device_count(n, devices)
+    name = axis_name if axis_name is not None else Unnamed(api)
 
     def body(i: int):
         dyn, kw = inputs.block(i)
         return fun(*merge_static(statics, dyn), **kw)
 
-    if run is not None:
-        outputs = run(inputs, n, name)
-    else:
-        outputs = _runtime.run_mapped(body, axis_name=name, size=n, is_device=(api == "pmap"))
+    outputs = _runtime.run_mapped(body, [(name, n)], is_device=(api == "pmap"))
     parent = _runtime.current_lane()
     frames = parent.frames if parent is not None else ()
 
     def lane_label(i: int) -> str:
-        return _runtime.frames_label(frames + (_runtime.Frame(name, n, i, (), api == "pmap"),))
+        return frames_label(frames + (Frame(name, n, i, (), api == "pmap"),))
 
-    if isinstance(outputs, Stacked):
-        axes = _tree.broadcast_prefix(out_axes, list(outputs), name=f"{api} out_axes")
-        return [_place(f"output[{k}]", arr, ax, api, lane_label, check_replicated)
-                for k, (arr, ax) in enumerate(zip(outputs, axes))]
     return _stack_outputs(outputs, out_axes, api, lane_label, check_replicated)
 
 
-def check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices) -> tuple[int, ...]:
-    """pmap's construction-time checks (as in JAX); returns the static argnums as a tuple."""
+def check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices,
+                         prefix_leaves: Callable = _tree.prefix_leaves) -> tuple[int, ...]:
+    """pmap's construction-time checks (as in JAX); returns the static argnums as a tuple. ``prefix_leaves``
+    lists the leaves of an ``in_axes``/``out_axes`` tree (the JAX front end passes JAX's pytree registry)."""
     _check_axis_name(axis_name, "pmap")
     if devices is not None and len(devices) == 0:
         raise ValueError("'devices' argument to pmap must be non-empty, or None.")
-    _check_axes_spec(in_axes, "pmap", "in_axes")
-    _check_axes_spec(out_axes, "pmap", "out_axes")
+    _check_axes_spec(in_axes, "pmap", "in_axes", prefix_leaves)
+    _check_axes_spec(out_axes, "pmap", "out_axes", prefix_leaves)
     static = (static_broadcasted_argnums,) if isinstance(static_broadcasted_argnums, int) \
         else tuple(static_broadcasted_argnums)
     if any(type(a) is not int for a in static):

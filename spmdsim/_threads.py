@@ -1,25 +1,32 @@
-"""The OS threads that lanes run in: one per lane, all pinned to one CPU, created per call or reused.
+"""The OS threads that lanes run in: pinned to one CPU, and parked between calls for the next one.
 
-CPython runs one thread at a time, so a collective costs one thread switch per device. Two things make that
+CPython runs one thread at a time, so a collective costs one thread switch per device. Three things make that
 switch and the call around it cheap:
 
 - **One CPU.** Every device thread is pinned to the same CPU (``os.sched_setaffinity``, Linux), so a wake-up
   is a context switch on that CPU instead of a cross-CPU wake-up followed by a fight over the GIL with the
   thread that woke it; as ``SCHED_BATCH`` threads, a woken device does not preempt the one that woke it.
   A bare hand-off costs ~3.6 instead of ~12 µs on a 2-core VM. Device threads cannot run Python in parallel
-  anyway; NumPy's own BLAS threads are not affected. Set ``SPMDSIM_PIN_THREADS=0`` to leave placement to the
-  OS (e.g. when devices run large GIL-free NumPy work).
-- **Reuse, opt in.** Starting a thread costs ~40-70 µs here, more than a whole small training step of
-  ``jax.pmap``. By default no thread outlives its mapped call; inside ``with spmdsim.reuse_threads():``
-  device threads are parked after a call and reused by the next one, and leaving the block stops them.
+  anyway; NumPy's own BLAS threads are not affected. ``SPMDSIM_PIN_THREADS=0`` leaves placement to the OS.
+- **Reuse.** Starting a thread costs ~40-70 µs here, more than a whole small training step of ``jax.pmap``.
+  A call's device threads are parked when it returns and taken by the next call (and by nested maps).
+- **No leftovers.** A parked thread holds no reference to the call it served and runs no user code. It ends
+  after ``SPMDSIM_IDLE_THREAD_SECONDS`` (default 2) without work, at interpreter exit, and in a forked child
+  it does not exist (the child starts with no parked thread). Inside ``with spmdsim.reuse_threads():`` parked
+  threads wait without a time limit, and the end of the outermost block stops and joins them.
+  ``SPMDSIM_REUSE_THREADS=0`` gives every call fresh threads that end with it.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from typing import Callable, Sequence
 
-__all__ = ["reuse_threads", "run_threads"]
+__all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads"]
+
+IDLE_SECONDS = float(os.environ.get("SPMDSIM_IDLE_THREAD_SECONDS", "2"))
+REUSE = os.environ.get("SPMDSIM_REUSE_THREADS", "1") != "0"
 
 
 def _pinned_cpu() -> set | None:
@@ -47,70 +54,94 @@ def _pin() -> None:
             pass
 
 
-def _fresh_threads(bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Callable[[], None]:
-    def pinned(body):
-        def run():
-            _pin()
-            body()
-        return run
-
-    threads = [threading.Thread(target=pinned(body), name=name, daemon=True) for body, name in zip(bodies, names)]
-    for t in threads:
-        t.start()
-
-    def join():
-        for t in threads:
-            t.join()
-    return join
-
-
 class _Worker:
-    """A parked thread: ``go`` is held until a task (or the stop signal, ``None``) is handed over."""
+    """A device thread. ``go`` is held until a task (or the stop signal, ``None``) is handed over;
+    ``abandoned`` workers (a call gave up waiting for them) end when their task returns, never parked."""
 
-    __slots__ = ("thread", "go", "task")
+    __slots__ = ("thread", "go", "task", "abandoned")
 
     def __init__(self, pool: "_Pool"):
         self.go = threading.Lock()
         self.go.acquire()
         self.task: Callable[[], None] | None = None
+        self.abandoned = False
         self.thread = threading.Thread(target=pool.serve, args=(self,), name="spmdsim idle thread", daemon=True)
         self.thread.start()
+
+
+class Threads:
+    """The threads running one call's bodies: :meth:`wait` for them, :meth:`running` lists those that have
+    not returned, :meth:`abandon` gives up on some (they end when their body returns)."""
+
+    def __init__(self, workers: list[_Worker]):
+        self.workers = workers
+        self.returned = [False] * len(workers)
+        self._lock = threading.Lock()
+        self._remaining = len(workers)
+        self._done = threading.Event()
+        if not workers:
+            self._done.set()
+
+    def _returned(self, i: int) -> None:
+        with self._lock:
+            self.returned[i] = True
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every body returned (True) or ``timeout`` seconds passed (False)."""
+        return self._done.wait(timeout)
+
+    def running(self) -> list[int]:
+        with self._lock:
+            return [i for i, r in enumerate(self.returned) if not r]
+
+    def abandon(self, indexes: Sequence[int]) -> None:
+        for i in indexes:
+            self.workers[i].abandoned = True
 
 
 class _Pool:
     def __init__(self):
         self.lock = threading.Lock()
-        self.users = 0      # open reuse_threads() blocks
+        self.scopes = 0      # open reuse_threads() blocks
         self.idle: list[_Worker] = []
 
-    @staticmethod
-    def serve(worker: _Worker) -> None:
+    def serve(self, worker: _Worker) -> None:
         _pin()
         while True:
-            worker.go.acquire()
+            if not worker.go.acquire(timeout=IDLE_SECONDS):
+                with self.lock:
+                    if self.scopes or worker not in self.idle:
+                        continue  # in a reuse block, or taken by a call right now: its task is on its way
+                    self.idle.remove(worker)
+                return
             task, worker.task = worker.task, None
             if task is None:
                 return
             task()
+            del task  # the call's closure (its arguments, its results) must not outlive it here
+            if worker.abandoned:
+                return
 
     def park(self, worker: _Worker) -> None:
-        """Back to the idle list; or, when no reuse_threads() block is open any more, stop."""
         threading.current_thread().name = "spmdsim idle thread"
+        if worker.abandoned:
+            return
         with self.lock:
-            if self.users:
+            if REUSE or self.scopes:
                 self.idle.append(worker)
                 return
         worker.go.release()  # with no task: the thread returns
 
-    def run(self, bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Callable[[], None]:
+    def run(self, bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Threads:
         n = len(bodies)
         with self.lock:
             keep = max(0, len(self.idle) - n)
             taken, self.idle = self.idle[keep:], self.idle[:keep]
         taken += [_Worker(self) for _ in range(n - len(taken))]
-        done = threading.Lock()
-        done.acquire()
-        count_lock, remaining = threading.Lock(), [n]
+        threads = Threads(taken)
 
         def task(i: int) -> Callable[[], None]:
             def run():
@@ -121,22 +152,16 @@ class _Pool:
                     bodies[i]()
                 finally:
                     self.park(taken[i])  # before the count: the next call finds every thread idle
-                    with count_lock:
-                        remaining[0] -= 1
-                        last = remaining[0] == 0
-                    if last:
-                        done.release()
+                    threads._returned(i)
             return run
 
         for i, worker in enumerate(taken):
             worker.task = task(i)
         if taken:
             taken[0].go.release()
-        else:
-            done.release()
-        return done.acquire
+        return threads
 
-    def close(self) -> None:
+    def stop_idle(self) -> None:
         with self.lock:
             idle, self.idle = self.idle, []
         for worker in idle:
@@ -144,40 +169,54 @@ class _Pool:
         for worker in idle:
             worker.thread.join()
 
+    def after_fork(self) -> None:
+        """In a forked child the parent's threads do not exist: forget them."""
+        self.lock = threading.Lock()
+        self.idle = []
+
 
 _pool = _Pool()
+atexit.register(_pool.stop_idle)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool.after_fork)
 
 
-def run_threads(bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Callable[[], None]:
-    """Start ``bodies[i]`` in its own thread named ``names[i]``; return a function that waits for all.
+def run_threads(bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Threads:
+    """Start ``bodies[i]`` in its own thread named ``names[i]`` (a parked one when there is one).
 
-    The bodies must not raise (lanes record their own errors). Fresh threads, or parked ones inside
-    :func:`reuse_threads`.
+    The bodies must not raise (lanes record their own errors).
     """
-    if _pool.users:
-        return _pool.run(bodies, names)
-    return _fresh_threads(bodies, names)
+    return _pool.run(bodies, names)
+
+
+def idle_thread_count() -> int:
+    """How many device threads are parked now, waiting for the next call."""
+    with _pool.lock:
+        return len(_pool.idle)
+
+
+def stop_idle_threads() -> None:
+    """Stop and join every parked device thread now (they would end by themselves after the idle time)."""
+    _pool.stop_idle()
 
 
 class reuse_threads:
-    """Keep device threads between mapped calls: ``with spmdsim.reuse_threads(): ...``.
+    """Keep device threads parked without a time limit: ``with spmdsim.reuse_threads(): ...``.
 
-    Starting an OS thread costs tens of microseconds (~50 µs on a 2-core VM, ~0.4 ms per call at 8 devices),
-    which dominates short calls such as a training step. Inside this block a call's device threads are
-    parked when it returns and reused by the next call (and by nested maps); leaving the outermost block
-    stops and joins them, so afterwards no spmdsim thread exists, as without the block. Semantics are
-    unchanged: each device still runs in its own thread, errors and deadlock reports are the same.
-    Blocks nest and may be entered from several threads. ``spmdsim run`` and ``spmdsim demo`` run inside one.
+    Device threads are reused between calls anyway (see :mod:`spmdsim._threads`); inside this block the parked
+    ones do not end after the idle time, and leaving the outermost block stops and joins them, so afterwards no
+    spmdsim thread exists. Semantics are unchanged: each device runs in its own thread, errors and deadlock
+    reports are the same. Blocks nest and may be entered from several threads.
     """
 
     def __enter__(self):
         with _pool.lock:
-            _pool.users += 1
+            _pool.scopes += 1
         return self
 
     def __exit__(self, *exc):
         with _pool.lock:
-            _pool.users -= 1
-            last = _pool.users == 0
+            _pool.scopes -= 1
+            last = _pool.scopes == 0
         if last:
-            _pool.close()
+            _pool.stop_idle()

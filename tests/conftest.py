@@ -3,12 +3,17 @@ import threading
 import pytest
 
 import spmdsim
+from spmdsim import _threads
 
 
 @pytest.fixture(autouse=True)
 def eight_devices():
-    """Every test starts with 8 virtual devices and must leave no spmdsim thread behind."""
+    """Every test starts with 8 virtual devices. Afterwards every spmdsim thread must be parked (running no user
+    code, holding no call); they are stopped so that the next test starts with none."""
     with spmdsim.set_device_count(8):
         yield
-    leftover = [t.name for t in threading.enumerate() if t.name.startswith("spmdsim")]
-    assert not leftover, f"threads outlived the call: {leftover}"
+    busy = [t.name for t in threading.enumerate() if t.name.startswith("spmdsim") and t.name != "spmdsim idle thread"]
+    assert not busy, f"device threads still busy after the call: {busy}"
+    parked = [t for t in threading.enumerate() if t.name == "spmdsim idle thread"]
+    assert len(parked) == _threads.idle_thread_count(), "a thread named idle is not in the pool's idle list"
+    _threads.stop_idle_threads()

@@ -1,13 +1,17 @@
-"""The rule table alone: pure NumPy, no threads, no axis names."""
+"""The primitive table alone: rules and vectorized forms, pure NumPy, no threads, no axis names."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from spmdsim import _collectives
-from spmdsim._collectives import COLLECTIVE_RULES, apply_grouped
+import ml_dtypes
 
-rule = COLLECTIVE_RULES.__getitem__
+from spmdsim import _primitives
+from spmdsim._primitives import PRIMITIVES, apply_grouped
+
+
+def rule(name):
+    return PRIMITIVES[name].rule
 
 
 def blocks_of(n, shape, dtype=np.float32, seed=0):
@@ -15,14 +19,14 @@ def blocks_of(n, shape, dtype=np.float32, seed=0):
     return [rng.standard_normal(shape).astype(dtype) for _ in range(n)]
 
 
-def test_rule_table_names_are_jax_primitive_names():
-    assert set(COLLECTIVE_RULES) == {"psum", "pmax", "pmin", "all_gather", "reduce_scatter", "all_to_all",
-                                     "ppermute", "pbroadcast"}
+def test_primitive_table_names_are_jax_primitive_names():
+    assert set(PRIMITIVES) == {"psum", "pmax", "pmin", "all_gather", "reduce_scatter", "all_to_all",
+                               "ppermute", "pbroadcast"}
 
 
-def test_duplicate_registration_is_refused():
+def test_duplicate_definition_is_refused():
     with pytest.raises(AssertionError, match="duplicate"):
-        _collectives.collective_rule("psum")(lambda blocks: blocks)
+        _primitives._define("psum", check=None, rule=None, vectorized=None)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.float16, np.float32, np.complex64])
@@ -98,21 +102,24 @@ def test_reduce_scatter_is_sum_then_slice(n, rest, data):
 
 @given(n=st.integers(1, 4), data=st.data())
 @settings(max_examples=60, deadline=None)
-def test_all_to_all_global_view_is_a_moveaxis(n, data):
-    """pmap(all_to_all(., s, c))(X) == moveaxis(X, (0, s+1), (c+1, 0)) for the stacked global array X."""
+def test_all_to_all_splits_and_concatenates(n, data):
+    """Rank r receives chunk r of every rank's block (split n ways along split_axis), concatenated in rank
+    order along concat_axis: the primitive's semantics (jax.lax.all_to_all's non-tiled form adds a unit axis)."""
     ndim = data.draw(st.integers(1, 3), label="ndim")
     s = data.draw(st.integers(0, ndim - 1), label="split_axis")
     c = data.draw(st.integers(0, ndim - 1), label="concat_axis")
     shape = [2] * ndim
-    shape[s] = n
+    shape[s] = 2 * n
     X = np.arange(n * int(np.prod(shape))).reshape(n, *shape)
-    out = np.array(rule("all_to_all")(list(X), split_axis=s, concat_axis=c, tiled=False))
-    np.testing.assert_array_equal(out, np.moveaxis(X, (0, s + 1), (c + 1, 0)))
+    out = rule("all_to_all")(list(X), split_axis=s, concat_axis=c)
+    for r in range(n):
+        chunk = [np.take(X[k], range(2 * r, 2 * r + 2), axis=s) for k in range(n)]
+        np.testing.assert_array_equal(out[r], np.concatenate(chunk, axis=c))
 
 
 def test_all_to_all_tiled_2d():
     X = np.arange(4 * 4 * 2).reshape(4, 4, 2)   # 4 devices, blocks (4, 2)
-    out = rule("all_to_all")(list(X), split_axis=0, concat_axis=1, tiled=True)
+    out = rule("all_to_all")(list(X), split_axis=0, concat_axis=1)
     for r, o in enumerate(out):
         np.testing.assert_array_equal(o, np.concatenate([X[k][r:r + 1] for k in range(4)], axis=1))
         assert o.shape == (1, 8)
@@ -129,7 +136,50 @@ def test_ppermute_zero_fills_and_pbroadcast():
 def test_apply_grouped_ranks_follow_the_listed_group_order():
     # JAX: all_gather with groups [[0, 2], [3, 1]] on x = 1..4 gives [[1, 3], [4, 2], [1, 3], [4, 2]].
     members = [[np.array(k + 1)] for k in range(4)]
-    out = apply_grouped("all_gather", members, ((0, 2), (3, 1)), all_gather_dimension=0, tiled=False)
+    out = apply_grouped(rule("all_gather"), members, ((0, 2), (3, 1)), {"all_gather_dimension": 0, "tiled": False})
     assert [o[0].tolist() for o in out] == [[1, 3], [4, 2], [1, 3], [4, 2]]
-    sums = apply_grouped("psum", members, ((0,), (1, 2, 3)))
+    sums = apply_grouped(rule("psum"), members, ((0,), (1, 2, 3)), {})
     assert [int(o[0]) for o in sums] == [1, 9, 9, 9]
+
+
+def test_bfloat16_sums_accumulate_in_float32_and_round_once():
+    # XLA:CPU measured (8 devices, jax.pmap psum): bfloat16 sums are accumulated in float32 and rounded once;
+    # float16 sums round after every addition. 256 + 1 + 1 in bfloat16: 256 + 1 rounds back to 256 each time.
+    bf16 = ml_dtypes.bfloat16
+    blocks = [np.array([256.0], bf16), np.array([1.0], bf16), np.array([1.0], bf16)]
+    assert float(rule("psum")(blocks)[0][0]) == 258.0
+    assert rule("psum")(blocks)[0].dtype == bf16
+    halves = [np.array([2048.0], np.float16), np.array([1.0], np.float16), np.array([1.0], np.float16)]
+    assert float(rule("psum")(halves)[0][0]) == 2048.0   # float16: 2048 + 1 rounds to 2048, twice
+
+
+VECTORIZED_CASES = [
+    ("psum", (3,), {}), ("pmax", (2, 2), {}), ("pmin", (), {}),
+    ("all_gather", (2, 3), {"all_gather_dimension": 1, "tiled": False}),
+    ("all_gather", (2, 3), {"all_gather_dimension": 1, "tiled": True}),
+    ("all_gather", (), {"all_gather_dimension": 0, "tiled": False}),
+    ("reduce_scatter", lambda n: (n, 3), {"scatter_dimension": 0, "tiled": False}),
+    ("reduce_scatter", lambda n: (2, 2 * n), {"scatter_dimension": 1, "tiled": True}),
+    ("all_to_all", lambda n: (2 * n, 3), {"split_axis": 0, "concat_axis": 1}),
+    ("all_to_all", lambda n: (3, 2 * n), {"split_axis": 1, "concat_axis": 1}),
+    ("all_to_all", lambda n: (n, 2, 1), {"split_axis": 0, "concat_axis": 2}),
+    ("ppermute", (2,), {"perm": ((0, 1), (1, 0))}),
+    ("pbroadcast", (2,), {"source": 1}),
+]
+
+
+@pytest.mark.parametrize("name,shape,params", VECTORIZED_CASES)
+@pytest.mark.parametrize("groups,n", [(1, 2), (3, 2), (2, 4)])
+def test_vectorized_form_equals_the_rule_bit_for_bit(name, shape, params, groups, n):
+    """y[g, r] == rule(list(x[g]))[r] for G groups of n ranks; float32 sums in the same order, so exact."""
+    if callable(shape):
+        shape = shape(n)
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((groups, n, *shape)).astype(np.float32)
+    prim = PRIMITIVES[name]
+    y = prim.vectorized(x, **params)
+    for g in range(groups):
+        expected = prim.rule(list(x[g]), **params)
+        for r in range(n):
+            np.testing.assert_array_equal(y[g, r], expected[r])
+            assert y[g, r].dtype == expected[r].dtype

@@ -195,16 +195,16 @@ def test_orders_really_differ_and_accumulation_dtype():
         spmdsim.set_reduction_order("random")
 
 
-def test_bfloat16_summed_in_float32():
+def test_bfloat16_summed_in_float32_by_default_as_xla_cpu_does():
     import ml_dtypes
     x = np.full(8, 1 / 3, dtype=ml_dtypes.bfloat16)
     x[0] = 256
-    with spmdsim.set_reduction_order("sequential", accumulation_dtype=np.float32):
-        wide = spmdsim.pmap(lambda v: lax.psum(v, "i"), "i")(x)
-    narrow = spmdsim.pmap(lambda v: lax.psum(v, "i"), "i")(x)
+    default = spmdsim.pmap(lambda v: lax.psum(v, "i"), "i")(x)
+    with spmdsim.set_reduction_order("sequential", accumulation_dtype=ml_dtypes.bfloat16):
+        narrow = spmdsim.pmap(lambda v: lax.psum(v, "i"), "i")(x)   # rounded after every addition
     exact = np.float32(256) + 7 * np.float32(x[1])
-    assert wide.dtype == ml_dtypes.bfloat16
-    assert float(wide[0]) == float(ml_dtypes.bfloat16(exact)) != float(narrow[0])
+    assert default.dtype == narrow.dtype == ml_dtypes.bfloat16
+    assert float(default[0]) == float(ml_dtypes.bfloat16(exact)) != float(narrow[0]) == 256.0
 
 
 # -- stepping debugger -------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Device threads: one per device, reused inside ``spmdsim.reuse_threads()``, pinned to one CPU."""
+"""Device threads: one per device, parked between calls and reused, pinned to one CPU."""
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,17 +16,42 @@ def thread_ids(n: int) -> list[int]:
     return [int(v) for v in f(np.zeros(n, np.int64))]
 
 
-def test_without_the_block_every_call_gets_new_threads_and_none_survives():
-    before = threading.active_count()
+def spmdsim_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("spmdsim")]
+
+
+def test_by_default_threads_are_parked_reused_and_end_after_the_idle_time(monkeypatch):
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.2)
     first = thread_ids(4)
     assert len(set(first)) == 4 and threading.get_ident() not in first
+    assert spmdsim_threads() == ["spmdsim idle thread"] * 4     # parked: no user code, no call held
+    assert set(thread_ids(4)) == set(first)                     # the next call takes them
+    deadline = time.monotonic() + 5
+    while spmdsim_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert spmdsim_threads() == [] and _threads.idle_thread_count() == 0
+
+
+def test_without_reuse_every_call_gets_new_threads_and_none_survives(monkeypatch):
+    monkeypatch.setattr(_threads, "REUSE", False)
+    before = threading.active_count()
+    first, second = thread_ids(4), thread_ids(4)
+    assert not set(first) & set(second) or len(set(first)) == 4
+    for _ in range(100):
+        if threading.active_count() == before:
+            break
+        time.sleep(0.01)
     assert threading.active_count() == before
 
 
-def test_inside_the_block_calls_reuse_the_same_device_threads_and_leaving_it_stops_them():
+def test_inside_the_block_calls_reuse_the_same_device_threads_and_leaving_it_stops_them(monkeypatch):
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.01)   # the block keeps them parked anyway
+    _threads.stop_idle_threads()
     before = threading.active_count()
     with spmdsim.reuse_threads():
-        first, second = thread_ids(4), thread_ids(4)
+        first = thread_ids(4)
+        time.sleep(0.1)
+        second = thread_ids(4)
         assert len(set(first)) == 4 and set(first) == set(second)
         assert threading.active_count() == before + 4       # parked between calls
         bigger = thread_ids(6)                               # more devices: two more threads

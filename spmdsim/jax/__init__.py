@@ -2,7 +2,8 @@
 
 Requires jax (``python -m pip install "spmdsim[jax]"``); the rest of spmdsim does not. ``pmap`` traces the
 per-device function to a jaxpr once, then evaluates the jaxpr with NumPy once per virtual device, each in its
-own thread, sharing the runtime and the collective rules with :mod:`spmdsim.lax`.
+own thread, sharing the runtime and the collective primitives with :mod:`spmdsim.lax`. It composes with every
+JAX transformation (see :mod:`spmdsim.jax._map`).
 """
 try:
     import jax as _jax  # noqa: F401
@@ -10,7 +11,7 @@ except ImportError as e:  # pragma: no cover - exercised in the jax-free test en
     raise ImportError("spmdsim.jax needs jax: python -m pip install \"spmdsim[jax]\" (or jax jaxlib). The core, "
                       "spmdsim.pmap and spmdsim.lax, works without it.") from e
 
-from spmdsim.jax import _collective_rules, _control_flow, _numpy_rules, _prng  # noqa: F401  (register rules)
+from spmdsim.jax import _collective_rules, _control_flow, _map, _numpy_rules, _prng  # noqa: F401  (register rules)
 from spmdsim.jax._api import pmap
 from spmdsim.jax._interpreter import eval_closed_jaxpr, eval_jaxpr, supported_primitives
 

@@ -1,108 +1,96 @@
-"""``spmdsim.jax.pmap``: run an unmodified JAX function on virtual devices, computing every value with NumPy.
+"""``spmdsim.jax.pmap``: ``jax.pmap`` on virtual devices, every value computed by NumPy from the jaxpr.
 
-The per-device function is traced once per (argument structure, block shapes and dtypes, static
-arguments, axis sizes) with ``jax.make_jaxpr(..., axis_env=...)``; the jaxpr is then evaluated by
-:func:`spmdsim.jax.eval_jaxpr` once per virtual device, each in its own thread, through the same runtime
-(rendezvous, error reports) and collective rules as the NumPy front end.
+A call flattens the arguments with JAX's pytrees, checks them with the same rules as :func:`spmdsim.pmap`,
+traces the per-device function once per signature into a body jaxpr (each mapped block squeezed, each output
+expanded at its ``out_axes``, as JAX 0.10 builds pmap from shard_map), and then either runs the simulator at
+once (concrete arguments) or binds :data:`spmdsim.jax._map.spmdsim_map_p` (arguments that are JAX tracers:
+under ``grad``, ``jit``, ``vmap``, control flow, or inside another map), whose rules carry every JAX
+transformation through to the body.
 """
 from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable, Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import jax
-import numpy as np
-from jax._src import api_util
+from jax._src import api_util, core
+from jax.extend import core as ext_core
 
 from spmdsim import _pmap, _runtime
-from spmdsim.jax._dtypes import is_key
-from spmdsim.jax._interpreter import eval_jaxpr
-from spmdsim.jax._vectorized import Devices, eval_jaxpr_batched
+from spmdsim._axes import Unnamed
+from spmdsim.jax._map import global_avals, map_params, simulate, spmdsim_map_p, to_jax, to_numpy
 
 __all__ = ["pmap"]
 
 
-def _to_numpy(leaf) -> tuple[np.ndarray, Any]:
-    """A leaf as the NumPy array the devices see, and the dtype JAX traces it with (a key dtype for keys).
-    dtypes are canonicalised as JAX does on input (float64 -> float32 while x64 is off)."""
-    dtype = getattr(leaf, "dtype", None)
-    if dtype is not None and is_key(dtype):
-        return np.asarray(jax.random.key_data(leaf)), dtype
-    arr = np.asarray(leaf)
-    if arr.dtype.kind in "OUS":
-        return arr, None
-    canonical = jax.dtypes.canonicalize_dtype(arr.dtype)
-    return (arr if arr.dtype == canonical else arr.astype(canonical)), canonical
+def _prefix_leaves(tree) -> list:
+    """The leaves of an ``in_axes``/``out_axes`` tree under JAX's pytree registry (custom nodes included),
+    ``None`` counted as a leaf."""
+    return jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
 
 
-def _block_aval(shape: tuple, dtype, ax: int | None, weak: bool) -> jax.ShapeDtypeStruct:
-    """What one device's block of an argument of ``shape`` (mapped along ``ax``) looks like to the tracer."""
-    shape = shape[:-1] if is_key(dtype) else shape
-    if ax is not None:
-        shape = shape[:ax % len(shape)] + shape[ax % len(shape) + 1:]
-    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
-
-
-def _to_jax(arr: np.ndarray) -> jax.Array:
-    """A result as the ``jax.Array`` that ``jnp.asarray(arr)`` gives (a copy on JAX's default device,
-    uncommitted), through the batched device put that ``jnp.asarray`` ends in: ~4 instead of ~17 µs per
-    array. The first call, dtypes JAX would convert, and everything after a failure of that internal entry
-    point (another JAX version) go through ``jnp.asarray`` itself."""
-    global _fast_put
-    if _fast_put not in (None, ...) and arr.dtype == jax.dtypes.canonicalize_dtype(arr.dtype):
-        try:
-            return _fast_put(arr)
-        except Exception:  # noqa: BLE001 - an internal API: use the public one from now on
-            _fast_put = None
-    out = jax.numpy.asarray(arr)
-    if _fast_put is ...:
-        _fast_put = _fast_put_like(out)
-    return out
-
-
-def _fast_put_like(template: jax.Array):
-    """A device put to where ``template`` lives (JAX's default device), or None."""
+def _aval(leaf, path: str):
+    """The abstract value a leaf is traced with (JAX's dtype canonicalisation, weak types for Python
+    scalars); TypeError naming the argument for what is not an array."""
     try:
-        from jax._src import core
-        from jax._src.lib import xla_client
-        sharding = template.sharding
-        devices = [next(iter(sharding.device_set))]
-    except Exception:  # noqa: BLE001
-        return None
-    avals: dict = {}
-
-    def put(arr):
-        aval = avals.get((arr.shape, arr.dtype))
-        if aval is None:
-            if len(avals) > 1024:
-                avals.clear()
-            aval = avals[(arr.shape, arr.dtype)] = core.ShapedArray(arr.shape, arr.dtype)
-        return xla_client.batched_device_put(aval, sharding, [arr], devices, False)
-    return put
+        return core.shaped_abstractify(leaf)
+    except TypeError:
+        raise TypeError(f"pmap: argument {path} of type {type(leaf).__name__} is not an array; mapped function "
+                        f"arguments must be arrays or numbers. Pass non-array values with "
+                        f"static_broadcasted_argnums, or close over them.") from None
 
 
-_fast_put = ...  # not yet known: made from the first jnp.asarray result
+class _Body:
+    """One traced per-device program: the body jaxpr (closed-over values as its leading inputs), those
+    values, the output tree and the specs of inputs and outputs."""
+
+    def __init__(self, closed, consts, out_tree, in_specs, out_specs):
+        self.jaxpr, self.consts, self.out_tree = closed, consts, out_tree
+        self.in_specs, self.out_specs = in_specs, out_specs
+        self.cacheable = not any(isinstance(c, core.Tracer) for c in consts)
 
 
-class _Traced:
-    """One traced per-device program: the jaxpr, its constants as NumPy arrays, the output tree and
-    ``out_axes`` per output leaf."""
+def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, axis_env) -> _Body:
+    """Trace ``fun`` on one device's blocks: mapped blocks keep a unit axis (squeezed inside), outputs get one
+    (expanded inside, at their ``out_axes``)."""
+    found = {}
 
-    def __init__(self, closed, out_tree):
-        self.jaxpr = closed.jaxpr
-        self.consts = [np.asarray(c) for c in closed.consts]
-        self.out_avals = closed.out_avals
-        self.out_tree = out_tree
-        self.out_axes: list = []
+    def body(*blocks):
+        squeezed = [jax.lax.squeeze(b, (ax,)) if ax is not None else b for b, ax in zip(blocks, in_axes, strict=True)]
+        dyn, kw = jax.tree_util.tree_unflatten(in_tree, squeezed)
+        out = fun(*_pmap.merge_static(statics, dyn), **kw)
+        leaves, out_tree = jax.tree_util.tree_flatten(out)
+        flat_out_axes = api_util.flatten_axes("pmap out_axes", out_tree, out_axes)
+        found["tree"], found["axes"] = out_tree, flat_out_axes
+        outs = []
+        for k, (leaf, ax) in enumerate(zip(leaves, flat_out_axes, strict=True)):
+            core.typeof(leaf)  # TypeError, as in jax.pmap, for what is not a JAX type
+            leaf = jax.numpy.asarray(leaf)
+            if ax is not None:
+                if not -(leaf.ndim + 1) <= ax <= leaf.ndim:
+                    raise ValueError(f"pmap: out_axes={ax} for output leaf {k} is out of bounds: per-device values "
+                                     f"have rank {leaf.ndim}, so the mapped axis can go at "
+                                     f"{-(leaf.ndim + 1)}..{leaf.ndim}.")
+                leaf = jax.lax.expand_dims(leaf, (ax % (leaf.ndim + 1),))
+            outs.append(leaf)
+        return outs
 
-    def __call__(self, *blocks):
-        return eval_jaxpr(self.jaxpr, self.consts, *blocks)
+    block_avals = [a.update(shape=a.shape[:ax] + (1,) + a.shape[ax + 1:]) if ax is not None else a
+                   for a, ax in zip(avals, in_axes, strict=True)]
+    closed = jax.make_jaxpr(body, axis_env=axis_env)(*block_avals)
+    jaxpr = ext_core.ClosedJaxpr(_convert_constvars(closed.jaxpr), ())
+    in_specs = [tuple((name,) if d == ax else () for d in range(len(a.shape)))
+                for a, ax in zip(avals, in_axes, strict=True)]
+    const_specs = [((),) * len(v.aval.shape) for v in closed.jaxpr.constvars]  # closed-over: replicated
+    out_specs = [tuple((name,) if d == (ax % len(a.shape)) else () for d in range(len(a.shape))) if ax is not None
+                 else ((),) * len(a.shape) for a, ax in zip(closed.out_avals, found["axes"], strict=True)]
+    return _Body(jaxpr, list(closed.consts), found["tree"], (*const_specs, *in_specs), tuple(out_specs))
 
-    def run_vectorized(self, inputs, n: int, name) -> "_pmap.Stacked":
-        """All devices at once (the vectorized executor); the outputs keep the device axis first."""
-        return _pmap.Stacked(eval_jaxpr_batched(self.jaxpr, self.consts, inputs.stacked(n),
-                                                Devices(name, n, np.arange(n))))
+
+def _convert_constvars(jaxpr):
+    from jax._src.interpreters import partial_eval as pe
+    return pe.convert_constvars_jaxpr(jaxpr)
 
 
 def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axes=0,
@@ -111,90 +99,85 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
          check_replicated: bool = False, executor: str = "threads"):
     """``jax.pmap`` on spmdsim's virtual devices, with every value computed by NumPy from the jaxpr.
 
-    Same signature and argument rules as :func:`spmdsim.pmap` (and ``jax.pmap``); ``fun`` is an ordinary JAX
+    Same signature and argument rules as ``jax.pmap`` (and :func:`spmdsim.pmap`); ``fun`` is an ordinary JAX
     function (``jax.numpy``, ``jax.lax`` collectives, ``jax.grad``, ``jax.random``, ``jax.tree_util``).
-    Inputs are converted to NumPy with JAX's dtype canonicalisation; outputs are returned as ``jax.Array``
-    leaves (values computed by NumPy) so JAX code keeps working on them.
+    ``in_axes``/``out_axes`` may be any pytree prefix JAX accepts, custom pytree nodes included. The mapped
+    function composes with every JAX transformation: ``grad``/``vjp``/``jvp``/``linearize``/``hessian`` of
+    it, ``vmap`` over it, ``jit`` of it, ``cond``/``scan``/``fori_loop``/``checkpoint`` around it, and
+    another ``spmdsim.jax.pmap`` around it (see :mod:`spmdsim.jax._map`) — the values are always computed
+    by spmdsim, never by XLA.
 
-    ``executor`` (spmdsim only): ``"threads"`` (the default and the reference: one thread per device) or
-    ``"vectorized"`` (each equation once over all devices' blocks stacked on a leading axis, in the caller's
-    thread; for thousands of devices; one named axis; see :mod:`spmdsim.jax._vectorized`).
+    Args:
+      fun, axis_name, in_axes, out_axes, static_broadcasted_argnums, devices, axis_size: as ``jax.pmap``
+        (``devices``: only their number matters; ``backend``, ``donate_argnums``: accepted, no effect).
+      check_replicated: spmdsim only. With ``out_axes=None``, check that every device returned the same value
+        and raise :class:`~spmdsim.errors.ReplicationError` naming the ones that differ (eager calls).
+      executor: spmdsim only. ``"threads"`` (the default and the reference semantics: one thread per device),
+        ``"vectorized"`` (each equation once over all devices' blocks stacked on a leading axis, in the
+        caller's thread: for thousands of devices) or ``"reference"`` (threads, each jaxpr evaluated by the
+        plain reference loop instead of its compiled form).
 
-    The trace is cached per argument structure, block shapes and dtypes, static arguments and axis sizes.
-    ``cond`` and ``while`` run on each device's concrete values, so devices may diverge; a collective reached
-    by only some devices raises CollectiveDeadlockError / CollectiveMismatchError naming the jaxpr's source
-    line. Differences from ``jax.pmap``: as for :func:`spmdsim.pmap` (negative axes count from the end,
-    ``check_replicated``); nested ``spmdsim.jax.pmap`` is not supported (JAX 0.10 rejects nested pmap too):
-    use ``jax.vmap(..., axis_name=...)`` inside for a second named axis.
+    Returns:
+      A function returning ``jax.Array`` leaves in ``fun``'s output tree, stacked along ``out_axes``: shape
+      ``(N, *block_shape)`` for ``out_axes=0``; dtypes as JAX computes them (inputs canonicalised: float64 ->
+      float32 while x64 is off).
+
+    Raises:
+      What ``jax.pmap`` raises for the same arguments, with the differences of :func:`spmdsim.pmap` (its
+      ValueErrors name the key paths and sizes); any exception a device raises (first in device order, the
+      others in ``exc.device_errors``); CollectiveMismatchError / CollectiveDeadlockError when the devices'
+      collectives cannot meet (a ``cond`` branch or ``while`` loop that only some devices take).
+
+    Differences from ``jax.pmap``: as :func:`spmdsim.pmap` (negative axes count from the end,
+    ``check_replicated``), and nested ``pmap`` works (JAX 0.10 rejects it) with ``pmap(vmap)`` semantics.
     """
-    static = _pmap.check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices)
-    if executor not in ("threads", "vectorized"):
-        raise ValueError(f"executor must be 'threads' or 'vectorized', got {executor!r}.")
-    name = axis_name if axis_name is not None else _runtime.Unnamed("pmap")
+    static = _pmap.check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices,
+                                        prefix_leaves=_prefix_leaves)
+    map_params(None, (), (), (), check_vma=False, executor=executor, api="pmap")  # checks ``executor``
+    name = axis_name if axis_name is not None else Unnamed("pmap")
     cache: dict = {}
-    axes_cache: dict = {}  # (in_tree, in_axes) -> in_axes per leaf
     lock = threading.Lock()
 
     @functools.wraps(fun)
     def mapped(*args, **kwargs):
         statics, dyn_args, dyn_in_axes = _pmap.split_static(fun, args, in_axes, static)
         leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
-        axes_key = (in_tree, dyn_in_axes)
         try:
-            flat_in_axes = axes_cache.get(axes_key)
-        except TypeError:  # in_axes holding lists or dicts: not hashable, flattened every call
-            axes_key = flat_in_axes = None
-        if flat_in_axes is None:
             flat_in_axes = api_util.flatten_axes("pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
-            if axes_key is not None:
-                axes_cache[axes_key] = flat_in_axes
-        converted = [_to_numpy(leaf) for leaf in leaves]
-        arrays = [a for a, _ in converted]
-        mapped_axes = [(a, ax) for a, ax in zip(arrays, flat_in_axes) if ax is not None]
-        if not mapped_axes or any(not -a.ndim <= ax < a.ndim for a, ax in mapped_axes) \
-                or any(dt is None for _, dt in converted):
-            # The shared engine raises the error (no mapped argument, a scalar with an axis, a non-array).
-            _pmap._mapped_call(lambda *b: b, tuple(arrays), {}, api="pmap", axis_name=name,
-                               in_axes=tuple(flat_in_axes), out_axes=0, axis_size=axis_size, devices=devices,
-                               hint=_pmap.PMAP_HINT)
-            raise AssertionError("spmdsim bug: these arguments should have been rejected")
-        first, ax = mapped_axes[0]
-        n = first.shape[ax]
+        except ValueError as e:
+            raise ValueError(str(e) + _pmap.PMAP_HINT) from None
+        paths = [_pmap.LazyPath((dyn_args, kwargs), k, _pmap.argument_path, _keystrs) for k in range(len(leaves))]
+        avals = [_aval(leaf, paths[k]) for k, leaf in enumerate(leaves)]
+        flat_in_axes = [None if ax is None else _pmap.canonical_in_axis(ax, a.shape, p, "pmap")
+                        for a, ax, p in zip(avals, flat_in_axes, paths, strict=True)]
+        n = _pmap.mapped_size(paths, [a.shape for a in avals], flat_in_axes, "pmap", axis_size)
+        _pmap.check_device_count(n, devices)
         lane = _runtime.current_lane()
         outer = [(f.name, f.size) for f in (lane.frames if lane is not None else ())
-                 if not isinstance(f.name, _runtime.Unnamed)]
-        axis_env = outer + ([(name, n)] if not isinstance(name, _runtime.Unnamed) else [])
-        blocks = tuple((a.shape, dt, ax, isinstance(leaf, (bool, int, float, complex)))
-                       for (a, dt), ax, leaf in zip(converted, flat_in_axes, leaves))
-        key = (in_tree, blocks, tuple(sorted(statics.items())), tuple(axis_env))
+                 if not isinstance(f.name, Unnamed)]
+        axis_env = outer + ([(name, n)] if not isinstance(name, Unnamed) else [])
+        key = (in_tree, tuple(avals), tuple(flat_in_axes), tuple(sorted(statics.items())), tuple(axis_env))
         with lock:
-            traced = cache.get(key)
-            if traced is None:
-                avals = tuple(_block_aval(shape, dt, ax, weak) for shape, dt, ax, weak in blocks)
-                traced = _trace(fun, statics, in_tree, avals, axis_env)
-                traced.out_axes = list(api_util.flatten_axes("pmap out_axes", traced.out_tree, out_axes))
-                cache[key] = traced
-        outs = _pmap._mapped_call(traced, tuple(arrays), {}, api="pmap", axis_name=name,
-                                  in_axes=tuple(flat_in_axes), out_axes=traced.out_axes, axis_size=axis_size,
-                                  devices=devices, check_replicated=check_replicated, hint=_pmap.PMAP_HINT,
-                                  run=traced.run_vectorized if executor == "vectorized" else None)
-        outs = [jax.random.wrap_key_data(o) if is_key(aval.dtype) else _to_jax(o)
-                for o, aval in zip(outs, traced.out_avals)]
-        return jax.tree_util.tree_unflatten(traced.out_tree, outs)
+            body = cache.get(key)
+        if body is None:
+            body = _trace_body(fun, statics, in_tree, avals, flat_in_axes, out_axes, name, axis_env)
+            if body.cacheable:
+                with lock:
+                    cache[key] = body
+        params = map_params(body.jaxpr, ((name, n),), body.in_specs, body.out_specs, check_vma=False,
+                            executor=executor, api="pmap")
+        operands = [*body.consts, *leaves]
+        if any(isinstance(x, core.Tracer) for x in operands):
+            outs = spmdsim_map_p.bind(*operands, **params)
+        else:
+            numpy_outs = simulate([to_numpy(x) for x in operands], **params, check_replicated=check_replicated)
+            outs = [to_jax(o, a) for o, a in zip(numpy_outs, global_avals(params), strict=True)]
+        return jax.tree_util.tree_unflatten(body.out_tree, outs)
 
     mapped._spmdsim_cache = cache  # for tests and the benchmarks: how many traces were made
     return mapped
 
 
-def _trace(fun, statics, in_tree, avals, axis_env) -> _Traced:
-    out_tree_box = []
-
-    def flat_fun(*blocks):
-        dyn, kw = jax.tree_util.tree_unflatten(in_tree, blocks)
-        out = fun(*_pmap.merge_static(statics, dyn), **kw)
-        out_leaves, out_tree = jax.tree_util.tree_flatten(out)
-        out_tree_box.append(out_tree)
-        return out_leaves
-
-    closed = jax.make_jaxpr(flat_fun, axis_env=axis_env)(*avals)
-    return _Traced(closed, out_tree_box[0])
+def _keystrs(tree) -> list[str]:
+    """``jax.tree_util.keystr`` of every leaf's key path (JAX's registry, custom nodes included)."""
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]

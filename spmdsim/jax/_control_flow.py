@@ -1,72 +1,74 @@
-"""Higher-order primitives, evaluated recursively: calls, custom derivatives, remat, cond, while, scan.
+"""Higher-order primitives, written once for both executors: calls, custom derivatives, remat, cond, while,
+scan. Each rule receives the :class:`~spmdsim.jax._interpreter.Executor` and evaluates its sub-jaxprs with it.
 
-``cond`` and ``while`` run on each device's concrete predicate, so devices may take different branches or
-iterate a different number of times. A collective inside such a branch is exactly the program that hangs
-on real hardware; the runtime reports it (CollectiveDeadlockError / CollectiveMismatchError).
+``cond`` and ``while`` follow each device's own predicate, so devices may take different branches or iterate
+a different number of times (the thread executor runs each device's branch; the vectorized executor splits
+the devices by branch). A collective inside such a branch is exactly the program that hangs on real hardware:
+both executors report it.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from spmdsim.jax._dtypes import numpy_shape_dtype
-from spmdsim.jax._interpreter import eval_closed_jaxpr, eval_jaxpr, impl, split_closed
+from spmdsim.jax._interpreter import Executor, higher_order
 
 
-def _call(jaxpr, args):
-    inner, consts = split_closed(jaxpr)
-    return eval_jaxpr(inner, consts, *args)
+@higher_order("pjit", "jit")
+def _pjit(ex: Executor, *args, jaxpr, **_params):
+    return ex.eval_closed(jaxpr, args)
 
 
-@impl("pjit", "jit")
-def _pjit(*args, jaxpr, **_):
-    return _call(jaxpr, args)
+@higher_order("closed_call", "core_call")
+def _closed_call(ex: Executor, *args, call_jaxpr, **_params):
+    return ex.eval_closed(call_jaxpr, args)
 
 
-@impl("closed_call", "core_call")
-def _closed_call(*args, call_jaxpr, **_):
-    return _call(call_jaxpr, args)
+@higher_order("remat2", "checkpoint", "remat")
+def _remat(ex: Executor, *args, jaxpr, **_params):
+    return ex.eval_closed(jaxpr, args)
 
 
-@impl("remat2", "checkpoint", "remat")
-def _remat(*args, jaxpr, **_):
-    return _call(jaxpr, args)
+@higher_order("custom_jvp_call")
+def _custom_jvp_call(ex: Executor, *args, call_jaxpr, **_params):
+    return ex.eval_closed(call_jaxpr, args)
 
 
-@impl("custom_jvp_call")
-def _custom_jvp_call(*args, call_jaxpr, num_consts=0, **_):
-    return _call(call_jaxpr, args)
+@higher_order("custom_vjp_call", "custom_vjp_call_jaxpr")
+def _custom_vjp_call(ex: Executor, *args, **params):
+    return ex.eval_closed(params.get("call_jaxpr") or params.get("fun_jaxpr"), args)
 
 
-@impl("custom_vjp_call", "custom_vjp_call_jaxpr")
-def _custom_vjp_call(*args, **params):
-    jaxpr = params.get("call_jaxpr") or params.get("fun_jaxpr")
-    return _call(jaxpr, args)
+@higher_order("cond")
+def _cond(ex: Executor, index, *operands, branches, **_params):
+    outs = None
+    for branch, selection in ex.partition(index, len(branches)):
+        part = ex.subset(selection).eval_closed(branches[branch], [ex.select(x, selection) for x in operands])
+        outs = ex.merge(outs, part, selection)
+    return outs
 
 
-@impl("cond")
-def _cond(index, *operands, branches, **_):
-    i = int(np.clip(int(index), 0, len(branches) - 1))
-    return eval_closed_jaxpr(branches[i], *operands)
-
-
-@impl("while")
-def _while(*args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+@higher_order("while")
+def _while(ex: Executor, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
     cond_consts, body_consts = args[:cond_nconsts], args[cond_nconsts:cond_nconsts + body_nconsts]
     carry = list(args[cond_nconsts + body_nconsts:])
-    while bool(eval_closed_jaxpr(cond_jaxpr, *cond_consts, *carry)[0]):
-        carry = eval_closed_jaxpr(body_jaxpr, *body_consts, *carry)
-    return carry
+    while True:
+        going = [selection for keep, selection in ex.partition(ex.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0],
+                                                              2) if keep]
+        if not going:
+            return carry
+        selection = going[0]
+        sub = ex.subset(selection)
+        new = sub.eval_closed(body_jaxpr, [ex.select(x, selection) for x in (*body_consts, *carry)])
+        carry = ex.merge(carry, new, selection)
 
 
-@impl("scan")
-def _scan(*args, jaxpr, num_consts, num_carry, length, reverse, **_):
-    consts, carry, xs = args[:num_consts], list(args[num_consts:num_consts + num_carry]), args[num_consts + num_carry:]
-    y_avals = jaxpr.out_avals[num_carry:]
-    ys = [np.empty((length, *numpy_shape_dtype(a)[0]), dtype=numpy_shape_dtype(a)[1]) for a in y_avals]
+@higher_order("scan")
+def _scan(ex: Executor, *args, jaxpr, num_consts, num_carry, length, reverse, **_params):
+    consts, carry = args[:num_consts], list(args[num_consts:num_consts + num_carry])
+    xs = args[num_consts + num_carry:]
+    ys = [ex.stacked_buffer(aval, length) for aval in jaxpr.out_avals[num_carry:]]
     for step in range(length):
         i = length - 1 - step if reverse else step
-        outs = eval_closed_jaxpr(jaxpr, *consts, *carry, *(x[i] for x in xs))
+        outs = ex.eval_closed(jaxpr, [*consts, *carry, *(ex.scanned(x, i) for x in xs)])
         carry = outs[:num_carry]
-        for y, out in zip(ys, outs[num_carry:]):
-            y[i] = out
+        for y, out in zip(ys, outs[num_carry:], strict=True):
+            ex.put_scanned(y, i, out)
     return carry + ys

@@ -1,37 +1,57 @@
-"""Evaluate a jaxpr with NumPy: an environment, one rule per primitive, an aval check per equation.
+"""Evaluate a jaxpr with NumPy: one interpreter loop, over one of two kinds of value.
 
-``IMPL[name](*invals, **params)`` computes one equation: it returns one array, or a list of arrays for
-primitives with several results. A rule may also carry ``rule.specialize(eqn)``, which returns a function of
-the operands alone with everything that the equation fixes (parameters, shapes, dtypes) worked out once per
-jaxpr, or None for the generic rule; and ``rule.specialize_call(eqns)`` for a *pytree call*: the equations
-that JAX emits one per leaf for one call on a pytree (``lax.psum((a, b), 'i')`` gives one ``psum`` equation
-per leaf, all with the same parameters and source line), computed together (one rendezvous, as in the
-NumPy front end). Rules live in :mod:`._numpy_rules`, :mod:`._control_flow`,
-:mod:`._collective_rules` and :mod:`._prng`; each module registers its own with :func:`impl`.
+:func:`eval_jaxpr` is the reference evaluation, the shape of autodidax's ``eval_jaxpr``: an environment, then
+for each equation read its operands, apply the rule for its primitive, check every result's shape and dtype
+against the jaxpr, write the results. An :class:`Executor` says what a value is:
+
+- :class:`PerDevice` (the thread executor): one device's block. Rules come from
+  :data:`~spmdsim.jax._registry.PER_DEVICE`; a collective meets the other devices' threads in a rendezvous.
+- :class:`Vectorized`: every device's block at once, stacked on a leading device axis (the devices of a
+  :class:`~spmdsim._primitives.Batch`). Rules come from :data:`~spmdsim.jax._registry.VECTORIZED`; a
+  collective applies its vectorized form along the device axis.
+
+Higher-order primitives (calls, ``cond``, ``while``, ``scan``, custom derivatives, remat, nested maps) are
+written once, in :data:`HIGHER_ORDER`, against the executor's few control-flow methods (which devices take
+which branch, and how values are selected and merged). Collective primitives go to
+:func:`spmdsim._primitives.bind` from both executors.
+
+The per-device executor normally runs each jaxpr compiled to a Python function (:mod:`._compiled`); that
+faster form is a separate layer, tested equal to this loop on the conformance suite.
 """
 from __future__ import annotations
 
-import functools
 import threading
-import weakref
 from typing import Callable
 
 import numpy as np
 from jax.extend import core as ext_core
 
+from spmdsim import _primitives
 from spmdsim.jax import _dtypes, _registry
 
-__all__ = ["IMPL", "impl", "specialize", "eval_jaxpr", "eval_closed_jaxpr", "current_site", "site_of",
-           "supported_primitives"]
+__all__ = ["eval_jaxpr", "eval_closed_jaxpr", "Executor", "PerDevice", "Vectorized", "HIGHER_ORDER",
+           "higher_order", "current_site", "site_of", "supported_primitives", "PER_DEVICE", "REFERENCE"]
 
-IMPL = _registry.PER_DEVICE
-impl = _registry.per_device
-specialize = _registry.specialize
+# name -> rule(executor, *operands, **params): primitives that evaluate sub-jaxprs, written once for both.
+HIGHER_ORDER: dict[str, Callable] = {}
+# The registry under the names the rule modules use.
+IMPL, impl, specialize = _registry.PER_DEVICE, _registry.per_device, _registry.specialize
 _local = threading.local()
 
 
+def higher_order(*names: str):
+    """Decorator: ``rule(executor, *operands, **params)`` computes the higher-order primitives ``names``."""
+    def register(rule):
+        for name in names:
+            assert name not in HIGHER_ORDER, f"duplicate higher-order rule for primitive {name!r}"
+            HIGHER_ORDER[name] = rule
+        return rule
+    return register
+
+
 def supported_primitives() -> list[str]:
-    return sorted(IMPL)
+    """Every primitive with a per-device rule (the thread executor)."""
+    return sorted(set(_registry.PER_DEVICE) | set(HIGHER_ORDER))
 
 
 def site_of(eqn) -> str:
@@ -44,182 +64,254 @@ def site_of(eqn) -> str:
         return "<unknown>"
 
 
+def _stack() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
 def current_site() -> str:
     """``file:line (function)`` of the user's code that produced the equation being evaluated. Equations
     inside JAX's own functions (``jnp.cumsum`` is a jit) have no user frame: the enclosing call's line is
     used."""
-    for step in reversed(getattr(_local, "stack", ())):
-        site = step.site if step is not None else ""
+    for eqn in reversed(_stack()):
+        site = site_of(eqn) if eqn is not None else ""
         if site:
             return site
     return "<unknown>"
 
 
-def _read_literal(lit) -> np.ndarray:
+def missing_rule(eqn, executor: "Executor"):
+    raise NotImplementedError(
+        f"spmdsim has no {executor.kind} rule for primitive {eqn.primitive.name!r} (params {dict(eqn.params)}), "
+        f"used at {current_site()}. Supported primitives: spmdsim.jax.supported_primitives().")
+
+
+def bad_result(eqn, value, shape, dtype):
+    raise AssertionError(
+        f"spmdsim bug: the NumPy rule for primitive {eqn.primitive.name!r} returned "
+        f"{np.asarray(value).dtype}{list(np.shape(value))}, but the jaxpr says {dtype}{list(shape)} (equation "
+        f"from {current_site()}; params {dict(eqn.params)}). Please report it.")
+
+
+def read_literal(lit) -> np.ndarray:
     return np.asarray(lit.val, dtype=_dtypes.numpy_dtype(lit.aval.dtype))
 
 
-def _report_aval(value, expected_shape, expected_dtype, eqn) -> None:
-    raise AssertionError(
-        f"spmdsim bug: the NumPy rule for primitive {eqn.primitive.name!r} returned "
-        f"{value.dtype}{list(value.shape)}, but the jaxpr says {expected_dtype}{list(expected_shape)} "
-        f"(equation from {current_site()}; params {dict(eqn.params)}). Please report it.")
+class Executor:
+    """What a value of the jaxpr is while it is evaluated (see the module docstring), and the operations the
+    higher-order rules need: which devices take which ``cond`` branch or stay in a ``while`` loop, and how
+    values of a subset of devices are taken and put back."""
+
+    kind = "?"
+    rules: dict
+
+    def literal(self, lit) -> np.ndarray:
+        raise NotImplementedError
+
+    def expected(self, aval) -> tuple[tuple, np.dtype]:
+        raise NotImplementedError
+
+    def eval_jaxpr(self, jaxpr, consts, args) -> list:
+        return eval_jaxpr(jaxpr, consts, *args, executor=self)
+
+    def eval_closed(self, closed, args) -> list:
+        """A sub-jaxpr (a ClosedJaxpr, or an open Jaxpr without constants as in remat's params)."""
+        if hasattr(closed, "consts"):
+            return self.eval_jaxpr(closed.jaxpr, closed.consts, args)
+        return self.eval_jaxpr(closed, (), args)
+
+    def apply(self, eqn, operands: list):
+        name = eqn.primitive.name
+        rule = HIGHER_ORDER.get(name)
+        if rule is not None:
+            return rule(self, *operands, **eqn.params)
+        rule = self.rules.get(name)
+        if rule is None:
+            return self.missing(eqn, operands)
+        return rule(*operands, **eqn.params)
+
+    def missing(self, eqn, operands):
+        missing_rule(eqn, self)
+
+    # -- control flow: a selection is None (every device) or what :meth:`partition` returned ------------
+
+    def partition(self, index, count: int) -> list[tuple[int, object]]:
+        """``[(value, selection)]``: the devices whose ``index`` (clipped to ``0..count-1``) has each value."""
+        raise NotImplementedError
+
+    def subset(self, selection) -> "Executor":
+        return self
+
+    def select(self, x, selection):
+        return x
+
+    def merge(self, whole, part, selection):
+        """``whole`` (or None) with the devices of ``selection`` replaced by ``part``."""
+        return part
+
+    def scanned(self, x, i: int):
+        """Element ``i`` of the leading (scanned) axis of ``x``."""
+        raise NotImplementedError
+
+    def stacked_buffer(self, aval, length: int) -> np.ndarray:
+        """An empty array for ``length`` scan outputs of ``aval``."""
+        raise NotImplementedError
+
+    def put_scanned(self, buffer, i: int, value) -> None:
+        raise NotImplementedError
 
 
-class _Step:
-    """One equation (or the equations of one pytree call), prepared once per jaxpr: the function computing
-    it from its operands (the rule with its parameters bound, or the rule's specialisation), the operands
-    (literals already NumPy arrays) and the shape and dtype every result must have."""
+class PerDevice(Executor):
+    """Values are one device's blocks; rules from ``PER_DEVICE``. ``compiled``: evaluate every jaxpr through
+    its compiled Python function (:mod:`._compiled`) instead of the reference loop."""
 
-    __slots__ = ("eqns", "eqn", "call", "operands", "outvars", "expected", "multiple", "_site")
+    def __init__(self, compiled: bool):
+        self.compiled = compiled
+        self.kind = "per-device"
+        self.rules = _registry.PER_DEVICE
 
-    def __init__(self, eqns: list):
-        self.eqns, self.eqn = eqns, eqns[0]
-        eqn = self.eqn
-        rule = IMPL.get(eqn.primitive.name)
-        if len(eqns) > 1:
-            self.call = rule.specialize_call(eqns)
+    def literal(self, lit):
+        return read_literal(lit)
+
+    def expected(self, aval):
+        return _dtypes.numpy_shape_dtype(aval)
+
+    def eval_jaxpr(self, jaxpr, consts, args):
+        if self.compiled:
+            from spmdsim.jax import _compiled
+            return _compiled.eval_jaxpr(jaxpr, consts, args, self)
+        return eval_jaxpr(jaxpr, consts, *args, executor=self)
+
+    def partition(self, index, count):
+        return [(int(np.clip(int(index), 0, count - 1)), None)]
+
+    def scanned(self, x, i):
+        return x[i]
+
+    def stacked_buffer(self, aval, length):
+        shape, dtype = _dtypes.numpy_shape_dtype(aval)
+        return np.empty((length, *shape), dtype)
+
+    def put_scanned(self, buffer, i, value):
+        buffer[i] = value
+
+
+class Vectorized(Executor):
+    """Values carry every device of ``batch`` on a leading axis; rules from ``VECTORIZED``."""
+
+    kind = "vectorized"
+
+    def __init__(self, batch: _primitives.Batch):
+        self.batch = batch
+        self.rules = _registry.VECTORIZED
+        self.n = batch.count if batch.ids is None else len(batch.ids)
+
+    def literal(self, lit):
+        value = read_literal(lit)
+        return np.broadcast_to(value, (self.n, *value.shape))
+
+    def expected(self, aval):
+        shape, dtype = _dtypes.numpy_shape_dtype(aval)
+        return (self.n, *shape), dtype
+
+    def eval_jaxpr(self, jaxpr, consts, args):
+        with _primitives.vectorized_batch(self.batch):
+            return eval_jaxpr(jaxpr, [np.broadcast_to(np.asarray(c), (self.n, *np.shape(c))) for c in consts],
+                              *args, executor=self)
+
+    def missing(self, eqn, operands):
+        # TODO(spmdsim): removed once every primitive has a vectorized rule (the rules helper's branch).
+        rule = _registry.PER_DEVICE.get(eqn.primitive.name)
+        if rule is None:
+            missing_rule(eqn, self)
+        outs = [rule(*(x[d] for x in operands), **eqn.params) for d in range(self.n)]
+        if eqn.primitive.multiple_results:
+            return [np.stack([np.asarray(o[k]) for o in outs]) for k in range(len(eqn.outvars))]
+        return np.stack([np.asarray(o) for o in outs])
+
+    def partition(self, index, count):
+        index = np.clip(np.asarray(index).astype(np.int64), 0, count - 1)
+        values = np.unique(index)
+        if len(values) == 1:
+            return [(int(values[0]), None)]
+        return [(int(v), index == v) for v in values]
+
+    def subset(self, selection):
+        return self if selection is None else Vectorized(self.batch.subset(selection))
+
+    def select(self, x, selection):
+        return x if selection is None else x[selection]
+
+    def merge(self, whole, part, selection):
+        if selection is None:
+            return part
+        if whole is None:
+            whole = [np.empty((self.n, *p.shape[1:]), p.dtype) for p in part]
         else:
-            specializer = getattr(rule, "specialize", None)
-            self.call = specializer(eqn) if specializer is not None else None
-            if self.call is None and rule is not None:
-                self.call = functools.partial(rule, **eqn.params) if eqn.params else rule
-        self.operands = [(True, _read_literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
-                         for e in eqns for v in e.invars]
-        self.outvars = [None if isinstance(v, ext_core.DropVar) else v for e in eqns for v in e.outvars]
-        self.expected = [_dtypes.numpy_shape_dtype(v.aval) for e in eqns for v in e.outvars]
-        self.multiple = eqn.primitive.multiple_results or len(eqns) > 1
-        self._site = None
+            whole = [np.array(w) for w in whole]
+        for w, p in zip(whole, part, strict=True):
+            w[selection] = p
+        return whole
 
-    @property
-    def site(self) -> str:
-        """``file:line (function)`` of the user's code that produced this equation ('' inside JAX's own)."""
-        if self._site is None:
-            self._site = site_of(self.eqn)
-        return self._site
+    def scanned(self, x, i):
+        return x[:, i]
+
+    def stacked_buffer(self, aval, length):
+        shape, dtype = _dtypes.numpy_shape_dtype(aval)
+        return np.empty((self.n, length, *shape), dtype)
+
+    def put_scanned(self, buffer, i, value):
+        buffer[:, i] = value
 
 
-def _same_call(eqns: list, eqn) -> bool:
-    """Whether ``eqn`` continues the pytree call ``eqns``: a rule that computes such calls together, the same
-    primitive, parameters and user source line, and no operand produced inside the call."""
-    first = eqns[0]
-    if eqn.primitive is not first.primitive or not hasattr(IMPL.get(eqn.primitive.name), "specialize_call"):
-        return False
-    if eqn.params != first.params or not site_of(first) or site_of(eqn) != site_of(first):
-        return False
-    produced = {v for e in eqns for v in e.outvars}
-    return not any(v in produced for v in eqn.invars if not isinstance(v, ext_core.Literal))
+PER_DEVICE = PerDevice(compiled=True)
+REFERENCE = PerDevice(compiled=False)
 
 
-def _prepare(jaxpr) -> list[_Step]:
-    calls: list[list] = []
-    for eqn in jaxpr.eqns:
-        if calls and _same_call(calls[-1], eqn):
-            calls[-1].append(eqn)
-        else:
-            calls.append([eqn])
-    return [_Step(eqns) for eqns in calls]
-
-
-def _missing(step: _Step):
-    eqn = step.eqn
-    raise NotImplementedError(
-        f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} (params {dict(eqn.params)}), used at "
-        f"{current_site()}. Supported primitives: spmdsim.jax.supported_primitives().")
-
-
-def _bad_aval(value, shape, dtype, step: _Step):
-    _report_aval(np.asarray(value), shape, dtype, step.eqn)
-
-
-def program_source(jaxpr) -> tuple[str, dict]:
-    """The jaxpr as the source of one Python function ``run(stack, *consts, *args)``, and its namespace.
-
-    One line per equation calls the step's prepared function on local variables (one per jaxpr variable),
-    then the aval check of each result; ``stack[-1]`` names the step being computed (for error sites). This
-    is the whole per-equation cost: no environment dictionary, no loop, no operand list.
-    """
-    steps = _prepare(jaxpr)
-    ns: dict = {"ndarray": np.ndarray, "asarray": np.asarray, "_missing": _missing, "_bad_aval": _bad_aval,
-                "_read_literal": _read_literal}
-    names: dict = {}
-
-    def local(var) -> str:
-        if var not in names:
-            names[var] = f"v{len(names)}"
-        return names[var]
-
-    consts = [local(v) for v in jaxpr.constvars]
-    params = ", ".join(["stack", *consts, *(local(v) for v in jaxpr.invars)])
-    lines = [f"def run({params}):"]
-    lines += [f"    {c} = asarray({c})" for c in consts]
-    for k, step in enumerate(steps):
-        ns[f"S{k}"] = step
-        lines.append(f"    stack[-1] = S{k}")
-        if step.call is None:
-            lines.append(f"    _missing(S{k})")
-            continue
-        ns[f"C{k}"] = step.call
-        operands = []
-        for j, (literal, value) in enumerate(step.operands):
-            if literal:
-                ns[f"L{k}_{j}"] = value
-                operands.append(f"L{k}_{j}")
-            else:
-                operands.append(local(value))
-        outs = [local(v) if v is not None else f"_{k}_{i}" for i, v in enumerate(step.outvars)]
-        target = (f"{', '.join(outs)}, = " if outs else "") if step.multiple else f"{outs[0]} = "
-        lines.append(f"    {target}C{k}({', '.join(operands)})")
-        for i, (out, (shape, dtype)) in enumerate(zip(outs, step.expected)):
-            ns[f"E{k}_{i}"], ns[f"D{k}_{i}"] = shape, dtype
-            lines.append(f"    if type({out}) is not ndarray: {out} = asarray({out})")
-            lines.append(f"    if {out}.shape != E{k}_{i} or {out}.dtype != D{k}_{i}: "
-                         f"_bad_aval({out}, E{k}_{i}, D{k}_{i}, S{k})")
-    results = []
-    for j, v in enumerate(jaxpr.outvars):
-        if isinstance(v, ext_core.Literal):
-            ns[f"R{j}"] = v
-            results.append(f"_read_literal(R{j})")
-        else:
-            results.append(local(v))
-    lines.append(f"    return [{', '.join(results)}]")
-    return "\n".join(lines) + "\n", ns
-
-
-_programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _program(jaxpr) -> Callable:
-    program = _programs.get(jaxpr)
-    if program is None:
-        source, ns = program_source(jaxpr)
-        exec(compile(source, "<spmdsim: jaxpr>", "exec"), ns)  # noqa: S102 - our own generated code
-        program = _programs[jaxpr] = ns["run"]
-    return program
-
-
-def eval_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
+def eval_jaxpr(jaxpr, consts, *args, executor: Executor | None = None) -> list[np.ndarray]:
     """Evaluate ``jaxpr`` (a ``jax.extend.core.Jaxpr``) on NumPy arrays; returns the output arrays.
 
-    The jaxpr is prepared once (rules specialised, pytree calls grouped, see :func:`program_source`); every
-    result is checked against the jaxpr's shape and dtype (a mismatch is an spmdsim bug, reported as such).
-    Raises NotImplementedError naming the primitive, its parameters and the user's line for a primitive
-    without a rule, when it is reached.
+    The reference loop. ``executor`` (default: one device's values, rules from ``PER_DEVICE``) says what the
+    values are. Every result is checked against the jaxpr's shape and dtype (a mismatch is an spmdsim bug,
+    reported as such). Raises NotImplementedError naming the primitive, its parameters and the user's line for
+    a primitive without a rule, when it is reached.
     """
-    run = _program(jaxpr)
-    stack = _local.__dict__.setdefault("stack", [])
+    ex = executor if executor is not None else REFERENCE
+    env: dict = {}
+
+    def read(v):
+        return ex.literal(v) if isinstance(v, ext_core.Literal) else env[v]
+
+    def write(v, value):
+        if not isinstance(v, ext_core.DropVar):
+            env[v] = value
+
+    for v, value in zip(jaxpr.constvars, consts, strict=True):
+        write(v, np.asarray(value))
+    for v, value in zip(jaxpr.invars, args, strict=True):
+        write(v, value)
+    stack = _stack()
     stack.append(None)
     try:
         with np.errstate(all="ignore"):
-            return run(stack, *consts, *args)
+            for eqn in jaxpr.eqns:
+                stack[-1] = eqn
+                outs = ex.apply(eqn, [read(v) for v in eqn.invars])
+                outs = outs if eqn.primitive.multiple_results else [outs]
+                for v, value in zip(eqn.outvars, outs, strict=True):
+                    if type(value) is not np.ndarray:
+                        value = np.asarray(value)
+                    shape, dtype = ex.expected(v.aval)
+                    if value.shape != shape or value.dtype != dtype:
+                        bad_result(eqn, value, shape, dtype)
+                    write(v, value)
     finally:
         stack.pop()
+    return [read(v) for v in jaxpr.outvars]
 
 
-def split_closed(jaxpr) -> tuple:
-    """(jaxpr, consts) of a ClosedJaxpr; an open Jaxpr (as in remat's params) has no constants."""
-    return (jaxpr.jaxpr, jaxpr.consts) if hasattr(jaxpr, "consts") else (jaxpr, ())
-
-
-def eval_closed_jaxpr(closed, *args) -> list[np.ndarray]:
-    return eval_jaxpr(closed.jaxpr, closed.consts, *args)
+def eval_closed_jaxpr(closed, *args, executor: Executor | None = None) -> list[np.ndarray]:
+    """:func:`eval_jaxpr` of a ``ClosedJaxpr`` (its constants included)."""
+    return eval_jaxpr(closed.jaxpr, closed.consts, *args, executor=executor)

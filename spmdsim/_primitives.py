@@ -1,0 +1,603 @@
+"""The collective primitives, each defined once, and :func:`bind`, the one way to call them.
+
+This module is the specification. It has one stanza per JAX primitive (``psum``, ``pmax``, ``pmin``,
+``all_gather``, ``reduce_scatter``, ``all_to_all``, ``ppermute``, ``pbroadcast``), in the manner of JAX's
+``jax/_src/lax/parallel.py``, each with three parts, all under JAX's own parameter names:
+
+- ``check(avals, n, groups, **params)``: the checks JAX makes (in abstract evaluation or when lowering) with
+  JAX's exception classes, returning the rule's parameters. ``avals`` are the operands' (shape, dtype) on one
+  device, ``n`` the size of a group (the communicator's size without groups; the first group's size with
+  them, which for the collectives that need even groups is every group's), ``groups`` the validated
+  ``axis_index_groups`` (or None).
+- ``rule(blocks, **rule_params) -> results``: pure NumPy, no threads, no axis names. ``blocks[r]`` is the block
+  of rank ``r`` in one group (the position in the listed ``axis_index_groups`` group, or the row-major index
+  over the named axes without groups), ``results[r]`` what that rank receives. Compare JAX's reference
+  semantics for collectives in the shard_map docs (``collective_ref(i, blocks)``).
+- ``vectorized(x, **rule_params) -> y``: the same for many groups at once: ``x`` has shape ``(G, n, *block)``,
+  G independent groups of n ranks; ``y[g, r]`` equals ``rule(list(x[g]))[r]`` bit for bit (the same
+  operations in the same order).
+
+:func:`bind` is what every front end and executor calls: ``spmdsim.lax`` (NumPy programs), the JAX front
+end's thread executor (a jaxpr equation's ``params`` as they are) and its vectorized executor. It resolves the
+axis names to a communicator, validates the groups, runs ``check`` and then either meets the other lanes in a
+rendezvous (threads: :mod:`spmdsim._rendezvous`) or applies ``vectorized`` along the device axis of the
+vectorized executor's current :class:`Batch`. So the front ends cannot disagree.
+
+Conventions: dtypes are preserved exactly (``np.add`` folds, never ``np.sum``, which widens int32); results are
+fresh arrays, read-only, shared between the devices that receive the same value (JAX arrays are immutable,
+so no program can tell); reductions fold in rank order (see :mod:`spmdsim._reduction`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import operator
+import threading
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+from spmdsim import _runtime
+from spmdsim._reduction import fold
+from spmdsim._reports import Signature
+
+__all__ = ["PRIMITIVES", "Collective", "bind", "axis_index", "axis_size", "apply_grouped", "split_axis_names",
+           "check_groups", "Batch", "vectorized_batch", "AxisError"]
+
+AxisError = np.exceptions.AxisError  # a ValueError and an IndexError, like the errors JAX raises here
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective primitive: its name, the parameter holding its axis names, the kind of
+    ``axis_index_groups`` it accepts, and its check, rule and vectorized form (see the module docstring)."""
+
+    name: str
+    axes_param: str        # "axes" (reductions: names and positional ints) or "axis_name"
+    groups: str            # "any", "even" (every group of one size) or "none"
+    check: Callable
+    rule: Callable
+    vectorized: Callable
+
+
+PRIMITIVES: dict[str, Collective] = {}
+
+
+def _define(name: str, *, axes_param: str = "axis_name", groups: str = "even", check: Callable, rule: Callable,
+            vectorized: Callable) -> None:
+    assert name not in PRIMITIVES, f"duplicate collective primitive {name!r}"
+    PRIMITIVES[name] = Collective(name, axes_param, groups, check, rule, vectorized)
+
+
+def _frozen(a) -> np.ndarray:
+    a = np.asarray(a)
+    a.flags.writeable = False
+    return a
+
+
+def _fresh(a: np.ndarray, block: np.ndarray) -> np.ndarray:
+    """``a`` as a read-only array that shares no memory with ``block`` (a device's own, mutable array)."""
+    if np.shares_memory(a, block):
+        a = a.copy()
+    return _frozen(a)
+
+
+def _replicated(x: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """``value`` (shape ``(G, *out)``) given to all n ranks of every group: ``(G, n, *out)``, no copies."""
+    return np.broadcast_to(value[:, None], (value.shape[0], x.shape[1], *value.shape[1:]))
+
+
+def _canonical_axis(axis, ndim: int, api: str, what: str) -> int:
+    axis = operator.index(axis)
+    if not -ndim <= axis < ndim:
+        raise AxisError(f"{api}: {what}={axis} is out of bounds for an array of dimension {ndim} "
+                        f"(valid: {-ndim}..{ndim - 1}).")
+    return axis % ndim
+
+
+def _one(values: set, given):
+    """The one canonical axis that a (possibly negative) axis parameter means for every operand of a bind;
+    operands of different ranks need one bind each (spmdsim.lax does that)."""
+    if len(values) > 1:
+        raise ValueError(f"the axis {given} means different axes {sorted(values)} for operands of different ranks "
+                         f"bound together; bind them one at a time.")
+    return values.pop() if values else operator.index(given)
+
+
+def _no_check(avals, n, groups, **params) -> dict:
+    return {}
+
+
+# -- psum, pmax, pmin -------------------------------------------------------------------------------------
+
+def _reduction(ufunc: np.ufunc, doc: str):
+    def rule(blocks):
+        return [fold(ufunc, blocks)] * len(blocks)
+
+    def vectorized(x):
+        return _replicated(x, fold(ufunc, [x[:, r] for r in range(x.shape[1])], lead=1))
+
+    rule.__doc__ = doc
+    return rule, vectorized
+
+
+for _name, _ufunc, _doc in [
+        ("psum", np.add, "Every rank receives ``b0 + b1 + ... + b_{n-1}``, folded in rank order."),
+        ("pmax", np.maximum, "Every rank receives the elementwise maximum (NaN propagates, as in XLA; complex "
+                             "numbers compare lexicographically, as lax.max does)."),
+        ("pmin", np.minimum, "Every rank receives the elementwise minimum (see pmax).")]:
+    _rule, _vec = _reduction(_ufunc, _doc)
+    _define(_name, axes_param="axes", groups="any", check=_no_check, rule=_rule, vectorized=_vec)
+
+
+# -- all_gather -------------------------------------------------------------------------------------------
+
+def _all_gather_check(avals, n, groups, *, all_gather_dimension, tiled, axis_size=None, **_) -> dict:
+    dims = set()
+    for shape, _dtype in avals:
+        if tiled and len(shape) == 0:
+            raise AxisError("all_gather: tiled=True needs operands of rank >= 1 (it concatenates along `axis`).")
+        dims.add(_canonical_axis(all_gather_dimension, len(shape) + (0 if tiled else 1), "all_gather", "axis"))
+    return {"all_gather_dimension": _one(dims, all_gather_dimension), "tiled": bool(tiled)}
+
+
+def _all_gather(blocks, *, all_gather_dimension: int, tiled: bool):
+    """Every rank receives all blocks in rank order: stacked on a new axis ``all_gather_dimension`` (in the
+    result's rank), or concatenated along it when ``tiled``."""
+    join = np.concatenate if tiled else np.stack
+    return [_frozen(join(blocks, axis=all_gather_dimension))] * len(blocks)
+
+
+def _all_gather_vectorized(x, *, all_gather_dimension: int, tiled: bool):
+    gathered = np.moveaxis(x, 1, all_gather_dimension + 1)  # (G, ..., n, ...): the stack, as a view
+    if tiled:
+        shape = list(x.shape[2:])
+        shape[all_gather_dimension] *= x.shape[1]
+        gathered = gathered.reshape(x.shape[0], *shape)
+    return _replicated(x, np.ascontiguousarray(gathered))
+
+
+_define("all_gather", check=_all_gather_check, rule=_all_gather, vectorized=_all_gather_vectorized)
+
+
+# -- reduce_scatter (jax.lax.psum_scatter) ----------------------------------------------------------------
+
+def _reduce_scatter_check(avals, n, groups, *, scatter_dimension, tiled, axis_size=None, **_) -> dict:
+    dims = set()
+    for shape, dtype in avals:
+        if np.dtype(dtype) == np.bool_:
+            raise TypeError("psum_scatter: add does not accept dtype bool at position 0. Convert first, e.g. "
+                            "x.astype(np.int32).")
+        if len(shape) == 0:
+            raise AxisError("psum_scatter: the operand must have rank >= 1 (it is split along scatter_dimension), "
+                            "got a scalar.")
+        d = _canonical_axis(scatter_dimension, len(shape), "psum_scatter", "scatter_dimension")
+        dims.add(d)
+        if not tiled and shape[d] != n:
+            raise ValueError(f"psum_scatter: reduce_scatter operand scatter dimension size {shape[d]} must match "
+                             f"shard count {n} (shape {tuple(shape)}, scatter_dimension={scatter_dimension}). Use "
+                             f"tiled=True to split a dimension whose size is a multiple of {n}.")
+        if tiled and shape[d] % n:
+            raise ValueError(f"psum_scatter: tiled reduce_scatter operand scatter dimension size {shape[d]} must "
+                             f"be divisible by shard_count {n} (shape {tuple(shape)}).")
+    return {"scatter_dimension": _one(dims, scatter_dimension), "tiled": bool(tiled)}
+
+
+def _reduce_scatter(blocks, *, scatter_dimension: int, tiled: bool):
+    """``S = b0 + ... + b_{n-1}``; rank r receives ``S``'s r-th slice along ``scatter_dimension``: the index r
+    (the dimension is removed; its size is n) or, when ``tiled``, the r-th of n equal chunks."""
+    n = len(blocks)
+    total = fold(np.add, blocks)
+    if tiled:
+        return [_fresh(c, blocks[0]) for c in np.split(total, n, axis=scatter_dimension)]
+    return [_frozen(np.take(total, r, axis=scatter_dimension)) for r in range(n)]
+
+
+def _reduce_scatter_vectorized(x, *, scatter_dimension: int, tiled: bool):
+    G, n = x.shape[:2]
+    total = fold(np.add, [x[:, r] for r in range(n)], lead=1)  # (G, *block)
+    d = scatter_dimension + 1
+    if tiled:
+        shape = total.shape
+        total = total.reshape(*shape[:d], n, shape[d] // n, *shape[d + 1:])
+    return np.moveaxis(total, d, 1)
+
+
+_define("reduce_scatter", check=_reduce_scatter_check, rule=_reduce_scatter, vectorized=_reduce_scatter_vectorized)
+
+
+# -- all_to_all -------------------------------------------------------------------------------------------
+
+def _all_to_all_check(avals, n, groups, *, split_axis, concat_axis, tiled=False, **_) -> dict:
+    splits, concats = set(), set()
+    for shape, _dtype in avals:
+        if len(shape) == 0:
+            raise AxisError("all_to_all: the operand must have rank >= 1, got a scalar.")
+        s = _canonical_axis(split_axis, len(shape), "all_to_all", "split_axis")
+        splits.add(s)
+        concats.add(_canonical_axis(concat_axis, len(shape), "all_to_all", "concat_axis"))
+        if shape[s] % n:
+            raise ValueError(f"The size of all_to_all split_axis ({shape[s]}) has to be divisible by the size of "
+                             f"the named axis ({n}).")
+    return {"split_axis": _one(splits, split_axis), "concat_axis": _one(concats, concat_axis)}
+
+
+def _all_to_all(blocks, *, split_axis: int, concat_axis: int):
+    """Rank r receives, from every rank k in rank order, chunk r of ``b_k`` split n ways along
+    ``split_axis``, concatenated along ``concat_axis``. (The primitive's semantics: ``jax.lax.all_to_all``
+    with ``tiled=False`` adds and removes a unit axis around it, see :func:`spmdsim.lax.all_to_all`.)"""
+    n = len(blocks)
+    chunks = [np.split(b, n, axis=split_axis) for b in blocks]
+    return [_frozen(np.concatenate([c[r] for c in chunks], axis=concat_axis)) for r in range(n)]
+
+
+def _all_to_all_vectorized(x, *, split_axis: int, concat_axis: int):
+    G, n = x.shape[:2]
+    block = x.shape[2:]
+    s, c = split_axis, concat_axis
+    # Split the split axis into (n chunks, chunk size): axes 0=G, 1=source rank, then the block's axes with
+    # axis s replaced by (chunk index at 2+s, chunk at 3+s).
+    y = x.reshape(G, n, *block[:s], n, block[s] // n, *block[s + 1:])
+    position = [2 + j if j < s else 3 + j for j in range(len(block))]
+    order = [0, 2 + s]  # G, then the chunk index: the receiving rank
+    for j in range(len(block)):
+        if j == c:
+            order.append(1)  # the source ranks, concatenated along the concat axis in rank order
+        order.append(position[j])
+    out_block = [block[j] if j != s else block[s] // n for j in range(len(block))]
+    out_block[c] *= n
+    return np.transpose(y, order).reshape(G, n, *out_block)
+
+
+_define("all_to_all", check=_all_to_all_check, rule=_all_to_all, vectorized=_all_to_all_vectorized)
+
+
+# -- ppermute ---------------------------------------------------------------------------------------------
+
+def check_perm(perm, n: int) -> tuple:
+    """``perm`` as unique (source, destination) pairs within the axis; negative indices count from the end
+    (as in JAX). ValueError for a repeated source or destination, IndexError out of range, TypeError for
+    anything but int pairs."""
+    try:
+        pairs = tuple((operator.index(s), operator.index(d)) for s, d in perm)
+    except (TypeError, ValueError):
+        raise TypeError(f"ppermute: perm must be an iterable of (source, destination) int pairs, got {perm!r}.") \
+            from None
+    for s, d in pairs:
+        if not (-n <= s < n and -n <= d < n):
+            raise IndexError(f"ppermute: perm pair {(s, d)} is out of range for an axis of size {n} "
+                             f"(valid indices: {-n}..{n - 1}).")
+    sources = [s % n for s, _ in pairs]
+    destinations = [d % n for _, d in pairs]
+    if len(set(sources)) != len(sources) or len(set(destinations)) != len(destinations):
+        raise ValueError(f"ppermute sources and destinations must be unique, got {pairs}. Each device may send "
+                         f"at most once and receive at most once per ppermute.")
+    return tuple(zip(sources, destinations))
+
+
+def _ppermute_check(avals, n, groups, *, perm, **_) -> dict:
+    return {"perm": check_perm(perm, n)}
+
+
+def _ppermute(blocks, *, perm: Sequence[tuple[int, int]]):
+    """For each ``(src, dst)`` pair rank ``dst`` receives ``b_src``; ranks that receive nothing get zeros
+    (False for bool)."""
+    zeros = _frozen(np.zeros_like(blocks[0]))
+    out = [zeros] * len(blocks)
+    for src, dst in perm:
+        out[dst] = _fresh(blocks[src], blocks[src])
+    return out
+
+
+def _ppermute_vectorized(x, *, perm):
+    out = np.zeros_like(x)
+    if perm:
+        sources, destinations = zip(*perm)
+        out[:, list(destinations)] = x[:, list(sources)]
+    return out
+
+
+_define("ppermute", groups="none", check=_ppermute_check, rule=_ppermute, vectorized=_ppermute_vectorized)
+
+
+# -- pbroadcast -------------------------------------------------------------------------------------------
+
+def _pbroadcast_check(avals, n, groups, *, source, **_) -> dict:
+    source = operator.index(source)
+    if not 0 <= source < n:
+        raise ValueError(f"pbroadcast: source={source} is outside the axis of size {n}.")
+    return {"source": source}
+
+
+def _pbroadcast(blocks, *, source: int):
+    """Every rank receives ``b_source``."""
+    return [_fresh(blocks[source], blocks[source])] * len(blocks)
+
+
+_define("pbroadcast", groups="none", check=_pbroadcast_check, rule=_pbroadcast,
+        vectorized=lambda x, *, source: _replicated(x, x[:, source].copy()))
+
+
+# -- groups -----------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def _check_groups_cached(groups: tuple, n: int, name: str, kind: str) -> tuple:
+    covered = sorted(i for g in groups for i in g)
+    if covered != list(range(len(covered))) or any(not g for g in groups):
+        raise ValueError(f"{name}: axis_index_groups must cover all indices exactly once (in non-empty groups), "
+                         f"got {groups}. Give each axis index 0..{n - 1} in exactly one group.")
+    if len(covered) != n:
+        raise ValueError(f"{name}: axis_index_groups cover {len(covered)} indices, but the axis has size {n} "
+                         f"(JAX fails later, in XLA). List every axis index 0..{n - 1} once.")
+    if kind == "even" and len({len(g) for g in groups}) > 1:
+        raise ValueError(f"{name}: axis_index_groups must all have the same size, got sizes "
+                         f"{[len(g) for g in groups]} (JAX fails to lower uneven groups for this collective).")
+    return groups
+
+
+def check_groups(axis_index_groups, n: int, prim: Collective) -> tuple | None:
+    """``axis_index_groups`` as a tuple of tuples of ints, validated for an axis of size ``n``."""
+    if axis_index_groups is None:
+        return None
+    if prim.groups == "none":
+        raise ValueError(f"{prim.name} does not take axis_index_groups.")
+    try:
+        groups = tuple(tuple(operator.index(i) for i in g) for g in axis_index_groups)
+    except TypeError:
+        raise TypeError(f"{prim.name}: axis_index_groups must be a list of lists of ints, got "
+                        f"{axis_index_groups!r}.") from None
+    return _check_groups_cached(groups, n, prim.name, prim.groups)
+
+
+def own_group(groups: tuple | None, rank: int, n: int) -> tuple:
+    """The group (its ranks, in rank order within the group) that ``rank`` belongs to."""
+    if groups is None:
+        return tuple(range(n))
+    return next(g for g in groups if rank in g)
+
+
+def apply_grouped(rule: Callable, member_blocks: Sequence[Sequence[np.ndarray]], groups: tuple | None,
+                  params: dict, epilogue: Callable | None = None) -> list[list[np.ndarray]]:
+    """Apply ``rule`` to every group, operand by operand. ``member_blocks[i]`` holds the operands of the member
+    of index ``i`` in the communicator; without groups the whole communicator is one group. ``epilogue(result,
+    group_size)``, if given, is applied once to every distinct result (so devices keep sharing it). Returns the
+    results per member."""
+    n, n_operands = len(member_blocks), len(member_blocks[0])
+    out: list[list] = [[None] * n_operands for _ in range(n)]
+    for group in groups if groups is not None else (range(n),):
+        for k in range(n_operands):
+            results = rule([member_blocks[i][k] for i in group], **params)
+            if epilogue is not None:
+                done: dict = {}
+                results = [done[id(r)] if id(r) in done else done.setdefault(id(r), epilogue(r, len(group)))
+                           for r in results]
+            for i, result in zip(group, results, strict=True):
+                out[i][k] = result
+    return out
+
+
+# -- axis names -------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=512, typed=True)
+def _split_hashable(axis_name) -> tuple[tuple, tuple]:
+    names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    return tuple(a for a in names if not isinstance(a, int)), tuple(a for a in names if isinstance(a, int))
+
+
+def split_axis_names(axis_name) -> tuple[tuple, tuple]:
+    """``(named axes, positional axes)`` of an axis-name argument (a name, or a tuple of names and, for
+    reductions, ints: positional axes of the operand, as in ``jax.lax.psum``)."""
+    try:
+        return _split_hashable(axis_name)
+    except TypeError:  # a list
+        return _split_hashable(tuple(axis_name))
+
+
+_REDUCERS = {"psum": np.add, "pmax": np.maximum, "pmin": np.minimum}
+
+
+def _reduce_positional(name: str, x: np.ndarray, positional: tuple, lead: int = 0) -> np.ndarray:
+    axes = tuple(_canonical_axis(a, x.ndim - lead, name, "axis") + lead for a in positional)
+    ufunc = _REDUCERS[name]
+    return ufunc.reduce(x, axis=axes, dtype=x.dtype if ufunc is np.add else None)
+
+
+# -- bind -------------------------------------------------------------------------------------------------
+
+class _Prepared:
+    """What one call signature fixes, worked out once: the signature's parameters and the combine step."""
+
+    __slots__ = ("params", "combine")
+
+    def __init__(self, prim: Collective, rule_params: dict, groups, epilogue):
+        self.params = (("axis_index_groups", groups), *sorted(rule_params.items()))
+        self.combine = functools.partial(apply_grouped, prim.rule, groups=groups, params=rule_params,
+                                         epilogue=epilogue)
+
+
+_prepared: dict = {}
+
+
+def _prepare(prim: Collective, n: int, avals: tuple, groups, params: dict, epilogue) -> _Prepared:
+    try:
+        key = (prim.name, n, avals, groups, tuple(sorted(params.items())), epilogue)
+        found = _prepared.get(key)
+    except TypeError:  # an unhashable parameter value
+        key = found = None
+    if found is None:
+        found = _Prepared(prim, prim.check(avals, n, groups, **params), groups, epilogue)
+        if key is not None:
+            if len(_prepared) > 4096:
+                _prepared.clear()
+            _prepared[key] = found
+    return found
+
+
+def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, site: str | None = None,
+         epilogue: Callable | None = None, **params) -> list[np.ndarray]:
+    """Apply collective primitive ``name`` to this device's ``operands`` (one rendezvous for all of them) and
+    return this device's results, one per operand.
+
+    Args:
+      name: the JAX primitive's name (``"psum"``, ``"all_gather"``, ...; see ``PRIMITIVES``).
+      operands: NumPy arrays, all under the same parameters. Under the vectorized executor each carries the
+        leading device axis of the current :class:`Batch`.
+      api: the public function the user called, for reports (``"pmean"`` binds ``"psum"``).
+      site: the user's ``file:line`` (found on the stack when not given).
+      epilogue: ``epilogue(result, group_size)`` applied once to each distinct result (pmean's division).
+      **params: the primitive's parameters under JAX's names, e.g. ``axes`` and ``axis_index_groups`` for
+        ``psum``, ``axis_name``, ``all_gather_dimension``, ``tiled`` for ``all_gather``.
+
+    Raises:
+      NameError: an axis name no enclosing map binds. ValueError, TypeError, IndexError: what JAX raises for
+        the same call. CollectiveMismatchError / CollectiveDeadlockError: when the devices' calls cannot meet.
+    """
+    prim = PRIMITIVES[name]
+    named, positional = split_axis_names(params[prim.axes_param])
+    batch = getattr(_local, "batch", None)
+    lead = 0 if batch is None else 1
+    if positional:
+        operands = [_reduce_positional(name, x, positional, lead) for x in operands]
+    if not named:
+        return list(operands)
+    if batch is not None:
+        return batch.collective(prim, named, operands, params, api or name, site, epilogue)
+    lane = _runtime.current_lane()
+    chan = _runtime.channel(lane, named, api or name)
+    groups = check_groups(params.get("axis_index_groups"), chan.size, prim)
+    avals = tuple([(x.shape, x.dtype) for x in operands])
+    prepared = _prepare(prim, chan.size if groups is None else len(groups[0]), avals, groups, params, epilogue)
+    signature = Signature(name, chan.names, chan.sizes, prepared.params, avals)
+    return lane.world.rendezvous(lane, chan, signature, site or _runtime.user_site(2), api, operands,
+                                 prepared.combine)
+
+
+def axis_index(axis_name, api: str = "axis_index"):
+    """This device's index along ``axis_name`` (row-major over a tuple of names, in the order given) as an
+    int32 array: a scalar on a lane, one entry per device under the vectorized executor."""
+    names = split_axis_names(axis_name)[0]
+    batch = getattr(_local, "batch", None)
+    if batch is not None:
+        return batch.axis_index(names, api)
+    return np.asarray(_runtime.channel(_runtime.current_lane(), names, api).rank, dtype=np.int32)
+
+
+def axis_size(axis_name, api: str = "axis_size") -> int:
+    """The size of ``axis_name`` (the product over a tuple of names) as a Python int."""
+    names = split_axis_names(axis_name)[0]
+    batch = getattr(_local, "batch", None)
+    if batch is not None:
+        return math.prod(batch.sizes[batch.position(n, api)] for n in names)
+    return _runtime.channel(_runtime.current_lane(), names, api).size
+
+
+# -- the vectorized executor's devices --------------------------------------------------------------------
+
+_local = threading.local()
+
+
+class Batch:
+    """The devices the vectorized executor computes at once: the mesh ``axes`` ((name, size) pairs, row-major),
+    and ``ids``, the indices (into the row-major device order) of the devices present, ``None`` for all.
+    Every operand carries them on a leading axis."""
+
+    def __init__(self, axes: Sequence[tuple[Hashable, int]], ids: np.ndarray | None = None):
+        self.axes = tuple(axes)
+        self.names = tuple(name for name, _ in self.axes)
+        self.sizes = tuple(size for _, size in self.axes)
+        self.count = math.prod(self.sizes)
+        self.ids = ids
+
+    def subset(self, mask: np.ndarray) -> "Batch":
+        ids = np.arange(self.count) if self.ids is None else self.ids
+        return Batch(self.axes, ids[mask])
+
+    def position(self, name, api: str) -> int:
+        for k in range(len(self.names) - 1, -1, -1):
+            if self.names[k] == name:
+                return k
+        from spmdsim._axes import Frame, resolve_axes
+        resolve_axes([Frame(n, s, 0, (), True) for n, s in self.axes], (name,), api)  # raises NameError
+        raise AssertionError("unreachable")
+
+    def coordinates(self) -> np.ndarray:
+        """The mesh coordinates of the devices present: shape ``(devices, len(axes))``."""
+        ids = np.arange(self.count) if self.ids is None else self.ids
+        return np.stack(np.unravel_index(ids, self.sizes), axis=-1) if self.axes else np.zeros((len(ids), 0), int)
+
+    def axis_index(self, names: tuple, api: str) -> np.ndarray:
+        positions = [self.position(n, api) for n in names]
+        coords = self.coordinates()
+        index = np.zeros(len(coords), np.int64)
+        for p in positions:
+            index = index * self.sizes[p] + coords[:, p]
+        return index.astype(np.int32)
+
+    def collective(self, prim: Collective, named: tuple, operands: list, params: dict, api: str,
+                   site: str | None, epilogue) -> list:
+        if len(set(named)) != len(named):
+            raise ValueError(f"{api}: repeated axis in `source` argument: {named!r}. Name each axis once.")
+        positions = [self.position(n, api) for n in named]
+        if self.ids is not None:
+            from spmdsim.errors import CollectiveDeadlockError
+            raise CollectiveDeadlockError(
+                f"{api} over {named!r} at {site or '<unknown>'} is reached by devices "
+                f"{', '.join(map(str, self.ids))} only (of {self.count}): the others took another branch of a "
+                f"cond or left a while loop. On real hardware this program hangs.")
+        n = math.prod(self.sizes[p] for p in positions)
+        groups = check_groups(params.get("axis_index_groups"), n, prim)
+        avals = tuple((x.shape[1:], x.dtype) for x in operands)
+        rule_params = prim.check(avals, n if groups is None else len(groups[0]), groups, **params)
+        return [self._from_groups(_vectorized_grouped(prim, self._to_groups(x, positions), groups, rule_params,
+                                                      epilogue), positions) for x in operands]
+
+    def _layout(self, positions: list[int]) -> list[int]:
+        return [p for p in range(len(self.axes)) if p not in positions] + positions
+
+    def _to_groups(self, x: np.ndarray, positions: list[int]) -> np.ndarray:
+        """``(devices, *block)`` -> ``(G, n, *block)``: the named axes (in the order named) last, row-major."""
+        k = len(self.axes)
+        grid = x.reshape(*self.sizes, *x.shape[1:])
+        order = self._layout(positions)
+        grid = np.transpose(grid, (*order, *range(k, grid.ndim)))
+        n = math.prod(self.sizes[p] for p in positions)
+        return grid.reshape(self.count // n, n, *x.shape[1:])
+
+    def _from_groups(self, y: np.ndarray, positions: list[int]) -> np.ndarray:
+        k = len(self.axes)
+        order = self._layout(positions)
+        grid = y.reshape(*(self.sizes[p] for p in order), *y.shape[2:])
+        inverse = np.argsort(order)
+        grid = np.transpose(grid, (*inverse, *range(k, grid.ndim)))
+        return grid.reshape(self.count, *y.shape[2:])
+
+
+def _vectorized_grouped(prim: Collective, x: np.ndarray, groups, params: dict, epilogue) -> np.ndarray:
+    if groups is None:
+        out = prim.vectorized(x, **params)
+        return out if epilogue is None else epilogue(out, x.shape[1])
+    out = None
+    for group in groups:
+        part = prim.vectorized(x[:, list(group)], **params)
+        if epilogue is not None:
+            part = epilogue(part, len(group))
+        if out is None:
+            out = np.empty((x.shape[0], x.shape[1], *part.shape[2:]), part.dtype)
+        out[:, list(group)] = part
+    return out
+
+
+class vectorized_batch:
+    """``with vectorized_batch(batch):``: collectives bound in this thread act on ``batch``'s stacked devices."""
+
+    def __init__(self, batch: Batch):
+        self.batch = batch
+
+    def __enter__(self) -> Batch:
+        self.previous = getattr(_local, "batch", None)
+        _local.batch = self.batch
+        return self.batch
+
+    def __exit__(self, *exc) -> None:
+        _local.batch = self.previous

@@ -1,0 +1,116 @@
+"""How sums over a group are folded: the order (XLA:CPU's by default) and the accumulation dtype.
+
+XLA:CPU folds an all-reduce left to right in rank order, ``((b0 + b1) + b2) + ...``, so spmdsim does too and
+float results agree with it bit for bit. bfloat16 sums are accumulated in float32 and rounded once at the end,
+as XLA:CPU does (float16 sums round after every addition, also as XLA:CPU does). :func:`set_reduction_order`
+selects other orders (a pairwise tree, an NCCL-style ring) and accumulation dtypes, to measure a program's
+sensitivity to the all-reduce algorithm of a real machine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["ReductionOrder", "set_reduction_order", "current_reduction_order", "fold"]
+
+REDUCTION_ORDERS = ("sequential", "pairwise", "ring")
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionOrder:
+    """How sums over a group are folded. ``order``:
+
+    - ``"sequential"`` (default): ``((b0 + b1) + b2) + ...`` in rank order: bit-exact with XLA:CPU.
+    - ``"pairwise"``: a balanced tree, ``(b0 + b1) + (b2 + b3)``, odd leftovers carried up (tree all-reduce).
+    - ``"ring"``: each block is cut into n chunks (``np.array_split`` of the flattened block); chunk c is folded
+      starting at rank ``(c + 1) % n`` and going round the ring, ending at rank c, as in NCCL's ring
+      reduce-scatter.
+
+    ``accumulation_dtype`` (e.g. ``np.float64``) casts the blocks before folding and the sum back after it;
+    None (the default) accumulates bfloat16 in float32, as XLA:CPU does, and every other dtype in itself. Max
+    and min are exact in any order and ignore this setting.
+    """
+
+    order: str = "sequential"
+    accumulation_dtype: Any = None
+
+    def fold(self, ufunc: np.ufunc, blocks: Sequence[np.ndarray], lead: int = 0) -> np.ndarray:
+        """Fold ``blocks`` (all of one shape and dtype) with ``ufunc``; the first ``lead`` axes of each block
+        are independent groups folded side by side (the vectorized executor's batches)."""
+        dtype = blocks[0].dtype
+        if ufunc is np.add:
+            acc = self.accumulation_dtype or (np.dtype(np.float32) if dtype == _BFLOAT16 else None)
+            if acc is not None:
+                blocks = [b.astype(acc) for b in blocks]
+        if ufunc is not np.add or self.order == "sequential" or len(blocks) < 3:
+            out = np.asarray(ufunc(blocks[0], blocks[1]))  # then in place: the same left-to-right fold
+            for b in blocks[2:]:
+                ufunc(out, b, out=out)
+        elif self.order == "pairwise":
+            level = list(blocks)
+            while len(level) > 1:
+                level = [ufunc(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
+                         for i in range(0, len(level), 2)]
+            out = level[0]
+        else:
+            n = len(blocks)
+            shape = blocks[0].shape
+            flat = [b.reshape(*shape[:lead], -1) for b in blocks]
+            size = flat[0].shape[-1]
+            bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.empty(size), n)])
+            out = np.empty_like(flat[0])
+            for c in range(n):
+                lo, hi = bounds[c], bounds[c + 1]
+                out[..., lo:hi] = functools.reduce(ufunc, [flat[(c + 1 + k) % n][..., lo:hi] for k in range(n)])
+            out = out.reshape(shape)
+        return np.asarray(out).astype(dtype, copy=False)
+
+
+_reduction_order = ReductionOrder()
+
+
+def current_reduction_order() -> ReductionOrder:
+    return _reduction_order
+
+
+class set_reduction_order:
+    """Choose how sums are folded (see :class:`ReductionOrder`); a statement, or a context manager that
+    restores the previous setting.
+
+    >>> import numpy as np, spmdsim
+    >>> with spmdsim.set_reduction_order("pairwise", accumulation_dtype=np.float32):
+    ...     spmdsim.current_reduction_order().order
+    'pairwise'
+    """
+
+    def __init__(self, order: str = "sequential", *, accumulation_dtype=None):
+        global _reduction_order
+        if order not in REDUCTION_ORDERS:
+            raise ValueError(f"reduction order must be one of {REDUCTION_ORDERS}, got {order!r}.")
+        self.previous = _reduction_order
+        _reduction_order = ReductionOrder(order, None if accumulation_dtype is None else np.dtype(accumulation_dtype))
+
+    def __enter__(self) -> "set_reduction_order":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _reduction_order
+        _reduction_order = self.previous
+
+
+def fold(ufunc: np.ufunc, blocks: Sequence[np.ndarray], lead: int = 0) -> np.ndarray:
+    """The fold of ``blocks`` in the current reduction order, as a fresh read-only array. One block is copied
+    (a group of one still gets its own result). Integer overflow wraps and ``inf - inf`` is NaN, silently,
+    exactly as in XLA."""
+    if len(blocks) == 1:
+        out = np.array(blocks[0])
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = _reduction_order.fold(ufunc, blocks, lead)
+    out.flags.writeable = False
+    return out

@@ -1,0 +1,306 @@
+"""Lanes, their world, and the barrier rendezvous where the lanes of one communicator meet.
+
+- A **lane** is one device (pmap, shard_map) or one batch element (vmap) running the mapped function in its
+  own thread. Its state (running, waiting in a rendezvous, in a nested call, returned, raised, stopped) is
+  always known to its world.
+- A **world** holds every lane started under one top-level mapped call, nested calls included, behind one
+  lock. Because it knows every lane's state, a collective that can never complete is reported the moment
+  that becomes certain (:class:`~spmdsim.errors.CollectiveDeadlockError`), never after a timeout, and lanes
+  that call different collectives at the same step are reported at once
+  (:class:`~spmdsim.errors.CollectiveMismatchError`).
+- A **rendezvous** is one collective step of one communicator (see :mod:`spmdsim._axes`). Every lane of the
+  communicator takes part, also with ``axis_index_groups``: as on hardware, one op spans the whole axis and
+  the rule runs per group. The last lane to arrive applies the rule outside the lock and hands each lane its
+  result; the others sleep on their own wake lock and are woken one after another (each wakes the next: one
+  wake-up per device, no herd of runnable threads fighting for the GIL).
+
+A lane that raises fails the world: lanes waiting in a rendezvous wake and unwind with :class:`Aborted`,
+lanes still computing unwind at their next collective or when they finish.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from spmdsim import _output
+from spmdsim._axes import Channel, Frame, axis_ids, frames_label, membership
+from spmdsim._reports import Signature, describe, format_table, shown_avals
+from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
+
+__all__ = ["Lane", "World", "Rendezvous", "Aborted", "CallCount", "observers", "pause_hooks", "RUNNING", "WAITING", "JOINING",
+           "DONE", "RAISED", "ABORTED"]
+
+# Objects with ``record(rendezvous, released_at)``, called once per completed collective, and
+# ``lane(label, start, end, outcome)``, once per device call (see spmdsim._trace).
+observers: list = []
+# Callables ``hook(rendezvous)`` run by the last arriver after the rule, before anyone is released (the
+# stepping debugger pauses every device of the group there; see spmdsim.debug).
+pause_hooks: list = []
+
+RUNNING, WAITING, JOINING, DONE, RAISED, ABORTED = "running", "waiting", "joining", "done", "raised", "aborted"
+_STATE_TEXT = {RUNNING: "running", JOINING: "in nested call", DONE: "returned", ABORTED: "stopped"}
+
+
+class Aborted(BaseException):
+    """Unwinds a lane after another lane failed the world. BaseException, so user ``except Exception``
+    blocks inside mapped functions do not swallow it."""
+
+
+class CallCount:
+    """One mapped call's lanes: ``remaining`` counts those not finished; ``parent`` is the lane that made
+    the call (None at top level)."""
+
+    __slots__ = ("parent", "remaining")
+
+    def __init__(self, parent: "Lane | None", size: int):
+        self.parent, self.remaining = parent, size
+
+
+class Lane:
+    """One device or batch element. ``wake`` is held while the lane runs; a lane waiting in a rendezvous
+    blocks on it until the last arriver (or a failure of the world) releases it."""
+
+    __slots__ = ("world", "frames", "call", "state", "where", "waiting", "steps", "channels", "nested_calls",
+                 "wake", "label", "thread")
+
+    def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount):
+        self.world, self.frames, self.call = world, frames, call
+        self.state, self.where, self.waiting = RUNNING, "", None
+        self.steps: dict = {}     # communicator id -> [next step number], shared by its channels
+        self.channels: dict = {}  # axis names -> Channel
+        self.nested_calls = 0
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.label = frames_label(frames)
+        self.thread: threading.Thread | None = None
+
+    def channel(self, frames: list[Frame]) -> Channel:
+        """A new channel of this lane over ``frames`` (already resolved from axis names)."""
+        if not frames:
+            return Channel(frames)
+        key = membership(self.frames, axis_ids(frames))
+        comm = self.world.communicator_id(key)
+        return Channel(frames, key, comm, self.steps.setdefault(comm, [0]))
+
+    def status_row(self) -> tuple[str, ...]:
+        """(device, state, collective, axis, step, source line) for the device tables."""
+        if self.state == WAITING:
+            rv, rank = self.waiting
+            sig = rv.signature
+            return (self.label, "waiting", f"{rv.apis[rank] or sig.op}({shown_avals(sig.avals)})",
+                    ", ".join(map(repr, sig.names)), str(rv.seq), rv.sites[rank])
+        state = f"raised {self.where}" if self.state == RAISED else _STATE_TEXT[self.state]
+        return (self.label, state, "", "", "", "")
+
+    def status_line(self) -> str:
+        if self.state == WAITING:
+            rv, rank = self.waiting
+            return f"{self.label}: waiting in {describe(rv.signature, rv.apis[rank])} (step {rv.seq}) at " \
+                   f"{rv.sites[rank]}"
+        return f"{self.label}: {self.status_row()[1]}"
+
+
+class Rendezvous:
+    """One collective step of one communicator: the blocks, lanes, sites and public API names by rank (the
+    rank within the communicator), then the results."""
+
+    __slots__ = ("key", "seq", "signature", "size", "blocks", "lanes", "sites", "apis", "arrived", "results",
+                 "error", "arrivals", "successor")
+
+    def __init__(self, key, seq: int, signature: Signature, size: int):
+        self.key, self.seq, self.signature, self.size = key, seq, signature, size
+        self.blocks: list = [None] * size
+        self.lanes: list = [None] * size
+        self.sites: list = [None] * size
+        self.apis: list = [None] * size
+        self.arrived = 0
+        self.results = None
+        self.error: BaseException | None = None
+        self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled while observed
+        self.successor: dict = {}  # the wake-up baton: lane -> the next waiting lane to wake
+
+
+class World:
+    """Every lane of one top-level mapped call, and the open rendezvous, behind one lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lanes: list[Lane] = []
+        self.finished: list[Lane] = []
+        self.running = 0
+        self.open: dict[tuple, Rendezvous] = {}  # (communicator id, step) -> its open rendezvous
+        self.failure: BaseException | None = None
+        self._communicators: dict[tuple, int] = {}
+
+    def communicator_id(self, key: tuple) -> int:
+        """A small int standing for the communicator ``key``."""
+        with self.lock:
+            return self._communicators.setdefault(key, len(self._communicators))
+
+    # -- state changes; every method below that is not `_locked` takes the lock --------------------------
+
+    def start(self, lanes: list[Lane], parent: Lane | None) -> None:
+        with self.lock:
+            self.lanes.extend(lanes)
+            self.running += len(lanes)
+            if parent is not None:
+                parent.state = JOINING
+                self.running -= 1
+
+    def finish(self, lane: Lane, state: str, where: str = "") -> None:
+        with self.lock:
+            lane.state, lane.where = state, where
+            self.running -= 1
+            if state in (DONE, RAISED):
+                self.finished.append(lane)
+            call = lane.call
+            call.remaining -= 1
+            if call.remaining == 0 and call.parent is not None:
+                call.parent.state = RUNNING
+                self.running += 1
+            if self.failure is None and state == DONE:
+                for rv in list(self.open.values()):
+                    if membership(lane.frames, rv.key[0]) == rv.key:
+                        self._fail_locked(self._deadlock(rv, f"{lane.label} returned without reaching it"))
+                        return
+                self._check_stuck_locked()
+
+    def fail(self, error: BaseException) -> None:
+        with self.lock:
+            self._fail_locked(error)
+
+    def _fail_locked(self, error: BaseException) -> None:
+        """Record the first failure and wake every waiting lane (each unwinds with Aborted)."""
+        if self.failure is not None:
+            return
+        self.failure = error
+        for rv in self.open.values():
+            for lane in rv.lanes:
+                if lane is not None and lane.state == WAITING:
+                    lane.state = RUNNING
+                    self.running += 1
+                    lane.wake.release()
+
+    # -- error reports ---------------------------------------------------------------------------------
+
+    def state_table(self) -> list[str]:
+        return [lane.status_line() for lane in self.lanes]
+
+    def device_table(self) -> str:
+        """Every device's state as a table: where it is, the collective, axis, step and source line."""
+        header = ("device", "state", "collective", "axis", "step", "source line")
+        return format_table([header, *(lane.status_row() for lane in self.lanes)])
+
+    def _deadlock(self, rv: Rendezvous, reason: str) -> CollectiveDeadlockError:
+        return CollectiveDeadlockError(
+            f"{describe(rv.signature, _first(rv.apis))} (step {rv.seq}) can never complete: {reason}. On real "
+            f"hardware this program hangs.\n\n{self.device_table()}\n\nFix: make every device of the group call "
+            f"the same collectives in the same order (no collective inside a branch or loop that only some "
+            f"devices take).", self.state_table())
+
+    def _check_stuck_locked(self) -> None:
+        """No lane can make progress: every unfinished lane waits in a rendezvous that lacks someone. A
+        missing member that waits in another collective called something else at this point: a mismatch;
+        otherwise the missing members finished or wait in a nested call: a deadlock."""
+        if self.running == 0 and self.open and self.failure is None:
+            rv = min(self.open.values(), key=lambda r: r.seq)
+            elsewhere = [lane for lane in self.lanes if lane.state == WAITING and lane not in rv.lanes
+                         and membership(lane.frames, rv.key[0]) == rv.key]
+            if elsewhere:
+                calls = [(lane, *_call_of(*lane.waiting)) for lane in elsewhere]
+                self._fail_locked(self._mismatch(rv, calls, f"at step {rv.seq} of {rv.signature.op} over "
+                                                           f"{', '.join(map(repr, rv.signature.names))}"))
+            else:
+                self._fail_locked(self._deadlock(rv, "the devices still missing are blocked elsewhere or finished"))
+
+    def _mismatch(self, rv: Rendezvous, others: list, where: str) -> CollectiveMismatchError:
+        """``others``: (lane, signature, site, api) of the lanes whose call differs from ``rv``'s."""
+        lines = [f"  {lane.label}: {describe(rv.signature, api)} at {site}"
+                 for lane, site, api in zip(rv.lanes, rv.sites, rv.apis, strict=True) if lane is not None]
+        lines += [f"  {lane.label}: {describe(signature, api)} at {site}" for lane, signature, site, api in others]
+        return CollectiveMismatchError(
+            f"devices called different collectives {where}:\n" + "\n".join(lines)
+            + f"\nOn real hardware this hangs or exchanges garbage.\n\n{self.device_table()}\n\nFix: every device "
+            "of the group must make the same collective call (op, axis names, parameters, shapes, dtypes) in the "
+            "same order.", self.state_table())
+
+    # -- the rendezvous ----------------------------------------------------------------------------------
+
+    def rendezvous(self, lane: Lane, chan: Channel, signature: Signature, site: str, api: str | None, leaves: list,
+                   combine: Callable[[list], list]) -> list:
+        """Meet the other lanes of ``chan``'s communicator at its next step; return this lane's results.
+
+        ``combine(blocks)`` receives every lane's leaves by rank and returns the results by rank; it runs
+        once, in the last lane to arrive, outside the lock.
+        """
+        rank, size = chan.rank, chan.size
+        with self.lock:
+            if self.failure is not None:
+                raise Aborted
+            step = chan.step
+            seq = step[0]
+            step[0] = seq + 1
+            at = (chan.comm, seq)
+            rv = self.open.get(at)
+            created = rv is None
+            if created:
+                rv = self.open[at] = Rendezvous(chan.key, seq, signature, size)
+            elif rv.signature != signature or rv.lanes[rank] is not None:
+                self._fail_locked(self._mismatch(rv, [(lane, signature, site, api)],
+                                                 f"at step {rv.seq} of the same communicator"))
+                raise Aborted
+            rv.blocks[rank], rv.lanes[rank], rv.sites[rank], rv.apis[rank] = leaves, lane, site, api
+            rv.arrived += 1
+            if observers:
+                rv.arrivals[rank] = time.perf_counter()
+            last = rv.arrived == size
+            if not last:
+                lane.state, lane.waiting = WAITING, (rv, rank)
+                self.running -= 1
+                if created and self.finished:  # a member that already finished will never come
+                    key = chan.key
+                    done = next((d for d in self.finished if membership(d.frames, key[0]) == key), None)
+                    if done is not None:
+                        self._fail_locked(self._deadlock(rv, f"{done.label} {done.state} without reaching it"))
+                if self.running == 0:
+                    self._check_stuck_locked()
+            else:  # the others become runnable now; they get their results after the rule has run
+                del self.open[at]
+                for other in rv.lanes:
+                    other.state = RUNNING
+                self.running += size - 1
+        if not last:
+            lane.wake.acquire()
+            successor = rv.successor.pop(lane, None)
+            if successor is not None:  # pass the baton before doing anything else
+                successor.wake.release()
+            if rv.results is None:  # released by a failure (or the rule raised in the last arriver)
+                raise Aborted
+            return rv.results[rank]
+        try:
+            rv.results = combine(rv.blocks)
+            _output.release_all()
+            for hook in pause_hooks:  # the stepping debugger: every device is held here
+                hook(rv)
+        except BaseException as e:
+            rv.error = e
+            raise
+        finally:
+            released = time.perf_counter() if observers else 0.0
+            waiting = [other for other in rv.lanes if other is not lane]
+            rv.successor = dict(zip(waiting, waiting[1:]))
+            if waiting:
+                waiting[0].wake.release()
+        for observer in observers:
+            observer.record(rv, released)
+        return rv.results[rank]
+
+
+def _call_of(rv: Rendezvous, rank: int) -> tuple:
+    """(signature, site, api) of the lane of ``rank`` in ``rv``."""
+    return rv.signature, rv.sites[rank], rv.apis[rank]
+
+
+def _first(apis: list) -> str | None:
+    return next((a for a in apis if a is not None), None)

@@ -1,0 +1,40 @@
+"""How spmdsim writes down a collective call and the state of every device: the texts of its errors,
+traces and debugger."""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+__all__ = ["Signature", "describe", "shown_avals", "format_table"]
+
+
+class Signature(NamedTuple):
+    """What every device of a communicator must agree on at one step: the primitive, the axis names and
+    sizes, the rule's parameters (name, value pairs, ``axis_index_groups`` included) and the operands'
+    shapes and dtypes."""
+
+    op: str
+    names: tuple
+    sizes: tuple
+    params: tuple
+    avals: tuple  # ((shape, dtype), ...) per operand
+
+
+def shown_avals(avals) -> str:
+    """``float32[4], int32[]``: operand shapes and dtypes, as JAX prints avals."""
+    return ", ".join(f"{dtype}{list(shape)}" for shape, dtype in avals)
+
+
+def describe(signature: Signature, api: str | None = None) -> str:
+    """``psum(float32[4], axis_name='i', axis_index_groups=((0, 1), (2, 3)))``; ``api`` names the public
+    function the user called when it differs from the primitive (``pmean`` binds ``psum``)."""
+    names = signature.names[0] if len(signature.names) == 1 else signature.names
+    extra = "".join(f", {k}={v!r}" for k, v in signature.params if v is not None)
+    return f"{api or signature.op}({shown_avals(signature.avals)}, axis_name={names!r}{extra})"
+
+
+def format_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of strings as an aligned text table; the first row is the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

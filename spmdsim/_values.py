@@ -1,0 +1,35 @@
+"""What counts as a value in a NumPy program mapped by spmdsim: arrays, and Python scalars (weakly typed)."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["PYTHON_SCALAR_DTYPES", "is_python_scalar", "as_array", "check_array_dtype"]
+
+# Python scalars are weakly typed in JAX: as outputs or operands they take JAX's default dtypes.
+PYTHON_SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int32), float: np.dtype(np.float32),
+                        complex: np.dtype(np.complex64)}
+
+_NOT_NUMERIC = "OUSMm"  # object, str, bytes, datetime64, timedelta64: not JAX types (nor structured voids)
+
+
+def is_python_scalar(leaf) -> bool:
+    """A Python bool, int, float or complex: weakly typed in JAX (constants in collectives, broadcast as is)."""
+    return type(leaf) in PYTHON_SCALAR_DTYPES
+
+
+def check_array_dtype(arr: np.ndarray, what: str, api: str) -> np.ndarray:
+    """``arr`` unchanged, or TypeError when its dtype is not one JAX has (strings, objects, datetimes)."""
+    if arr.dtype.kind in _NOT_NUMERIC or arr.dtype.type is np.void:  # ml_dtypes (bfloat16...) are kind V too
+        raise TypeError(f"{api}: {what} has dtype {arr.dtype}, which is not a valid JAX type (JAX arrays hold "
+                        f"bool, integer, floating or complex numbers). Convert it to numbers first, or pass it with "
+                        f"static_broadcasted_argnums / close over it.")
+    return arr
+
+
+def as_array(leaf, what: str, api: str) -> np.ndarray:
+    """``leaf`` as a NumPy array with JAX's dtype for Python scalars; TypeError for non-numeric values."""
+    if type(leaf) is np.ndarray:
+        return check_array_dtype(leaf, what, api)
+    if is_python_scalar(leaf):
+        return np.asarray(leaf, dtype=PYTHON_SCALAR_DTYPES[type(leaf)])
+    return check_array_dtype(np.asarray(leaf), what, api)

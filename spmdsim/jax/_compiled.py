@@ -1,0 +1,164 @@
+"""The per-device executor's fast path: each jaxpr compiled once into a Python function.
+
+The reference loop (:func:`spmdsim.jax._interpreter.eval_jaxpr`) spends most of its time on the environment
+dictionary, operand lists and the generic rule call. Here each jaxpr becomes the source of one function, a line
+per equation calling the rule with its parameters already bound (or the rule's ``specialize(eqn)`` result) on
+local variables, followed by the shape-and-dtype check of each result. About 2.5x faster per equation; the same
+rules, the same checks, the same results (the conformance suite runs both and compares them bit for bit).
+
+One more saving: the equations JAX emits for one collective call on a pytree (``lax.psum((a, b), 'i')`` gives
+one ``psum`` per leaf, all with the same parameters and source line, none feeding another) are computed
+together, in one rendezvous, as the NumPy front end does. Results are the same; a trace shows one collective.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Callable
+
+import numpy as np
+from jax.extend import core as ext_core
+
+from spmdsim import _primitives
+from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, _stack, bad_result, missing_rule, read_literal,
+                                      site_of)
+
+__all__ = ["eval_jaxpr", "program_source"]
+
+
+class _Step:
+    """One equation (or the equations of one pytree call), prepared once: the function computing it from its
+    operands, the operands (literals already NumPy arrays) and every result's expected shape and dtype."""
+
+    __slots__ = ("eqns", "eqn", "call", "operands", "outvars", "expected", "multiple")
+
+    def __init__(self, eqns: list, executor: Executor):
+        self.eqns, self.eqn = eqns, eqns[0]
+        eqn = self.eqn
+        name = eqn.primitive.name
+        if len(eqns) > 1:  # a pytree call: one bind for every leaf
+            self.call = _collective_call(name, eqn.params, site_of(eqn))
+        elif name in HIGHER_ORDER:
+            self.call = functools.partial(HIGHER_ORDER[name], executor, **eqn.params)
+        elif name in _primitives.PRIMITIVES:
+            run = _collective_call(name, eqn.params, site_of(eqn))
+            self.call = lambda x: run(x)[0]
+        else:
+            rule = executor.rules.get(name)
+            specializer = getattr(rule, "specialize", None)
+            self.call = specializer(eqn) if specializer is not None else None
+            if self.call is None and rule is not None:
+                self.call = functools.partial(rule, **eqn.params) if eqn.params else rule
+        self.operands = [(True, read_literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
+                         for e in eqns for v in e.invars]
+        self.outvars = [None if isinstance(v, ext_core.DropVar) else v for e in eqns for v in e.outvars]
+        self.expected = [executor.expected(v.aval) for e in eqns for v in e.outvars]
+        self.multiple = eqn.primitive.multiple_results or len(eqns) > 1
+
+
+def _collective_call(name: str, params: dict, site: str) -> Callable:
+    def run(*xs) -> list:
+        return _primitives.bind(name, xs, site=site or None, **params)
+    return run
+
+
+def _same_call(eqns: list, eqn) -> bool:
+    """Whether ``eqn`` continues the pytree call ``eqns``: a collective with the same primitive, parameters and
+    user source line, and no operand produced inside the call."""
+    first = eqns[0]
+    if eqn.primitive is not first.primitive or eqn.primitive.name not in _primitives.PRIMITIVES:
+        return False
+    if eqn.params != first.params or not site_of(first) or site_of(eqn) != site_of(first):
+        return False
+    produced = {v for e in eqns for v in e.outvars}
+    return not any(v in produced for v in eqn.invars if not isinstance(v, ext_core.Literal))
+
+
+def _prepare(jaxpr, executor: Executor) -> list[_Step]:
+    calls: list[list] = []
+    for eqn in jaxpr.eqns:
+        if calls and _same_call(calls[-1], eqn):
+            calls[-1].append(eqn)
+        else:
+            calls.append([eqn])
+    return [_Step(eqns, executor) for eqns in calls]
+
+
+def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
+    """The jaxpr as the source of one Python function ``run(stack, *consts, *args)``, and its namespace.
+
+    One line per equation calls the step's prepared function on local variables (one per jaxpr variable), then
+    checks each result; ``stack[-1]`` holds the equation being computed (for error sites).
+    """
+    steps = _prepare(jaxpr, executor)
+    ns: dict = {"ndarray": np.ndarray, "asarray": np.asarray, "missing_rule": missing_rule,
+                "bad_result": bad_result, "read_literal": read_literal, "executor": executor}
+    names: dict = {}
+
+    def local(var) -> str:
+        if var not in names:
+            names[var] = f"v{len(names)}"
+        return names[var]
+
+    consts = [local(v) for v in jaxpr.constvars]
+    params = ", ".join(["stack", *consts, *(local(v) for v in jaxpr.invars)])
+    lines = [f"def run({params}):"]
+    lines += [f"    {c} = asarray({c})" for c in consts]
+    for k, step in enumerate(steps):
+        ns[f"E{k}"] = step.eqn
+        lines.append(f"    stack[-1] = E{k}")
+        if step.call is None:
+            lines.append(f"    missing_rule(E{k}, executor)")
+            continue
+        ns[f"C{k}"] = step.call
+        operands = []
+        for j, (literal, value) in enumerate(step.operands):
+            if literal:
+                ns[f"L{k}_{j}"] = value
+                operands.append(f"L{k}_{j}")
+            else:
+                operands.append(local(value))
+        outs = [local(v) if v is not None else f"_{k}_{i}" for i, v in enumerate(step.outvars)]
+        target = (f"{', '.join(outs)}, = " if outs else "") if step.multiple else f"{outs[0]} = "
+        lines.append(f"    {target}C{k}({', '.join(operands)})")
+        for i, (out, (shape, dtype)) in enumerate(zip(outs, step.expected, strict=True)):
+            ns[f"S{k}_{i}"], ns[f"D{k}_{i}"] = shape, dtype
+            lines.append(f"    if type({out}) is not ndarray: {out} = asarray({out})")
+            lines.append(f"    if {out}.shape != S{k}_{i} or {out}.dtype != D{k}_{i}: "
+                         f"bad_result(E{k}, {out}, S{k}_{i}, D{k}_{i})")
+    results = []
+    for j, v in enumerate(jaxpr.outvars):
+        if isinstance(v, ext_core.Literal):
+            ns[f"R{j}"] = v
+            results.append(f"read_literal(R{j})")
+        else:
+            results.append(local(v))
+    lines.append(f"    return [{', '.join(results)}]")
+    return "\n".join(lines) + "\n", ns
+
+
+_programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _program(jaxpr, executor: Executor) -> Callable:
+    programs = _programs.get(jaxpr)
+    if programs is None:
+        programs = _programs[jaxpr] = {}
+    program = programs.get(id(executor))
+    if program is None:
+        source, ns = program_source(jaxpr, executor)
+        exec(compile(source, "<spmdsim: jaxpr>", "exec"), ns)  # noqa: S102 - our own generated code
+        program = programs[id(executor)] = ns["run"]
+    return program
+
+
+def eval_jaxpr(jaxpr, consts, args, executor: Executor) -> list[np.ndarray]:
+    """Evaluate ``jaxpr`` with its compiled function; the same results and errors as the reference loop."""
+    run = _program(jaxpr, executor)
+    stack = _stack()
+    stack.append(None)
+    try:
+        with np.errstate(all="ignore"):
+            return run(stack, *consts, *args)
+    finally:
+        stack.pop()

@@ -1,0 +1,450 @@
+"""spmdsim's map as a JAX primitive, so that every JAX transformation composes with it.
+
+``spmdsim_map`` is shard_map's semantics with spmdsim as its implementation: a per-device body (a closed jaxpr)
+run once per device of a mesh (``axes``: (name, size) pairs), each input split into blocks by its spec, each
+output assembled from the blocks by its spec (see :mod:`spmdsim._sharding`). ``pmap`` is the one-axis case
+whose body squeezes the unit axis of each mapped block and expands each output (exactly how JAX 0.10 builds
+``pmap`` from ``shard_map``).
+
+Why a primitive: when ``spmdsim.jax.pmap`` is called with JAX tracers (under ``grad``, ``vjp``, ``jvp``,
+``linearize``, ``vmap``, ``jit``, ``cond``, ``scan``, ``checkpoint``, ``custom_jvp``, or inside another map)
+it binds this primitive, and the transformation rules below rewrite the *body* jaxpr the way JAX's own
+shard_map rules do; the values are still computed by the simulator, never by XLA:
+
+- JVP: the map of the body's JVP (tangents laid out like their primals).
+- Partial evaluation (``linearize``/``vjp``, and remat's policy-driven form): the map splits into a map of the
+  known part, which also returns the residuals (one block per device, on a new leading axis split over every
+  mesh axis), and a map of the unknown part that takes them back.
+- Transpose: the map of the body's transpose. With ``check_vma=False`` (pmap) JAX's convention holds: the
+  cotangent of an output replicated along some mesh axes is divided by their size, and the cotangent of an
+  input replicated along some axes is psummed over them (so ``grad`` of a pmapped ``psum`` is N).
+- Batching (``vmap`` outside the map): the map of the batched body, the batch axis first and not split.
+- Lowering (``jit``, and control flow that XLA runs): a host callback into the simulator.
+
+Evaluated by spmdsim's own interpreter (a map nested in a mapped body) the primitive runs as a nested mapped
+call in the devices' threads (thread executor) or widens the device axis (vectorized executor).
+"""
+from __future__ import annotations
+
+import math
+from typing import Hashable
+
+import jax
+import numpy as np
+from jax._src import core, source_info_util
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import partial_eval as pe
+
+from spmdsim import _primitives, _runtime, _sharding
+from spmdsim.jax import _dtypes
+from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
+
+__all__ = ["spmdsim_map_p", "simulate", "global_avals", "map_params", "to_numpy", "to_jax", "EXECUTORS"]
+
+EXECUTORS = ("threads", "vectorized", "reference")
+
+spmdsim_map_p = core.Primitive("spmdsim_map")
+spmdsim_map_p.multiple_results = True
+
+
+# -- values in and out ------------------------------------------------------------------------------------
+
+def to_numpy(x) -> np.ndarray:
+    """A JAX value (or NumPy/Python value) as the NumPy array the simulator computes with: PRNG keys as their
+    uint32 key data, dtypes canonicalised as JAX does on input (float64 -> float32 while x64 is off)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and _dtypes.is_key(dtype):
+        return np.asarray(jax.random.key_data(x))
+    arr = np.asarray(x)
+    canonical = jax.dtypes.canonicalize_dtype(arr.dtype)
+    return arr if arr.dtype == canonical else arr.astype(canonical)
+
+
+def to_jax(arr: np.ndarray, aval) -> jax.Array:
+    """A result as the ``jax.Array`` that ``jnp.asarray(arr)`` gives (keys wrapped back), through the batched
+    device put that ``jnp.asarray`` ends in (~4 instead of ~17 µs per array); ``jnp.asarray`` itself for
+    dtypes JAX converts and after any failure of that internal entry point."""
+    global _fast_put
+    if _dtypes.is_key(aval.dtype):
+        return jax.random.wrap_key_data(arr, impl=jax.random.key_impl(jax.random.key(0)))
+    if _fast_put not in (None, ...) and arr.dtype == jax.dtypes.canonicalize_dtype(arr.dtype):
+        try:
+            return _fast_put(arr)
+        except Exception:  # noqa: BLE001 - an internal API: use the public one from now on
+            _fast_put = None
+    out = jax.numpy.asarray(arr)
+    if _fast_put is ...:
+        _fast_put = _fast_put_like(out)
+    return out
+
+
+def _fast_put_like(template: jax.Array):
+    """A device put to where ``template`` lives (JAX's default device), or None."""
+    try:
+        from jax._src.lib import xla_client
+        sharding = template.sharding
+        devices = [next(iter(sharding.device_set))]
+    except Exception:  # noqa: BLE001
+        return None
+    avals: dict = {}
+
+    def put(arr):
+        aval = avals.get((arr.shape, arr.dtype))
+        if aval is None:
+            if len(avals) > 1024:
+                avals.clear()
+            aval = avals[(arr.shape, arr.dtype)] = core.ShapedArray(arr.shape, arr.dtype)
+        return xla_client.batched_device_put(aval, sharding, [arr], devices, False)
+    return put
+
+
+_fast_put = ...  # not yet known: made from the first jnp.asarray result
+
+
+def _numpy_spec(spec: tuple, aval) -> tuple:
+    """A spec for the NumPy form of a value: PRNG key data has one more, unsplit, axis."""
+    return spec + ((),) if _dtypes.is_key(aval.dtype) else spec
+
+
+# -- the simulation ----------------------------------------------------------------------------------------
+
+def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, executor: str, api: str,
+             ex: Executor | None = None, check_replicated: bool = False, **_params) -> list[np.ndarray]:
+    """Run the map on NumPy values: split the inputs into blocks, evaluate the body per device (threads) or all
+    devices at once (vectorized), assemble the outputs. ``ex`` is the evaluating executor when the map is an
+    equation of an outer body (a nested map), None at top level. ``check_replicated``: raise ReplicationError
+    when an output replicated along some mesh axes differs between the devices along them."""
+    in_avals, out_avals = jaxpr.in_avals, jaxpr.out_avals
+    in_specs = [_numpy_spec(s, a) for s, a in zip(in_specs, in_avals, strict=True)]
+    out_specs = [_numpy_spec(s, a) for s, a in zip(out_specs, out_avals, strict=True)]
+    if isinstance(ex, Vectorized) or (ex is None and executor == "vectorized"):
+        return _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex)
+    body_ex = REFERENCE if executor == "reference" else PER_DEVICE
+    blocks = [_read_only(_sharding.split(x, spec, axes)) for x, spec in zip(args, in_specs, strict=True)]
+
+    def body(i: int) -> list:
+        return body_ex.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, [b[i] for b in blocks])
+
+    per_device = _runtime.run_mapped(body, axes, is_device=True)
+    stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))]
+    if check_replicated:
+        _check_replicated(stacked, out_specs, axes, api)
+    return [_sharding.assemble(o, spec, axes) for o, spec in zip(stacked, out_specs, strict=True)]
+
+
+def _check_replicated(stacked: list[np.ndarray], out_specs, axes, api: str) -> None:
+    from spmdsim._axes import Frame, frames_label
+    from spmdsim.errors import ReplicationError
+    for k, (o, spec) in enumerate(zip(stacked, out_specs, strict=True)):
+        differ = _sharding.replicas_differ(o, spec, axes)
+        if differ:
+            labels = [frames_label([Frame(name, size, c, (), True) for (name, size), c in
+                                    zip(axes, np.unravel_index(d, [s for _, s in axes]), strict=True)]) for d in differ]
+            raise ReplicationError(f"{api}: output {k} is replicated by its out_axes/out_specs but not the same on "
+                                   f"every device: {', '.join(labels)} differ from the device at coordinate 0. "
+                                   f"Reduce it first (e.g. psum/pmean over the axis) or give it a mapped out_axes.")
+
+
+def _read_only(x: np.ndarray) -> np.ndarray:
+    x = x.view()
+    x.flags.writeable = False
+    return x
+
+
+def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized | None") -> list[np.ndarray]:
+    if ex is None:  # top level: the mesh alone
+        stacked = [_sharding.split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
+        outs = Vectorized(_primitives.Batch(axes)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
+        return [_sharding.assemble(o, spec, axes) for o, spec in zip(outs, out_specs, strict=True)]
+    # Nested in a vectorized body: every outer device's value splits into the inner mesh's blocks; the device
+    # axis widens to (outer devices x inner devices), row-major.
+    outer = ex.batch
+    inner = math.prod(size for _, size in axes)
+    stacked = []
+    for x, spec in zip(args, in_specs, strict=True):
+        blocks = _sharding.split(x, ((),) + spec, axes)  # (inner, outer, *block)
+        stacked.append(np.swapaxes(blocks, 0, 1).reshape(ex.n * inner, *blocks.shape[2:]))
+    ids = None if outer.ids is None else (outer.ids[:, None] * inner + np.arange(inner)).ravel()
+    outs = Vectorized(_primitives.Batch(outer.axes + tuple(axes), ids)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
+    result = []
+    for o, spec in zip(outs, out_specs, strict=True):
+        per_inner = np.swapaxes(o.reshape(ex.n, inner, *o.shape[1:]), 0, 1)
+        result.append(_sharding.assemble(per_inner, ((),) + spec, axes))
+    return result
+
+
+@higher_order("spmdsim_map")
+def _nested(ex: Executor, *args, **params):
+    """A map inside a mapped body, evaluated by spmdsim: a nested mapped call."""
+    return simulate(list(args), ex=ex, **params)
+
+
+# -- the primitive -----------------------------------------------------------------------------------------
+
+def _impl(*args, **params):
+    outs = simulate([to_numpy(x) for x in args], **params)
+    return [to_jax(o, aval) for o, aval in zip(outs, global_avals(params), strict=True)]
+
+
+def global_avals(params) -> list:
+    """The map's output avals: the body's, assembled by the out_specs."""
+    return [_unshard(aval, spec, params["axes"]) for aval, spec in
+            zip(params["jaxpr"].out_avals, params["out_specs"], strict=True)]
+
+
+def _unshard(aval, spec, axes):
+    return aval.update(shape=_sharding.global_shape(aval.shape, spec, axes))
+
+
+def _shard(aval, spec, axes):
+    return aval.update(shape=_sharding.block_shape(aval.shape, spec, axes))
+
+
+def _abstract_eval(*avals, jaxpr, axes, **params):
+    names = [name for name, _ in axes]
+    return global_avals({"jaxpr": jaxpr, "out_specs": params["out_specs"], "axes": axes}), \
+        core.filter_named_axis_effects(jaxpr.effects, names)
+
+
+spmdsim_map_p.def_impl(_impl)
+spmdsim_map_p.def_effectful_abstract_eval(_abstract_eval)
+
+
+class _axis_env:
+    """The map's named axes bound while a body is traced or transformed (collectives need their sizes)."""
+
+    def __init__(self, axes):
+        self.named = [(name, size) for name, size in axes if not isinstance(name, _runtime.Unnamed)]
+
+    def __enter__(self):
+        self.ctx = core.extend_axis_env_nd(self.named)
+        return self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        return self.ctx.__exit__(*exc)
+
+
+def _stacked_spec(axes, ndim: int) -> tuple:
+    """The spec of a per-device value carried out of a map: a new leading axis split over every mesh axis."""
+    return (tuple(name for name, _ in axes),) + ((),) * ndim
+
+
+def _trace(fun, avals, axes, debug_name: str = "spmdsim_map") -> core.ClosedJaxpr:
+    """``fun`` traced on ``avals`` with the map's axes bound; constants become leading inputs (so the jaxpr
+    has none)."""
+    with _axis_env(axes):
+        closed = jax.make_jaxpr(fun)(*avals)
+    if closed.consts:
+        raise AssertionError(f"spmdsim bug: {debug_name} traced with constants")
+    return closed
+
+
+# -- JVP ---------------------------------------------------------------------------------------------------
+
+def _jvp(primals, tangents, *, jaxpr, in_specs, out_specs, axes, **params):
+    nonzeros = [type(t) is not ad.Zero for t in tangents]
+    with _axis_env(axes):
+        jvp_jaxpr, out_nonzeros = ad.jvp_jaxpr(jaxpr, nonzeros, instantiate=False)
+    nz_tangents = [t for t, nz in zip(tangents, nonzeros, strict=True) if nz]
+    n_out = len(out_specs)
+    outs = spmdsim_map_p.bind(
+        *primals, *nz_tangents, jaxpr=jvp_jaxpr, axes=axes,
+        in_specs=(*in_specs, *(s for s, nz in zip(in_specs, nonzeros, strict=True) if nz)),
+        out_specs=(*out_specs, *(s for s, nz in zip(out_specs, out_nonzeros, strict=True) if nz)), **params)
+    primals_out, nz_tangents_out = outs[:n_out], iter(outs[n_out:])
+    tangents_out = [next(nz_tangents_out) if nz else ad.Zero(core.typeof(p).to_tangent_aval())
+                    for p, nz in zip(primals_out, out_nonzeros, strict=True)]
+    return primals_out, tangents_out
+
+
+ad.primitive_jvps[spmdsim_map_p] = _jvp
+
+
+# -- partial evaluation ------------------------------------------------------------------------------------
+
+def _with_stacked_residuals(known: core.ClosedJaxpr, n_res: int, axes):
+    """``known`` with each of its last ``n_res`` outputs (residuals) given a leading unit axis, so that they
+    leave the map stacked per device."""
+    def fun(*args):
+        outs = core.eval_jaxpr(known.jaxpr, known.consts, *args)
+        split = len(outs) - n_res
+        return [*outs[:split], *(jax.lax.expand_dims(r, (0,)) for r in outs[split:])]
+    return _trace(fun, known.in_avals, axes)
+
+
+def _with_unstacked_residuals(unknown: core.ClosedJaxpr, n_res: int, axes):
+    """``unknown`` taking its first ``n_res`` inputs (residuals) with the leading unit axis added above."""
+    def fun(*args):
+        res = [jax.lax.squeeze(r, (0,)) for r in args[:n_res]]
+        return core.eval_jaxpr(unknown.jaxpr, unknown.consts, *res, *args[n_res:])
+    avals = [a.update(shape=(1, *a.shape)) for a in unknown.in_avals[:n_res]] + list(unknown.in_avals[n_res:])
+    return _trace(fun, avals, axes)
+
+
+def _partial_eval(trace, *tracers, jaxpr, in_specs, out_specs, axes, **params):
+    unknowns = [not t.pval.is_known() for t in tracers]
+    with _axis_env(axes):
+        known, unknown, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(jaxpr, unknowns, instantiate=False)
+    n_res = len(res_avals)
+    known = _with_stacked_residuals(known, n_res, axes)
+    unknown = _with_unstacked_residuals(unknown, n_res, axes)
+    res_specs = tuple(_stacked_spec(axes, len(a.shape)) for a in res_avals)
+    known_out_specs = tuple(s for s, u in zip(out_specs, out_unknowns, strict=True) if not u)
+    known_outs = spmdsim_map_p.bind(
+        *(t.pval.get_known() for t, u in zip(tracers, unknowns, strict=True) if not u), jaxpr=known, axes=axes,
+        in_specs=tuple(s for s, u in zip(in_specs, unknowns, strict=True) if not u),
+        out_specs=(*known_out_specs, *res_specs), **params)
+    known_values, residuals = known_outs[:len(known_out_specs)], known_outs[len(known_out_specs):]
+    unknown_params = dict(params, jaxpr=unknown, axes=axes,
+                          in_specs=(*res_specs, *(s for s, u in zip(in_specs, unknowns, strict=True) if u)),
+                          out_specs=tuple(s for s, u in zip(out_specs, out_unknowns, strict=True) if u))
+    in_tracers = [*map(trace.new_instantiated_const, residuals),
+                  *(trace.instantiate_const(t) for t, u in zip(tracers, unknowns, strict=True) if u)]
+    out_tracers = [pe.JaxprTracer(trace, pe.PartialVal.unknown(a), None) for a in global_avals(unknown_params)]
+    effects = core.filter_named_axis_effects(unknown.effects, [name for name, _ in axes])
+    eqn = pe.new_eqn_recipe(trace, in_tracers, out_tracers, spmdsim_map_p, unknown_params, effects,
+                            source_info_util.current())
+    for t in out_tracers:
+        t.recipe = eqn
+    known_iter, unknown_iter = iter(known_values), iter(out_tracers)
+    return [next(unknown_iter) if u else next(known_iter) for u in out_unknowns]
+
+
+pe.custom_partial_eval_rules[spmdsim_map_p] = _partial_eval
+
+
+def _partial_eval_custom(saveable, unks_in, inst_in, eqn):
+    """Remat's policy-driven partial evaluation (``jax.checkpoint`` around a map): the same split, on
+    equations."""
+    params = dict(eqn.params)
+    jaxpr, axes = params.pop("jaxpr"), params["axes"]
+    in_specs, out_specs = params.pop("in_specs"), params.pop("out_specs")
+    with _axis_env(axes):
+        known, staged, unks_out, inst_out, n_res = pe.partial_eval_jaxpr_custom(
+            jaxpr.jaxpr, unks_in, inst_in, False, False, saveable)
+    known, staged = pe.close_jaxpr(known), pe.close_jaxpr(staged)
+    res_avals = staged.in_avals[:n_res]
+    known = _with_stacked_residuals(known, n_res, axes)
+    staged = _with_unstacked_residuals(staged, n_res, axes)
+    res_specs = tuple(_stacked_spec(axes, len(a.shape)) for a in res_avals)
+    ins_known = [v for v, u in zip(eqn.invars, unks_in, strict=True) if not u]
+    outs_known = [v for v, u in zip(eqn.outvars, unks_out, strict=True) if not u]
+    ins_staged = [v for v, inst in zip(eqn.invars, inst_in, strict=True) if inst]
+    outs_staged = [v for v, inst in zip(eqn.outvars, inst_out, strict=True) if inst]
+    known_params = dict(params, jaxpr=known, out_specs=(*(s for s, u in zip(out_specs, unks_out, strict=True)
+                                                             if not u), *res_specs),
+                        in_specs=tuple(s for s, u in zip(in_specs, unks_in, strict=True) if not u))
+    residuals = [core.Var(a) for a in global_avals(known_params)[len(outs_known):]]
+    staged_params = dict(params, jaxpr=staged, out_specs=tuple(s for s, i in zip(out_specs, inst_out, strict=True)
+                                                               if i),
+                         in_specs=(*res_specs, *(s for s, i in zip(in_specs, inst_in, strict=True) if i)))
+    names = [name for name, _ in axes]
+    eqn_known = pe.new_jaxpr_eqn(ins_known, [*outs_known, *residuals], spmdsim_map_p, known_params,
+                                 core.filter_named_axis_effects(known.effects, names), eqn.source_info, eqn.ctx)
+    eqn_staged = pe.new_jaxpr_eqn([*residuals, *ins_staged], outs_staged, spmdsim_map_p, staged_params,
+                                  core.filter_named_axis_effects(staged.effects, names), eqn.source_info, eqn.ctx)
+    new_inst = [x for x, inst in zip(eqn.invars, inst_in, strict=True) if type(x) is core.Var and not inst]
+    return eqn_known, eqn_staged, unks_out, inst_out, new_inst + residuals
+
+
+pe.partial_eval_jaxpr_custom_rules[spmdsim_map_p] = _partial_eval_custom
+
+
+# -- transpose ---------------------------------------------------------------------------------------------
+
+def _unmentioned(spec, axes) -> tuple:
+    mentioned = {name for names in spec for name in names}
+    return tuple((name, size) for name, size in axes if name not in mentioned)
+
+
+def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params):
+    undefined = [ad.is_undefined_primal(x) for x in args]
+    if not check_vma:  # pmap's convention: an output replicated along some axes got their devices' cotangents
+        cts = [ct if type(ct) is ad.Zero or ct.dtype == jax.dtypes.float0
+               else ct / math.prod(size for _, size in _unmentioned(spec, axes)) if _unmentioned(spec, axes) else ct
+               for ct, spec in zip(cts, out_specs, strict=True)]
+    nonzero_cts = [type(ct) is not ad.Zero for ct in cts]
+    res_avals = [_shard(core.typeof(x), s, axes) for x, s, u in zip(args, in_specs, undefined, strict=True)
+                 if not u]
+    ct_avals = [_shard(core.typeof(ct), s, axes) for ct, s, nz in zip(cts, out_specs, nonzero_cts, strict=True)
+                if nz]
+    linear_avals = [_shard(x.aval, s, axes) for x, s, u in zip(args, in_specs, undefined, strict=True) if u]
+
+    def transposed(*res_and_cts):
+        res, ct_blocks = iter(res_and_cts[:len(res_avals)]), iter(res_and_cts[len(res_avals):])
+        linear = iter(linear_avals)
+        primals = [ad.UndefinedPrimal(next(linear)) if u else next(res) for u in undefined]
+        ct_in = [next(ct_blocks) if nz else ad.Zero(a.to_tangent_aval())
+                 for a, nz in zip(jaxpr.out_avals, nonzero_cts, strict=True)]
+        ct_out = ad.backward_pass(jaxpr.jaxpr, False, jaxpr.consts, primals, ct_in)
+        out = []
+        for ct, aval, spec, u in zip(ct_out, jaxpr.in_avals, in_specs, undefined, strict=True):
+            if not u:
+                continue
+            if type(ct) is ad.Zero:
+                ct = ad.instantiate_zeros(ct)
+            replicated = [name for name, _ in _unmentioned(spec, axes) if not isinstance(name, _runtime.Unnamed)]
+            if not check_vma and replicated and ct.dtype != jax.dtypes.float0:
+                ct = jax.lax.psum(ct, tuple(replicated))
+            out.append(ct)
+        return out
+
+    body = _trace(transposed, [*res_avals, *ct_avals], axes, "the transpose of spmdsim_map")
+    residuals = [x for x, u in zip(args, undefined, strict=True) if not u]
+    outs = spmdsim_map_p.bind(
+        *residuals, *(ct for ct, nz in zip(cts, nonzero_cts, strict=True) if nz), jaxpr=body, axes=axes,
+        in_specs=(*(s for s, u in zip(in_specs, undefined, strict=True) if not u),
+                  *(s for s, nz in zip(out_specs, nonzero_cts, strict=True) if nz)),
+        out_specs=tuple(s for s, u in zip(in_specs, undefined, strict=True) if u), check_vma=check_vma, **params)
+    outs = iter(outs)
+    return [next(outs) if u else None for u in undefined]
+
+
+ad.primitive_transposes[spmdsim_map_p] = _transpose
+
+
+# -- batching (vmap outside the map) -------------------------------------------------------------------------
+
+def _batch(axis_data, args, dims, *, jaxpr, in_specs, out_specs, axes, **params):
+    batched = [d is not None for d in dims]
+    args = [batching.moveaxis(x, d, 0) if b else x for x, d, b in zip(args, dims, batched, strict=True)]
+    with _axis_env(axes):
+        batched_jaxpr, out_batched = batching.batch_jaxpr(jaxpr, axis_data, batched, instantiate=False)
+    outs = spmdsim_map_p.bind(
+        *args, jaxpr=batched_jaxpr, axes=axes,
+        in_specs=tuple(((),) + s if b else s for s, b in zip(in_specs, batched, strict=True)),
+        out_specs=tuple(((),) + s if b else s for s, b in zip(out_specs, out_batched, strict=True)), **params)
+    return outs, [0 if b else None for b in out_batched]
+
+
+batching.fancy_primitive_batchers[spmdsim_map_p] = _batch
+
+
+# -- lowering (jit): a host callback into the simulator ----------------------------------------------------
+
+def _callback_form(*args, **params):
+    out_avals = global_avals(params)
+    keys_in = [_dtypes.is_key(core.typeof(x).dtype) for x in args]
+    keys_out = [_dtypes.is_key(a.dtype) for a in out_avals]
+    args = [jax.random.key_data(x) if k else x for x, k in zip(args, keys_in, strict=True)]
+    shapes = [jax.ShapeDtypeStruct((*a.shape, 2), np.uint32) if k else jax.ShapeDtypeStruct(a.shape, a.dtype)
+              for a, k in zip(out_avals, keys_out, strict=True)]
+
+    def host(*values):
+        return simulate([to_numpy(v) for v in values], **params)
+
+    outs = jax.pure_callback(host, shapes, *args)
+    impl = jax.random.key_impl(jax.random.key(0)) if any(keys_out) else None
+    return [jax.random.wrap_key_data(o, impl=impl) if k else o for o, k in zip(outs, keys_out, strict=True)]
+
+
+mlir.register_lowering(spmdsim_map_p, mlir.lower_fun(_callback_form, multiple_results=True))
+
+
+def map_params(jaxpr, axes: tuple[tuple[Hashable, int], ...], in_specs, out_specs, *, check_vma: bool,
+               executor: str, api: str) -> dict:
+    """The primitive's parameters, checked."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
+    return dict(jaxpr=jaxpr, axes=tuple(axes), in_specs=tuple(in_specs), out_specs=tuple(out_specs),
+                check_vma=check_vma, executor=executor, api=api)
