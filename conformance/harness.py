@@ -26,6 +26,8 @@ APIS = {
     "jaxpr": types.SimpleNamespace(name="jaxpr", lax=jax.lax, pmap=sjax.pmap, vmap=jax.vmap),
     "vectorized": types.SimpleNamespace(name="vectorized", lax=jax.lax, pmap=functools.partial(
         sjax.pmap, executor="vectorized"), vmap=jax.vmap),
+    "reference": types.SimpleNamespace(name="reference", lax=jax.lax, pmap=functools.partial(
+        sjax.pmap, executor="reference"), vmap=jax.vmap),
     "jax": types.SimpleNamespace(name="jax", lax=jax.lax, pmap=jax.pmap, vmap=jax.vmap),
 }
 

@@ -31,19 +31,21 @@ def test_every_known_difference_names_a_case():
     assert not unused, f"known differences that match no case: {unused}"
 
 
-@pytest.mark.area("vectorized = threads (spmdsim vs spmdsim)")
+@pytest.mark.area("executors agree (spmdsim vs spmdsim)")
+@pytest.mark.parametrize("other", ["vectorized", "reference"])
 @pytest.mark.parametrize("case", [pytest.param(c, id=i) for i, c in CASES.items() if "vectorized" in c.front_ends])
-def test_vectorized_executor_equals_thread_executor(case):
-    """The vectorized executor against the reference thread executor, on every case (differences from JAX
-    included): the same results bit for bit, or the same exception class."""
+def test_executors_agree_bit_for_bit(case, other):
+    """On every case (differences from JAX included), the vectorized executor and the reference interpreter
+    loop against the thread executor's compiled jaxprs: the same results bit for bit, or the same exception
+    class."""
     from conformance.harness import APIS, _call
     from spmdsim.testing import assert_trees_match
 
     if case.devices_needed > jax.device_count():
         pytest.skip(f"needs {case.devices_needed} devices")
     threads, threads_error = _call(APIS["jaxpr"], case)
-    vectorized, vectorized_error = _call(APIS["vectorized"], case)
-    if threads_error is not None or vectorized_error is not None:
-        assert type(threads_error) is type(vectorized_error), (threads_error, vectorized_error)
+    result, error = _call(APIS[other], case)
+    if threads_error is not None or error is not None:
+        assert type(threads_error) is type(error), (threads_error, error)
         return
-    assert_trees_match(vectorized, threads, out_axis=case.out_axis, what=("vectorized", "threads"), rtol=0, atol=0)
+    assert_trees_match(result, threads, out_axis=case.out_axis, what=(other, "threads"), rtol=0, atol=0)

@@ -142,11 +142,11 @@ def mapped_size(paths: Sequence, shapes: Sequence[tuple], axes: Sequence[int | N
     return n
 
 
-def check_device_count(n: int, devices: Sequence | None) -> None:
+def check_device_count(n: int, devices: Sequence | None, outer: int = 1) -> None:
     """ValueError, with the reshape to do, when ``n`` devices are more than are available (in a nested pmap:
-    per block of the enclosing ones)."""
+    per block of the enclosing ones: those running, and ``outer`` more being traced)."""
     lane = _runtime.current_lane()
-    outer = math.prod(f.size for f in lane.frames if f.is_device) if lane is not None else 1
+    outer *= math.prod(f.size for f in lane.frames if f.is_device) if lane is not None else 1
     total = len(devices) if devices is not None else _devices.device_count()
     available = total // outer
     if n <= available:

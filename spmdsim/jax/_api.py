@@ -10,6 +10,7 @@ transformation through to the body.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from typing import Callable, Hashable, Sequence
 
@@ -34,11 +35,14 @@ def _aval(leaf, path: str):
     """The abstract value a leaf is traced with (JAX's dtype canonicalisation, weak types for Python
     scalars); TypeError naming the argument for what is not an array."""
     try:
-        return core.shaped_abstractify(leaf)
+        aval = core.shaped_abstractify(leaf)
     except TypeError:
         raise TypeError(f"pmap: argument {path} of type {type(leaf).__name__} is not an array; mapped function "
                         f"arguments must be arrays or numbers. Pass non-array values with "
                         f"static_broadcasted_argnums, or close over them.") from None
+    # A block's type carries no sharding: inside the map each device holds a plain array, whatever mesh the
+    # caller's array lives on (tracing with it would add resharding equations).
+    return core.ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 class _Body:
@@ -51,9 +55,9 @@ class _Body:
         self.cacheable = not any(isinstance(c, core.Tracer) for c in consts)
 
 
-def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, axis_env) -> _Body:
-    """Trace ``fun`` on one device's blocks: mapped blocks keep a unit axis (squeezed inside), outputs get one
-    (expanded inside, at their ``out_axes``)."""
+def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, n, axis_env) -> _Body:
+    """Trace ``fun`` on one device's blocks (``n`` devices): mapped blocks keep a unit axis (squeezed inside),
+    outputs get one (expanded inside, at their ``out_axes``)."""
     found = {}
 
     def body(*blocks):
@@ -78,7 +82,11 @@ def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, axis_env)
 
     block_avals = [a.update(shape=a.shape[:ax] + (1,) + a.shape[ax + 1:]) if ax is not None else a
                    for a, ax in zip(avals, in_axes, strict=True)]
-    closed = jax.make_jaxpr(body, axis_env=axis_env)(*block_avals)
+    _tracing.stack.append(n)
+    try:
+        closed = jax.make_jaxpr(body, axis_env=axis_env)(*block_avals)
+    finally:
+        _tracing.stack.pop()
     jaxpr = ext_core.ClosedJaxpr(_convert_constvars(closed.jaxpr), ())
     in_specs = [tuple((name,) if d == ax else () for d in range(len(a.shape)))
                 for a, ax in zip(avals, in_axes, strict=True)]
@@ -86,6 +94,17 @@ def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, axis_env)
     out_specs = [tuple((name,) if d == (ax % len(a.shape)) else () for d in range(len(a.shape))) if ax is not None
                  else ((),) * len(a.shape) for a, ax in zip(closed.out_avals, found["axes"], strict=True)]
     return _Body(jaxpr, list(closed.consts), found["tree"], (*const_specs, *in_specs), tuple(out_specs))
+
+
+class _Tracing(threading.local):
+    """The device counts of the maps whose bodies this thread is tracing (a pmap inside another pmap's body
+    is traced while the outer one is: its devices are per block of the outer ones)."""
+
+    def __init__(self):
+        self.stack: list[int] = []
+
+
+_tracing = _Tracing()
 
 
 def _convert_constvars(jaxpr):
@@ -144,14 +163,14 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
         try:
             flat_in_axes = api_util.flatten_axes("pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
-        except ValueError as e:
-            raise ValueError(str(e) + _pmap.PMAP_HINT) from None
+        except ValueError:
+            raise ValueError(_in_axes_error(dyn_in_axes, dyn_args, kwargs)) from None
         paths = [_pmap.LazyPath((dyn_args, kwargs), k, _pmap.argument_path, _keystrs) for k in range(len(leaves))]
         avals = [_aval(leaf, paths[k]) for k, leaf in enumerate(leaves)]
         flat_in_axes = [None if ax is None else _pmap.canonical_in_axis(ax, a.shape, p, "pmap")
                         for a, ax, p in zip(avals, flat_in_axes, paths, strict=True)]
         n = _pmap.mapped_size(paths, [a.shape for a in avals], flat_in_axes, "pmap", axis_size)
-        _pmap.check_device_count(n, devices)
+        _pmap.check_device_count(n, devices, outer=math.prod(_tracing.stack))
         lane = _runtime.current_lane()
         outer = [(f.name, f.size) for f in (lane.frames if lane is not None else ())
                  if not isinstance(f.name, Unnamed)]
@@ -160,7 +179,7 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         with lock:
             body = cache.get(key)
         if body is None:
-            body = _trace_body(fun, statics, in_tree, avals, flat_in_axes, out_axes, name, axis_env)
+            body = _trace_body(fun, statics, in_tree, avals, flat_in_axes, out_axes, name, n, axis_env)
             if body.cacheable:
                 with lock:
                     cache[key] = body
@@ -176,6 +195,22 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
 
     mapped._spmdsim_cache = cache  # for tests and the benchmarks: how many traces were made
     return mapped
+
+
+def _in_axes_error(in_axes, args: tuple, kwargs: dict) -> str:
+    """JAX's message for an ``in_axes`` that is not a tree prefix of the positional arguments: the key path
+    (``pmap in_axes[0][0]``) where the trees differ, what the comparison is, and the keyword-argument rule."""
+    from jax._src.tree_util import prefix_errors
+    first, *_ = prefix_errors((in_axes, 0), (args, kwargs))
+    text = first("pmap in_axes").args[0]
+    text += ("\n\nThe 'full pytree' here is the tuple of arguments passed positionally to the pmapped function, "
+             "and the value of `in_axes` must be a tree prefix of that tuple. But it was not a prefix.")
+    if kwargs:
+        text += ("\n\nWhen some arguments are passed by keyword to the pmapped function, they are not included in "
+                 "the comparison to `in_axes`. Instead, each argument passed by keyword is mapped over its leading "
+                 "axis.")
+    return text + ("\n\nCheck that the value of the `in_axes` argument to `pmap` is a tree prefix of the tuple of "
+                   "arguments passed positionally to the pmapped function, e.g. in_axes=(0, None) for f(x, params).")
 
 
 def _keystrs(tree) -> list[str]:

@@ -1,35 +1,56 @@
-"""What ``spmdsim run`` changes in JAX for the duration of a script: ``jax.pmap`` becomes
-:func:`spmdsim.jax.pmap`, and the device queries report the virtual devices."""
+"""What ``spmdsim run`` changes in JAX for the duration of a script.
+
+- ``jax.pmap`` becomes :func:`spmdsim.jax.pmap` (so ``from jax import pmap`` in the script gets it too).
+- JAX's CPU platform gets as many devices as spmdsim has virtual devices (``jax_num_cpu_devices``, set before
+  JAX's backend starts), so ``jax.devices()``, ``jax.local_devices()``, ``jax.device_count()`` and
+  ``jax.local_device_count()`` agree with spmdsim, and the devices are real JAX devices: ``jax.device_put``,
+  ``jax.sharding.Mesh``, ``jax.make_mesh`` and ``flax.jax_utils.replicate`` accept them. They only *hold*
+  arrays; every value of a mapped function is computed by spmdsim.
+"""
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 
 import spmdsim
 
-REPLACED = ("pmap", "device_count", "local_device_count", "devices")
+__all__ = ["patched_jax", "use_cpu_devices"]
+
+
+def use_cpu_devices(n: int) -> bool:
+    """Give JAX ``n`` CPU devices (and make the CPU its platform) if its backend has not started yet. Returns
+    whether JAX now has ``n`` devices; when the backend already started with another count, says so on
+    stderr (spmdsim still simulates ``n`` devices; only ``jax.devices()`` reports the others)."""
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", n)
+    if jax.device_count() == n:
+        return True
+    print(f"spmdsim: JAX's backend started before spmdsim could give it {n} CPU devices; jax.devices() reports "
+          f"{jax.device_count()}. spmdsim simulates {n} devices regardless. To make them agree, set "
+          f"jax.config.update('jax_num_cpu_devices', {n}) before JAX is first used.", file=sys.stderr)
+    return False
 
 
 @contextlib.contextmanager
 def patched_jax(n_devices: int, executor: str = "threads"):
-    """Replace jax.pmap (by spmdsim.jax.pmap with ``executor``) and the device queries for the block; the
-    device threads are reused between calls (``spmdsim.reuse_threads()``) until the block ends."""
-    import functools
-
+    """For the block: ``jax.pmap`` is :func:`spmdsim.jax.pmap` (with ``executor``), spmdsim has ``n_devices``
+    virtual devices, and so has JAX's CPU platform (see :func:`use_cpu_devices`)."""
     import jax
 
     import spmdsim.jax as sjax
 
-    saved = {name: getattr(jax, name) for name in REPLACED}
+    use_cpu_devices(n_devices)
+    saved = jax.pmap
     pmap = sjax.pmap if executor == "threads" else functools.wraps(sjax.pmap)(
         functools.partial(sjax.pmap, executor=executor))
-    replacements = {"pmap": pmap, "device_count": spmdsim.device_count,
-                    "local_device_count": spmdsim.local_device_count,
-                    "devices": lambda backend=None: spmdsim.devices(backend)}
-    with spmdsim.set_device_count(n_devices), spmdsim.reuse_threads():
-        for name, value in replacements.items():
-            setattr(jax, name, value)
+    with spmdsim.set_device_count(n_devices):
+        jax.pmap = pmap
         try:
             yield
         finally:
-            for name, value in saved.items():
-                setattr(jax, name, value)
+            jax.pmap = saved
