@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -68,6 +69,14 @@ def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
                 f = sjax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None, executor=executor)
                 params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
             return measure(lambda: f(params, x, y), repeats, _warmup(n))
+        if bench in ("grad", "jit"):
+            if variant == "numpy":
+                return {"error": "not applicable: a JAX transformation of a pmap"}
+            make = programs.grad_of_pmap if bench == "grad" else programs.jit_of_pmap
+            f = make(jax, functools.partial(sjax.pmap, executor=executor))
+            x, y = programs.train_data(n)
+            params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
+            return measure(lambda: jax.block_until_ready(f(params, x, y)), repeats, _warmup(n))
         if bench == "scale":
             x = np.ones((n, 4), np.float32)
             f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i") if variant == "numpy"
@@ -86,6 +95,8 @@ PLAN = {  # benchmark -> device counts; every benchmark runs every variant
     "latency": [8, 64, 256, 1024],
     "large": [8],
     "train": [8, 64],
+    "grad": [8],
+    "jit": [8],
     "scale": [4096],
 }
 VARIANTS = ["numpy", "jax-threads", "jax-vectorized"]

@@ -22,6 +22,11 @@ def main():
     elif bench == "large":
         f = jax.pmap(lambda x: jax.lax.psum(x, "i"), "i", out_axes=None)
         args = (np.ones((n, programs.BIG), np.float32),)
+    elif bench in ("grad", "jit"):
+        make = programs.grad_of_pmap if bench == "grad" else programs.jit_of_pmap
+        f = make(jax, jax.pmap)
+        x, y = programs.train_data(n)
+        args = ({"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}, x, y)
     elif bench in ("train", "scale"):
         if bench == "train":
             f = jax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None)

@@ -50,3 +50,24 @@ def train_data(n, per_device=64, features=16, seed=0):
     x = rng.standard_normal((n, per_device, features)).astype(np.float32)
     y = rng.standard_normal((n, per_device)).astype(np.float32)
     return x, y
+
+
+def jax_loss(jax):
+    """The per-device loss of the training step, pmapped with in_axes=(None, 0, 0): its grad is taken
+    outside the pmap (the "grad" benchmark)."""
+    import jax.numpy as jnp
+
+    def loss(params, x, y):
+        return jax.lax.pmean(jnp.mean((x @ params["w"] + params["b"] - y) ** 2), "i")
+    return loss
+
+
+def grad_of_pmap(jax, pmap):
+    """``jax.grad`` of the summed pmapped loss with respect to the replicated parameters."""
+    losses = pmap(jax_loss(jax), "i", in_axes=(None, 0, 0))
+    return jax.grad(lambda params, x, y: losses(params, x, y).sum())
+
+
+def jit_of_pmap(jax, pmap):
+    """``jax.jit(jax.pmap(step))`` of the training step."""
+    return jax.jit(pmap(jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None))

@@ -32,6 +32,7 @@ from typing import Hashable
 import jax
 import numpy as np
 from jax._src import core, source_info_util
+from jax._src.util import weakref_lru_cache
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 
@@ -281,14 +282,19 @@ def _with_unstacked_residuals(unknown: core.ClosedJaxpr, n_res: int, axes):
     return _trace(fun, avals, axes)
 
 
-def _partial_eval(trace, *tracers, jaxpr, in_specs, out_specs, axes, **params):
-    unknowns = [not t.pval.is_known() for t in tracers]
+@weakref_lru_cache
+def _split_known(jaxpr, unknowns: tuple, axes: tuple):
+    """The known and unknown halves of a body (residuals stacked per device), once per body and mask."""
     with _axis_env(axes):
         known, unknown, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(jaxpr, unknowns, instantiate=False)
     n_res = len(res_avals)
-    known = _with_stacked_residuals(known, n_res, axes)
-    unknown = _with_unstacked_residuals(unknown, n_res, axes)
-    res_specs = tuple(_stacked_spec(axes, len(a.shape)) for a in res_avals)
+    return (_with_stacked_residuals(known, n_res, axes), _with_unstacked_residuals(unknown, n_res, axes),
+            tuple(out_unknowns), tuple(_stacked_spec(axes, len(a.shape)) for a in res_avals))
+
+
+def _partial_eval(trace, *tracers, jaxpr, in_specs, out_specs, axes, **params):
+    unknowns = tuple(not t.pval.is_known() for t in tracers)
+    known, unknown, out_unknowns, res_specs = _split_known(jaxpr, unknowns, axes)
     known_out_specs = tuple(s for s, u in zip(out_specs, out_unknowns, strict=True) if not u)
     known_outs = spmdsim_map_p.bind(
         *(t.pval.get_known() for t, u in zip(tracers, unknowns, strict=True) if not u), jaxpr=known, axes=axes,
@@ -357,18 +363,15 @@ def _unmentioned(spec, axes) -> tuple:
     return tuple((name, size) for name, size in axes if name not in mentioned)
 
 
-def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params):
-    undefined = [ad.is_undefined_primal(x) for x in args]
-    if not check_vma:  # pmap's convention: an output replicated along some axes got their devices' cotangents
-        cts = [ct if type(ct) is ad.Zero or ct.dtype == jax.dtypes.float0
-               else ct / math.prod(size for _, size in _unmentioned(spec, axes)) if _unmentioned(spec, axes) else ct
-               for ct, spec in zip(cts, out_specs, strict=True)]
-    nonzero_cts = [type(ct) is not ad.Zero for ct in cts]
-    res_avals = [_shard(core.typeof(x), s, axes) for x, s, u in zip(args, in_specs, undefined, strict=True)
-                 if not u]
-    ct_avals = [_shard(core.typeof(ct), s, axes) for ct, s, nz in zip(cts, out_specs, nonzero_cts, strict=True)
-                if nz]
-    linear_avals = [_shard(x.aval, s, axes) for x, s, u in zip(args, in_specs, undefined, strict=True) if u]
+@weakref_lru_cache
+def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tuple, out_specs: tuple, axes: tuple,
+                     check_vma: bool):
+    """The body of the transposed map: residual blocks and cotangent blocks in, the cotangent blocks of the
+    linear inputs out (psummed over the axes they are replicated along, under pmap's convention). Once per
+    body and mask."""
+    res_avals = [a for a, u in zip(jaxpr.in_avals, undefined, strict=True) if not u]
+    ct_avals = [a.to_tangent_aval() for a, nz in zip(jaxpr.out_avals, nonzero_cts, strict=True) if nz]
+    linear_avals = [a for a, u in zip(jaxpr.in_avals, undefined, strict=True) if u]
 
     def transposed(*res_and_cts):
         res, ct_blocks = iter(res_and_cts[:len(res_avals)]), iter(res_and_cts[len(res_avals):])
@@ -378,7 +381,7 @@ def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params
                  for a, nz in zip(jaxpr.out_avals, nonzero_cts, strict=True)]
         ct_out = ad.backward_pass(jaxpr.jaxpr, False, jaxpr.consts, primals, ct_in)
         out = []
-        for ct, aval, spec, u in zip(ct_out, jaxpr.in_avals, in_specs, undefined, strict=True):
+        for ct, spec, u in zip(ct_out, in_specs, undefined, strict=True):
             if not u:
                 continue
             if type(ct) is ad.Zero:
@@ -389,10 +392,20 @@ def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params
             out.append(ct)
         return out
 
-    body = _trace(transposed, [*res_avals, *ct_avals], axes, "the transpose of spmdsim_map")
-    residuals = [x for x, u in zip(args, undefined, strict=True) if not u]
+    return _trace(transposed, [*res_avals, *ct_avals], axes, "the transpose of spmdsim_map")
+
+
+def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params):
+    undefined = tuple(ad.is_undefined_primal(x) for x in args)
+    if not check_vma:  # pmap's convention: an output replicated along some axes got their devices' cotangents
+        cts = [ct if type(ct) is ad.Zero or ct.dtype == jax.dtypes.float0 or not _unmentioned(spec, axes)
+               else ct / math.prod(size for _, size in _unmentioned(spec, axes))
+               for ct, spec in zip(cts, out_specs, strict=True)]
+    nonzero_cts = tuple(type(ct) is not ad.Zero for ct in cts)
+    body = _transposed_body(jaxpr, undefined, nonzero_cts, in_specs, out_specs, axes, check_vma)
     outs = spmdsim_map_p.bind(
-        *residuals, *(ct for ct, nz in zip(cts, nonzero_cts, strict=True) if nz), jaxpr=body, axes=axes,
+        *(x for x, u in zip(args, undefined, strict=True) if not u),
+        *(ct for ct, nz in zip(cts, nonzero_cts, strict=True) if nz), jaxpr=body, axes=axes,
         in_specs=(*(s for s, u in zip(in_specs, undefined, strict=True) if not u),
                   *(s for s, nz in zip(out_specs, nonzero_cts, strict=True) if nz)),
         out_specs=tuple(s for s, u in zip(in_specs, undefined, strict=True) if u), check_vma=check_vma, **params)
