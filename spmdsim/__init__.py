@@ -1,14 +1,15 @@
-"""spmdsim: a pure-NumPy reference simulator of JAX's SPMD ``pmap`` semantics.
+"""spmdsim: a pure-NumPy reference simulator of JAX's SPMD programming model (``pmap``, ``shard_map``).
 
-``spmdsim.pmap`` runs a function once per virtual device, each in its own thread on concrete NumPy blocks;
-the collectives in ``spmdsim.lax`` are barrier-synchronised rendezvous over named axes. The API mirrors
-``jax.pmap``/``jax.vmap``/``jax.lax`` so code ports by changing an import.
+``spmdsim.pmap`` and ``spmdsim.shard_map`` run a function once per virtual device, each in its own thread on
+concrete NumPy blocks; the collectives in ``spmdsim.lax`` are barrier-synchronised rendezvous over named axes.
+The API mirrors ``jax.pmap``/``jax.shard_map``/``jax.vmap``/``jax.lax`` so code ports by changing an import.
 """
 from spmdsim import debug, errors, lax, show
 from spmdsim._reduction import ReductionOrder, current_reduction_order, set_reduction_order
 from spmdsim._output import set_ordered_output
 from spmdsim._devices import VirtualDevice, device_count, devices, local_device_count, set_device_count
 from spmdsim._pmap import pmap, vmap
+from spmdsim._shard_map import Mesh, P, PartitionSpec, make_mesh, shard_map
 from spmdsim._threads import reuse_threads
 from spmdsim._trace import trace
 from spmdsim._tree import register_pytree_node
@@ -17,7 +18,7 @@ from spmdsim.errors import (CollectiveDeadlockError, CollectiveError, Collective
 
 __version__ = "0.1.0"
 
-__all__ = ["pmap", "vmap", "reuse_threads", "lax", "trace", "debug", "show", "register_pytree_node", "devices",
+__all__ = ["pmap", "vmap", "shard_map", "Mesh", "make_mesh", "PartitionSpec", "P", "reuse_threads", "lax", "trace", "debug", "show", "register_pytree_node", "devices",
            "device_count", "local_device_count", "set_device_count", "VirtualDevice", "set_reduction_order",
            "set_ordered_output", "current_reduction_order", "ReductionOrder", "errors", "SpmdSimError",
            "CollectiveError", "CollectiveMismatchError", "CollectiveDeadlockError", "ReplicationError"]

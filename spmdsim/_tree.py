@@ -53,12 +53,13 @@ def prefix_leaves(prefix) -> list:
     return optree.tree_leaves(prefix, none_is_leaf=True, namespace=NAMESPACE)
 
 
-def _is_prefix_leaf(node) -> bool:
+def is_prefix_leaf(node) -> bool:
+    """A leaf of an ``in_axes``-like prefix tree: ``None`` or a pytree leaf."""
     return node is None or optree.tree_is_leaf(node, none_is_leaf=True, namespace=NAMESPACE)
 
 
 def broadcast_prefix(prefix, full, *, name: str, hint: str = "",
-                     is_prefix_leaf: Callable[[Any], bool] = _is_prefix_leaf) -> list:
+                     is_prefix_leaf: Callable[[Any], bool] = is_prefix_leaf) -> list:
     """Expand ``prefix`` (e.g. ``in_axes``) to one entry per leaf of ``full``, in flattening order.
 
     A prefix leaf (an int or ``None``) applies to every leaf of the subtree it stands for. Raises
