@@ -23,3 +23,24 @@ for _name in _primitives.PRIMITIVES:
 @vectorized("axis_index")
 def _axis_index(*, axis_name):
     return _primitives.axis_index(axis_name)
+
+
+# shard_map's varying-manual-axes forms (check_vma=True): the same values as their plain collectives.
+def _invariant(name: str, plain: str):
+    def rule(x, **params):
+        return _primitives.bind(plain, [x], site=current_site(), api=name,
+                                **dict(params, axis_index_groups=params.get("axis_index_groups")))[0]
+    rule.__name__ = rule.__qualname__ = f"bind_{name}"
+    return rule
+
+
+per_device("psum_invariant")(vectorized("psum_invariant")(_invariant("psum_invariant", "psum")))
+per_device("all_gather_invariant")(vectorized("all_gather_invariant")(_invariant("all_gather_invariant",
+                                                                                 "all_gather")))
+
+
+@per_device("reshard")
+@vectorized("reshard")
+def _reshard(x, **_params):
+    """A change of the (global) array's sharding: the value is unchanged."""
+    return x

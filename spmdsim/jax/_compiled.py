@@ -20,7 +20,7 @@ import numpy as np
 from jax.extend import core as ext_core
 
 from spmdsim import _primitives
-from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, _stack, bad_result, missing_rule, read_literal,
+from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, missing_rule, read_literal,
                                       site_of)
 
 __all__ = ["eval_jaxpr", "program_source"]
@@ -155,7 +155,7 @@ def _program(jaxpr, executor: Executor) -> Callable:
 def eval_jaxpr(jaxpr, consts, args, executor: Executor) -> list[np.ndarray]:
     """Evaluate ``jaxpr`` with its compiled function; the same results and errors as the reference loop."""
     run = _program(jaxpr, executor)
-    stack = _stack()
+    stack = eqn_stack()
     stack.append(None)
     try:
         with np.errstate(all="ignore"):

@@ -64,7 +64,7 @@ def site_of(eqn) -> str:
         return "<unknown>"
 
 
-def _stack() -> list:
+def eqn_stack() -> list:
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
@@ -75,7 +75,7 @@ def current_site() -> str:
     """``file:line (function)`` of the user's code that produced the equation being evaluated. Equations
     inside JAX's own functions (``jnp.cumsum`` is a jit) have no user frame: the enclosing call's line is
     used."""
-    for eqn in reversed(_stack()):
+    for eqn in reversed(eqn_stack()):
         site = site_of(eqn) if eqn is not None else ""
         if site:
             return site
@@ -292,7 +292,7 @@ def eval_jaxpr(jaxpr, consts, *args, executor: Executor | None = None) -> list[n
         write(v, np.asarray(value))
     for v, value in zip(jaxpr.invars, args, strict=True):
         write(v, value)
-    stack = _stack()
+    stack = eqn_stack()
     stack.append(None)
     try:
         with np.errstate(all="ignore"):

@@ -188,17 +188,13 @@ def _impl(*args, **params):
 
 
 def global_avals(params) -> list:
-    """The map's output avals: the body's, assembled by the out_specs."""
+    """The map's output avals: the body's, assembled by the out_specs (plain arrays, no varying axes)."""
     return [_unshard(aval, spec, params["axes"]) for aval, spec in
             zip(params["jaxpr"].out_avals, params["out_specs"], strict=True)]
 
 
 def _unshard(aval, spec, axes):
-    return aval.update(shape=_sharding.global_shape(aval.shape, spec, axes))
-
-
-def _shard(aval, spec, axes):
-    return aval.update(shape=_sharding.block_shape(aval.shape, spec, axes))
+    return core.ShapedArray(_sharding.global_shape(aval.shape, spec, axes), aval.dtype, weak_type=aval.weak_type)
 
 
 def _abstract_eval(*avals, jaxpr, axes, **params):
@@ -212,17 +208,27 @@ spmdsim_map_p.def_effectful_abstract_eval(_abstract_eval)
 
 
 class _axis_env:
-    """The map's named axes bound while a body is traced or transformed (collectives need their sizes)."""
+    """The map's named axes bound while a body is traced or transformed (collectives need their sizes); for a
+    shard_map's body also JAX's context for it: the mesh with those axes manual, and ``check_vma``."""
 
-    def __init__(self, axes):
+    def __init__(self, axes, mesh=None, check_vma: bool = False):
         self.named = [(name, size) for name, size in axes if not isinstance(name, _runtime.Unnamed)]
+        self.mesh, self.check_vma = mesh, check_vma
 
     def __enter__(self):
-        self.ctx = core.extend_axis_env_nd(self.named)
-        return self.ctx.__enter__()
+        import contextlib
+        self.stack = contextlib.ExitStack()
+        self.stack.enter_context(core.extend_axis_env_nd(self.named))
+        if self.mesh is not None:
+            from jax._src import config
+            from jax._src.mesh import AxisType, use_abstract_mesh
+            manual = self.mesh.abstract_mesh.update_axis_types({n: AxisType.Manual for n, _ in self.named})
+            self.stack.enter_context(use_abstract_mesh(manual))
+            self.stack.enter_context(config._check_vma(self.check_vma))
+        return self
 
     def __exit__(self, *exc):
-        return self.ctx.__exit__(*exc)
+        return self.stack.__exit__(*exc)
 
 
 def _stacked_spec(axes, ndim: int) -> tuple:
@@ -230,10 +236,10 @@ def _stacked_spec(axes, ndim: int) -> tuple:
     return (tuple(name for name, _ in axes),) + ((),) * ndim
 
 
-def _trace(fun, avals, axes, debug_name: str = "spmdsim_map") -> core.ClosedJaxpr:
-    """``fun`` traced on ``avals`` with the map's axes bound; constants become leading inputs (so the jaxpr
-    has none)."""
-    with _axis_env(axes):
+def _trace(fun, avals, axes, debug_name: str = "spmdsim_map", mesh=None, check_vma=False) -> core.ClosedJaxpr:
+    """``fun`` traced on ``avals`` with the map's axes bound (see :class:`_axis_env`); the jaxpr has no
+    constants."""
+    with _axis_env(axes, mesh, check_vma):
         closed = jax.make_jaxpr(fun)(*avals)
     if closed.consts:
         raise AssertionError(f"spmdsim bug: {debug_name} traced with constants")
@@ -244,7 +250,7 @@ def _trace(fun, avals, axes, debug_name: str = "spmdsim_map") -> core.ClosedJaxp
 
 def _jvp(primals, tangents, *, jaxpr, in_specs, out_specs, axes, **params):
     nonzeros = [type(t) is not ad.Zero for t in tangents]
-    with _axis_env(axes):
+    with _axis_env(axes, params.get("mesh"), params["check_vma"]):
         jvp_jaxpr, out_nonzeros = ad.jvp_jaxpr(jaxpr, nonzeros, instantiate=False)
     nz_tangents = [t for t, nz in zip(tangents, nonzeros, strict=True) if nz]
     n_out = len(out_specs)
@@ -263,38 +269,40 @@ ad.primitive_jvps[spmdsim_map_p] = _jvp
 
 # -- partial evaluation ------------------------------------------------------------------------------------
 
-def _with_stacked_residuals(known: core.ClosedJaxpr, n_res: int, axes):
+def _with_stacked_residuals(known: core.ClosedJaxpr, n_res: int, axes, mesh=None, check_vma=False):
     """``known`` with each of its last ``n_res`` outputs (residuals) given a leading unit axis, so that they
     leave the map stacked per device."""
     def fun(*args):
         outs = core.eval_jaxpr(known.jaxpr, known.consts, *args)
         split = len(outs) - n_res
         return [*outs[:split], *(jax.lax.expand_dims(r, (0,)) for r in outs[split:])]
-    return _trace(fun, known.in_avals, axes)
+    return _trace(fun, known.in_avals, axes, mesh=mesh, check_vma=check_vma)
 
 
-def _with_unstacked_residuals(unknown: core.ClosedJaxpr, n_res: int, axes):
+def _with_unstacked_residuals(unknown: core.ClosedJaxpr, n_res: int, axes, mesh=None, check_vma=False):
     """``unknown`` taking its first ``n_res`` inputs (residuals) with the leading unit axis added above."""
     def fun(*args):
         res = [jax.lax.squeeze(r, (0,)) for r in args[:n_res]]
         return core.eval_jaxpr(unknown.jaxpr, unknown.consts, *res, *args[n_res:])
     avals = [a.update(shape=(1, *a.shape)) for a in unknown.in_avals[:n_res]] + list(unknown.in_avals[n_res:])
-    return _trace(fun, avals, axes)
+    return _trace(fun, avals, axes, mesh=mesh, check_vma=check_vma)
 
 
 @weakref_lru_cache
-def _split_known(jaxpr, unknowns: tuple, axes: tuple):
+def _split_known(jaxpr, unknowns: tuple, axes: tuple, mesh, check_vma: bool):
     """The known and unknown halves of a body (residuals stacked per device), once per body and mask."""
-    with _axis_env(axes):
+    with _axis_env(axes, mesh, check_vma):
         known, unknown, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(jaxpr, unknowns, instantiate=False)
     n_res = len(res_avals)
-    return (_with_stacked_residuals(known, n_res, axes), _with_unstacked_residuals(unknown, n_res, axes),
+    return (_with_stacked_residuals(known, n_res, axes, mesh, check_vma),
+            _with_unstacked_residuals(unknown, n_res, axes, mesh, check_vma),
             tuple(out_unknowns), tuple(_stacked_spec(axes, len(a.shape)) for a in res_avals))
 
 
 def _partial_eval(trace, *tracers, jaxpr, in_specs, out_specs, axes, **params):
     unknowns = tuple(not t.pval.is_known() for t in tracers)
-    known, unknown, out_unknowns, res_specs = _split_known(jaxpr, unknowns, axes)
+    known, unknown, out_unknowns, res_specs = _split_known(jaxpr, unknowns, axes, params.get("mesh"),
+                                                           params["check_vma"])
     known_out_specs = tuple(s for s, u in zip(out_specs, out_unknowns, strict=True) if not u)
     known_outs = spmdsim_map_p.bind(
         *(t.pval.get_known() for t, u in zip(tracers, unknowns, strict=True) if not u), jaxpr=known, axes=axes,
@@ -323,15 +331,15 @@ def _partial_eval_custom(saveable, unks_in, inst_in, eqn):
     """Remat's policy-driven partial evaluation (``jax.checkpoint`` around a map): the same split, on
     equations."""
     params = dict(eqn.params)
-    jaxpr, axes = params.pop("jaxpr"), params["axes"]
+    jaxpr, axes, mesh, check_vma = params.pop("jaxpr"), params["axes"], params.get("mesh"), params["check_vma"]
     in_specs, out_specs = params.pop("in_specs"), params.pop("out_specs")
-    with _axis_env(axes):
+    with _axis_env(axes, mesh, check_vma):
         known, staged, unks_out, inst_out, n_res = pe.partial_eval_jaxpr_custom(
             jaxpr.jaxpr, unks_in, inst_in, False, False, saveable)
     known, staged = pe.close_jaxpr(known), pe.close_jaxpr(staged)
     res_avals = staged.in_avals[:n_res]
-    known = _with_stacked_residuals(known, n_res, axes)
-    staged = _with_unstacked_residuals(staged, n_res, axes)
+    known = _with_stacked_residuals(known, n_res, axes, mesh, check_vma)
+    staged = _with_unstacked_residuals(staged, n_res, axes, mesh, check_vma)
     res_specs = tuple(_stacked_spec(axes, len(a.shape)) for a in res_avals)
     ins_known = [v for v, u in zip(eqn.invars, unks_in, strict=True) if not u]
     outs_known = [v for v, u in zip(eqn.outvars, unks_out, strict=True) if not u]
@@ -365,7 +373,7 @@ def _unmentioned(spec, axes) -> tuple:
 
 @weakref_lru_cache
 def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tuple, out_specs: tuple, axes: tuple,
-                     check_vma: bool):
+                     check_vma: bool, mesh):
     """The body of the transposed map: residual blocks and cotangent blocks in, the cotangent blocks of the
     linear inputs out (psummed over the axes they are replicated along, under pmap's convention). Once per
     body and mask."""
@@ -392,7 +400,7 @@ def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tupl
             out.append(ct)
         return out
 
-    return _trace(transposed, [*res_avals, *ct_avals], axes, "the transpose of spmdsim_map")
+    return _trace(transposed, [*res_avals, *ct_avals], axes, "the transpose of spmdsim_map", mesh, check_vma)
 
 
 def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params):
@@ -402,7 +410,7 @@ def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params
                else ct / math.prod(size for _, size in _unmentioned(spec, axes))
                for ct, spec in zip(cts, out_specs, strict=True)]
     nonzero_cts = tuple(type(ct) is not ad.Zero for ct in cts)
-    body = _transposed_body(jaxpr, undefined, nonzero_cts, in_specs, out_specs, axes, check_vma)
+    body = _transposed_body(jaxpr, undefined, nonzero_cts, in_specs, out_specs, axes, check_vma, params.get("mesh"))
     outs = spmdsim_map_p.bind(
         *(x for x, u in zip(args, undefined, strict=True) if not u),
         *(ct for ct, nz in zip(cts, nonzero_cts, strict=True) if nz), jaxpr=body, axes=axes,
@@ -421,7 +429,7 @@ ad.primitive_transposes[spmdsim_map_p] = _transpose
 def _batch(axis_data, args, dims, *, jaxpr, in_specs, out_specs, axes, **params):
     batched = [d is not None for d in dims]
     args = [batching.moveaxis(x, d, 0) if b else x for x, d, b in zip(args, dims, batched, strict=True)]
-    with _axis_env(axes):
+    with _axis_env(axes, params.get("mesh"), params["check_vma"]):
         batched_jaxpr, out_batched = batching.batch_jaxpr(jaxpr, axis_data, batched, instantiate=False)
     outs = spmdsim_map_p.bind(
         *args, jaxpr=batched_jaxpr, axes=axes,
@@ -455,9 +463,10 @@ mlir.register_lowering(spmdsim_map_p, mlir.lower_fun(_callback_form, multiple_re
 
 
 def map_params(jaxpr, axes: tuple[tuple[Hashable, int], ...], in_specs, out_specs, *, check_vma: bool,
-               executor: str, api: str) -> dict:
-    """The primitive's parameters, checked."""
+               executor: str, api: str, mesh=None) -> dict:
+    """The primitive's parameters, checked. ``mesh``: the JAX mesh of a shard_map (its body is traced and
+    transformed with those axes manual); None for pmap."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
     return dict(jaxpr=jaxpr, axes=tuple(axes), in_specs=tuple(in_specs), out_specs=tuple(out_specs),
-                check_vma=check_vma, executor=executor, api=api)
+                check_vma=check_vma, executor=executor, api=api, mesh=mesh)

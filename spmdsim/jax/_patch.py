@@ -1,6 +1,10 @@
 """What ``spmdsim run`` changes in JAX for the duration of a script.
 
 - ``jax.pmap`` becomes :func:`spmdsim.jax.pmap` (so ``from jax import pmap`` in the script gets it too).
+- ``jax.shard_map`` (and the legacy ``jax.experimental.shard_map.shard_map``) builds functions that JAX
+  traces and spmdsim runs (:mod:`spmdsim.jax._shard_map`), and ``jax.jit`` evaluates a jitted program that
+  contains a map with spmdsim (the parts outside the maps once, on global values); other jitted functions are
+  JAX's.
 - JAX's CPU platform gets as many devices as spmdsim has virtual devices (``jax_num_cpu_devices``, set before
   JAX's backend starts), so ``jax.devices()``, ``jax.local_devices()``, ``jax.device_count()`` and
   ``jax.local_device_count()`` agree with spmdsim, and the devices are real JAX devices: ``jax.device_put``,
@@ -44,13 +48,26 @@ def patched_jax(n_devices: int, executor: str = "threads"):
 
     import spmdsim.jax as sjax
 
+    from jax._src import shard_map as jax_shard_map
+
+    from spmdsim.jax import _shard_map
+
     use_cpu_devices(n_devices)
-    saved = jax.pmap
     pmap = sjax.pmap if executor == "threads" else functools.wraps(sjax.pmap)(
         functools.partial(sjax.pmap, executor=executor))
+    build = jax_shard_map._shard_map
+
+    @functools.wraps(build)
+    def shard_map(f, **kwargs):
+        return _shard_map.simulated(build(f, **kwargs), executor)
+
+    replaced = [(jax, "pmap", pmap), (jax, "jit", _shard_map.jit), (jax_shard_map, "_shard_map", shard_map)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
     with spmdsim.set_device_count(n_devices):
-        jax.pmap = pmap
+        for owner, name, value in replaced:
+            setattr(owner, name, value)
         try:
             yield
         finally:
-            jax.pmap = saved
+            for owner, name, value in saved:
+                setattr(owner, name, value)

@@ -1,0 +1,241 @@
+"""``jax.shard_map`` on virtual devices: JAX traces the program, spmdsim computes every value.
+
+A call of ``spmdsim.jax.shard_map(f, ...)`` (or of ``jax.shard_map`` under ``spmdsim run``) lets JAX's own
+``shard_map`` trace it, so every check JAX makes (specs, divisibility, varying-manual-axes types under
+``check_vma=True``, Explicit mesh axes) and every choice of primitive (``psum_invariant``, ``pvary``,
+``all_gather_invariant``) is JAX's. The traced program is then run by spmdsim:
+
+- with concrete arguments, the jaxpr is evaluated by spmdsim's interpreter on global NumPy values, and each
+  ``shard_map`` equation in it runs per device (:func:`simulate_shard_map`), in threads by default;
+- with JAX tracers as arguments (under ``grad``, ``vmap``, ``jit``, ...), each ``shard_map`` equation is
+  re-bound as the ``spmdsim_map`` primitive, whose transformation rules follow JAX's shard_map conventions
+  (:mod:`spmdsim.jax._map`), and everything else as itself.
+
+:func:`jit` is what ``spmdsim run`` puts in place of ``jax.jit``: a jitted function whose program contains a
+map is evaluated the same way (the parts outside the maps once, on global values, by NumPy); any other is
+left to JAX.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+
+import jax
+from jax._src import core, source_info_util
+from jax.extend import core as ext_core
+
+from spmdsim.jax._interpreter import PER_DEVICE, Executor, eval_jaxpr, higher_order
+from spmdsim.jax._map import map_params, simulate, spmdsim_map_p, to_jax, to_numpy
+
+__all__ = ["shard_map", "jit", "simulated", "real_shard_map"]
+
+real_shard_map = jax.shard_map
+_INFER = inspect.signature(jax.shard_map).parameters["in_specs"].default  # JAX's "infer from the arguments"
+
+
+def _spec_dims(spec, ndim: int) -> tuple:
+    """A ``PartitionSpec`` as one tuple of mesh axis names per dimension (``()``: not split)."""
+    parts = tuple(spec) + (None,) * (ndim - len(tuple(spec)))
+    return tuple(() if p is None else tuple(p) if isinstance(p, tuple) else (p,) for p in parts)
+
+
+def shard_map_params(params: dict, executor: str) -> dict:
+    """A ``shard_map`` equation's parameters as ``spmdsim_map``'s: the newly manual mesh axes (in mesh order),
+    the body, the specs per dimension (a block has its global value's rank)."""
+    mesh = params["mesh"]
+    manual = params.get("newly_manual_axes", frozenset(mesh.axis_names))
+    axes = tuple((name, size) for name, size in mesh.shape.items() if name in manual)
+    body = params["jaxpr"]
+    closed = body if hasattr(body, "consts") else ext_core.ClosedJaxpr(body, ())
+    in_specs = tuple(_spec_dims(s, len(a.shape)) for s, a in zip(params["in_specs"], closed.in_avals, strict=True))
+    out_specs = tuple(_spec_dims(s, len(a.shape)) for s, a in zip(params["out_specs"], closed.out_avals,
+                                                                  strict=True))
+    return map_params(closed, axes, in_specs, out_specs, check_vma=params["check_vma"], executor=executor,
+                      api="shard_map", mesh=mesh)
+
+
+@higher_order("shard_map")
+def _shard_map(ex: Executor, *args, **params):
+    """A ``shard_map`` equation met by spmdsim's interpreter (a jitted program, a map inside a map)."""
+    return simulate(list(args), ex=None if ex is PER_DEVICE else ex, **shard_map_params(params, _executor.get()))
+
+
+class _Executor(threading.local):
+    """The executor (``threads``/``vectorized``) for shard_map equations evaluated in this thread."""
+
+    def __init__(self):
+        self.name = "threads"
+
+    def get(self) -> str:
+        return self.name
+
+
+_executor = _Executor()
+
+
+def _contains_map(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("shard_map", "spmdsim_map"):
+            return True
+        if any(_contains_map(sub) for sub in ext_core.jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
+def _rebind(jaxpr, consts, args, executor: str) -> list:
+    """Evaluate ``jaxpr`` on JAX values (tracers), binding each primitive as itself except ``shard_map``,
+    which becomes ``spmdsim_map`` (JAX's ``core.eval_jaxpr`` with that one substitution)."""
+    env: dict = {}
+
+    def read(v):
+        return v.val if isinstance(v, ext_core.Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args, strict=True):
+        env[v] = x
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        with source_info_util.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack), \
+                eqn.ctx.manager:
+            if eqn.primitive.name == "shard_map":
+                outs = spmdsim_map_p.bind(*invals, **shard_map_params(eqn.params, executor))
+            else:
+                outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+        outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, x in zip(eqn.outvars, outs, strict=True):
+            if not isinstance(v, ext_core.DropVar):
+                env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _run_traced(closed, flat_args, executor: str) -> list:
+    """Run a traced program: re-bound under JAX tracers, evaluated by spmdsim on concrete values."""
+    if any(isinstance(x, core.Tracer) for x in flat_args):
+        return _rebind(closed.jaxpr, closed.consts, flat_args, executor)
+    previous, _executor.name = _executor.name, executor
+    try:
+        outs = eval_jaxpr(closed.jaxpr, [to_numpy(c) for c in closed.consts], *(to_numpy(x) for x in flat_args),
+                          executor=PER_DEVICE)
+    finally:
+        _executor.name = previous
+    return [_place(to_jax(o, a), a) for o, a in zip(outs, closed.out_avals, strict=True)]
+
+
+def _place(x, aval):
+    """``x`` on the devices and with the sharding its aval names, when that is a concrete mesh's."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if not isinstance(mesh, jax.sharding.Mesh) or not getattr(sharding, "spec", None):
+        return x  # no sharding, or only an abstract mesh's: the value stays on the default device
+    return jax.device_put(x, sharding)
+
+
+def simulated(fun, executor: str = "threads"):
+    """``fun`` (a JAX function, e.g. one built by ``jax.shard_map``) traced by JAX and run by spmdsim (see the
+    module docstring); traced once per argument structure and avals."""
+    cache: dict = {}
+    lock = threading.Lock()
+
+    @functools.wraps(fun)
+    def run(*args, **kwargs):
+        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        key = (in_tree, tuple(core.typeof(x) for x in flat))
+        with lock:
+            found = cache.get(key)
+        if found is None:
+            def flat_fun(*leaves):
+                a, k = jax.tree_util.tree_unflatten(in_tree, leaves)
+                return fun(*a, **k)
+            closed, shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
+            found = (closed, jax.tree_util.tree_structure(shape))
+            if not any(isinstance(c, core.Tracer) for c in closed.consts):
+                with lock:
+                    cache[key] = found
+        closed, out_tree = found
+        return jax.tree_util.tree_unflatten(out_tree, _run_traced(closed, flat, executor))
+
+    return run
+
+
+def shard_map(f=None, /, *, out_specs, in_specs=_INFER, mesh=None, axis_names=frozenset(),
+              check_vma: bool = True, executor: str = "threads"):
+    """``jax.shard_map`` on spmdsim's virtual devices, with every value computed by NumPy.
+
+    Same signature and semantics as ``jax.shard_map`` (JAX 0.10): ``mesh`` a ``jax.sharding.Mesh`` (or
+    None: the context mesh of ``jax.set_mesh``), ``in_specs`` (default: inferred from the arguments'
+    shardings) and ``out_specs`` trees of ``PartitionSpec``, ``axis_names`` the manual axes, ``check_vma``
+    JAX's varying-manual-axes checks. JAX traces ``f`` (so its errors and checks are JAX's own); each device's
+    block is computed by spmdsim in its own thread (``executor="vectorized"``: all at once). Composes with
+    ``jit``, ``grad``, ``vmap`` and control flow like :func:`spmdsim.jax.pmap`.
+
+    Returns ``jax.Array`` leaves of the global shapes the out_specs give.
+
+    Differences from ``jax.shard_map``: partial-manual maps (``axis_names`` a subset of the mesh axes) run
+    the body once per coordinate of the manual axes on values that are whole along the others.
+    """
+    kwargs = dict(out_specs=out_specs, in_specs=in_specs, mesh=mesh, axis_names=axis_names, check_vma=check_vma)
+    if f is None:
+        return lambda g: shard_map(g, executor=executor, **kwargs)
+    return simulated(real_shard_map(f, **kwargs), executor)
+
+
+def jit(fun=None, /, **jit_kwargs):
+    """``jax.jit`` as ``spmdsim run`` provides it: a jitted function whose program contains a map (a
+    ``shard_map`` or a pmap) is evaluated by spmdsim with concrete arguments, the parts outside the maps once,
+    on global values, by NumPy; any other jitted function, and any call under a JAX transformation, is JAX's
+    ``jit`` unchanged. ``lower``, ``trace`` and ``eval_shape`` are JAX's."""
+    if fun is None:
+        return lambda f: jit(f, **jit_kwargs)
+    jitted = _real_jit(fun, **jit_kwargs)
+    static_nums, static_names = _static_arguments(fun, jit_kwargs)
+    cache: dict = {}
+    lock = threading.Lock()
+
+    @functools.wraps(fun)
+    def run(*args, **kwargs):
+        nums = {i % len(args) for i in static_nums if -len(args) <= i < len(args)}
+        dynamic = (tuple(a for i, a in enumerate(args) if i not in nums),
+                   {k: v for k, v in kwargs.items() if k not in static_names})
+        flat, in_tree = jax.tree_util.tree_flatten(dynamic)
+        if any(isinstance(x, core.Tracer) for x in flat):
+            return jitted(*args, **kwargs)
+        try:
+            key = (tuple(args[i] for i in sorted(nums)), tuple(sorted((k, v) for k, v in kwargs.items()
+                                                                      if k in static_names)),
+                   in_tree, tuple(core.typeof(x) for x in flat))
+            hash(key)
+        except TypeError:  # let JAX report unhashable static arguments
+            return jitted(*args, **kwargs)
+        with lock:
+            found = cache.get(key)
+        if found is None:
+            traced = jitted.trace(*args, **kwargs)
+            found = (traced.jaxpr, traced.out_tree, _contains_map(traced.jaxpr.jaxpr))
+            with lock:
+                cache[key] = found
+        closed, out_tree, has_map = found
+        if not has_map:
+            return jitted(*args, **kwargs)
+        return jax.tree_util.tree_unflatten(out_tree, _run_traced(closed, flat, "threads"))
+
+    for name in ("lower", "trace", "eval_shape"):
+        if hasattr(jitted, name):
+            setattr(run, name, getattr(jitted, name))
+    return run
+
+
+def _static_arguments(fun, jit_kwargs: dict) -> tuple[tuple, frozenset]:
+    """``jit``'s static argument positions and names, resolved against ``fun``'s signature as JAX does."""
+    from jax._src import api_util
+    try:
+        signature = inspect.signature(fun)
+    except (TypeError, ValueError):
+        signature = None
+    nums, names = api_util.infer_argnums_and_argnames(signature, jit_kwargs.get("static_argnums"),
+                                                      jit_kwargs.get("static_argnames"))
+    return tuple(nums), frozenset(names)
+
+
+_real_jit = jax.jit
