@@ -76,7 +76,7 @@ class Channel:
     collectives on it, shared by every channel of the same communicator (``('i','j')`` and ``('j','i')``).
     """
 
-    __slots__ = ("frames", "names", "sizes", "rank", "size", "key", "comm", "step")
+    __slots__ = ("frames", "names", "sizes", "rank", "size", "key", "comm", "step", "mailbox")
 
     def __init__(self, frames: list[Frame], key=None, comm=None, step=None):
         self.frames = frames
@@ -87,6 +87,7 @@ class Channel:
             self.rank = self.rank * f.size + f.index
         self.size = math.prod(self.sizes)
         self.key, self.comm, self.step = key, comm, step
+        self.mailbox: dict = {}  # psend -> precv transfers waiting on this lane, per perm
 
 
 def resolve_axes(frames: Sequence[Frame], axis_names: tuple, api: str) -> list[Frame]:

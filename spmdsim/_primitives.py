@@ -42,8 +42,8 @@ from spmdsim import _runtime
 from spmdsim._reduction import fold
 from spmdsim._reports import Signature
 
-__all__ = ["PRIMITIVES", "Collective", "bind", "axis_index", "axis_size", "apply_grouped", "split_axis_names",
-           "check_groups", "Batch", "vectorized_batch", "AxisError"]
+__all__ = ["PRIMITIVES", "Collective", "bind", "axis_index", "axis_size", "psend", "precv", "TOKEN", "apply_grouped",
+           "split_axis_names", "check_groups", "Batch", "vectorized_batch", "AxisError"]
 
 AxisError = np.exceptions.AxisError  # a ValueError and an IndexError, like the errors JAX raises here
 
@@ -59,15 +59,16 @@ class Collective:
     check: Callable
     rule: Callable
     vectorized: Callable
+    joint: bool = False    # the operands of one call form one block (ragged_all_to_all), not one block each
 
 
 PRIMITIVES: dict[str, Collective] = {}
 
 
 def _define(name: str, *, axes_param: str = "axis_name", groups: str = "even", check: Callable, rule: Callable,
-            vectorized: Callable) -> None:
+            vectorized: Callable, joint: bool = False) -> None:
     assert name not in PRIMITIVES, f"duplicate collective primitive {name!r}"
-    PRIMITIVES[name] = Collective(name, axes_param, groups, check, rule, vectorized)
+    PRIMITIVES[name] = Collective(name, axes_param, groups, check, rule, vectorized, joint)
 
 
 def _frozen(a) -> np.ndarray:
@@ -319,6 +320,77 @@ _define("pbroadcast", groups="none", check=_pbroadcast_check, rule=_pbroadcast,
         vectorized=lambda x, *, source: _replicated(x, x[:, source].copy()))
 
 
+# -- ragged_all_to_all ------------------------------------------------------------------------------------
+
+def _ragged_check(avals, n, groups, **_params) -> dict:
+    if len(avals) != 6:
+        raise TypeError(f"ragged_all_to_all takes 6 operands (operand, output, input_offsets, send_sizes, "
+                        f"output_offsets, recv_sizes), got {len(avals)}.")
+    (op_shape, op_dtype), (out_shape, out_dtype), *index_avals = avals
+    if np.dtype(op_dtype) != np.dtype(out_dtype) or tuple(op_shape[1:]) != tuple(out_shape[1:]) or not op_shape:
+        raise ValueError(f"ragged_all_to_all: operand {op_dtype}{list(op_shape)} and output "
+                         f"{out_dtype}{list(out_shape)} must have one dtype and equal shapes after the leading axis.")
+    lengths = {shape for shape, _ in index_avals}
+    if len(lengths) != 1 or len(next(iter(lengths))) != 1:
+        raise ValueError(f"ragged_all_to_all: input_offsets, send_sizes, output_offsets and recv_sizes must be 1-D "
+                         f"of one length, got shapes {[list(s) for s, _ in index_avals]}.")
+    if next(iter(lengths))[0] % n:
+        raise ValueError(f"ragged_all_to_all: the offset and size arrays have length {next(iter(lengths))[0]}, which "
+                         f"is not divisible by the axis size {n}.")
+    if any(np.dtype(d).kind not in "iu" for _, d in index_avals):
+        raise TypeError("ragged_all_to_all: offsets and sizes must be integer arrays.")
+    return {}
+
+
+def _ragged_all_to_all(blocks):
+    """``blocks[r] = (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)`` of rank r. With
+    K offsets per rank and ``k = K // n`` slices per destination, rank r's slice i (rows
+    ``input_offsets[i] : + send_sizes[i]`` of its operand) goes to rank ``i // k``, written at rows
+    ``output_offsets[i] : + send_sizes[i]`` of that rank's ``output``; every rank receives its ``output`` with
+    the slices sent to it written in. ``recv_sizes`` must agree with the senders' ``send_sizes`` (JAX: that
+    ``send_sizes == all_to_all(recv_sizes, tiled=True)``); JAX's documented semantics, which XLA:CPU cannot run."""
+    n = len(blocks)
+    results = [np.array(b[1]) for b in blocks]
+    for src, (operand, _, input_offsets, send_sizes, output_offsets, _) in enumerate(blocks):
+        per_destination = len(input_offsets) // n
+        for i in range(len(input_offsets)):
+            dst, slot = divmod(i, per_destination)
+            size = int(send_sizes[i])
+            expected = int(blocks[dst][5][src * per_destination + slot])
+            if size != expected:
+                raise ValueError(f"ragged_all_to_all: rank {src} sends {size} rows to rank {dst} (send_sizes[{i}]), "
+                                 f"but rank {dst} expects {expected} (recv_sizes[{src * per_destination + slot}]).")
+            start, at = int(input_offsets[i]), int(output_offsets[i])
+            if size < 0 or start < 0 or at < 0 or start + size > len(operand) or at + size > len(results[dst]):
+                raise ValueError(f"ragged_all_to_all: rank {src}'s slice {i} (rows {start}:{start + size} of an "
+                                 f"operand of {len(operand)}, written at {at}:{at + size} of an output of "
+                                 f"{len(results[dst])} on rank {dst}) is out of bounds.")
+            results[dst][at:at + size] = operand[start:start + size]
+    for r in results:
+        r.flags.writeable = False
+    return results
+
+
+_ragged_all_to_all.joint = True
+
+
+def _ragged_vectorized(*xs):
+    G, n = xs[0].shape[:2]
+    out = np.empty_like(xs[1])
+    for g in range(G):
+        out[g] = _ragged_all_to_all([[x[g, r] for x in xs] for r in range(n)])
+    return out
+
+
+_define("ragged_all_to_all", check=_ragged_check, rule=_ragged_all_to_all, vectorized=_ragged_vectorized,
+        joint=True)
+
+
+# -- psend (and precv, its local half) --------------------------------------------------------------------
+
+_define("psend", groups="none", check=_ppermute_check, rule=_ppermute, vectorized=_ppermute_vectorized)
+
+
 # -- groups -----------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=256)
@@ -364,6 +436,12 @@ def apply_grouped(rule: Callable, member_blocks: Sequence[Sequence[np.ndarray]],
     group_size)``, if given, is applied once to every distinct result (so devices keep sharing it). Returns the
     results per member."""
     n, n_operands = len(member_blocks), len(member_blocks[0])
+    if getattr(rule, "joint", False):  # one block of several operands per member, one result each
+        out = [None] * n
+        for group in groups if groups is not None else (range(n),):
+            for i, result in zip(group, rule([member_blocks[i] for i in group], **params), strict=True):
+                out[i] = [result]
+        return out
     out: list[list] = [[None] * n_operands for _ in range(n)]
     for group in groups if groups is not None else (range(n),):
         for k in range(n_operands):
@@ -473,6 +551,56 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
                                  prepared.combine)
 
 
+class Token:
+    """The value of a JAX token (``psend``'s result, ``lax.create_token()``): it orders effects, carries no
+    data."""
+
+    def __repr__(self) -> str:
+        return "Token"
+
+
+TOKEN = Token()
+
+
+def _mailbox(names: tuple, api: str) -> dict:
+    """This device's (or the vectorized batch's) mailbox for point-to-point transfers over ``names``."""
+    batch = getattr(_local, "batch", None)
+    if batch is not None:
+        return batch.mailboxes.setdefault(names, {})
+    return _runtime.channel(_runtime.current_lane(), names, api).mailbox
+
+
+def psend(x: np.ndarray, axis_name, perm, *, site: str | None = None) -> Token:
+    """``jax.lax.psend``: every device of the axis sends ``x`` along ``perm`` (a rendezvous, as ``ppermute``);
+    what reaches a device waits in its mailbox for the matching :func:`precv`. Returns a token."""
+    names = split_axis_names(axis_name)[0]
+    received = bind("psend", [x], axis_name=names, perm=perm, site=site)[0]
+    _mailbox(names, "psend").setdefault(_perm_key(perm), []).append(received)
+    return TOKEN
+
+
+def precv(shape: tuple, dtype, axis_name, perm) -> np.ndarray:
+    """``jax.lax.precv``: what the matching :func:`psend` (same axes and ``perm``, in order) delivered to this
+    device (zeros where it is no destination). ValueError when no psend delivered anything, or a different
+    shape or dtype than asked for."""
+    names = split_axis_names(axis_name)[0]
+    waiting = _mailbox(names, "precv").get(_perm_key(perm))
+    if not waiting:
+        raise ValueError(f"precv over {names} with perm {tuple(map(tuple, perm))}: no psend with that perm came "
+                         f"before it on this device. Call lax.psend(x, axis_name, perm) first.")
+    value = waiting.pop(0)
+    batch = getattr(_local, "batch", None)
+    block = value.shape[1:] if batch is not None else value.shape
+    if tuple(block) != tuple(shape) or value.dtype != np.dtype(dtype):
+        raise ValueError(f"precv asked for {np.dtype(dtype)}{list(shape)}, but the matching psend sent "
+                         f"{value.dtype}{list(block)}.")
+    return value
+
+
+def _perm_key(perm) -> tuple:
+    return tuple((int(s), int(d)) for s, d in perm)
+
+
 def axis_index(axis_name, api: str = "axis_index"):
     """This device's index along ``axis_name`` (row-major over a tuple of names, in the order given) as an
     int32 array: a scalar on a lane, one entry per device under the vectorized executor."""
@@ -508,6 +636,7 @@ class Batch:
         self.sizes = tuple(size for _, size in self.axes)
         self.count = math.prod(self.sizes)
         self.ids = ids
+        self.mailboxes: dict = {}  # psend -> precv transfers, per axis names
 
     def subset(self, mask: np.ndarray) -> "Batch":
         ids = np.arange(self.count) if self.ids is None else self.ids
@@ -549,6 +678,14 @@ class Batch:
         groups = check_groups(params.get("axis_index_groups"), n, prim)
         avals = tuple((x.shape[1:], x.dtype) for x in operands)
         rule_params = prim.check(avals, n if groups is None else len(groups[0]), groups, **params)
+        if prim.joint:  # the operands form one block per device
+            grouped = [self._to_groups(x, positions) for x in operands]
+            if groups is None:
+                return [self._from_groups(prim.vectorized(*grouped, **rule_params), positions)]
+            out = np.array(grouped[1])
+            for group in groups:
+                out[:, list(group)] = prim.vectorized(*(x[:, list(group)] for x in grouped), **rule_params)
+            return [self._from_groups(out, positions)]
         return [self._from_groups(_vectorized_grouped(prim, self._to_groups(x, positions), groups, rule_params,
                                                       epilogue), positions) for x in operands]
 

@@ -22,7 +22,7 @@ from spmdsim._primitives import AxisError, bind, split_axis_names
 from spmdsim._values import as_array, is_python_scalar
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pshuffle",
-           "pswapaxes", "axis_index", "axis_size", "pbroadcast"]
+           "pswapaxes", "axis_index", "axis_size", "pbroadcast", "ragged_all_to_all", "psend", "precv"]
 
 
 def _axes_tuple(axis_name) -> tuple:
@@ -386,6 +386,73 @@ def pbroadcast(x, axis_name, source):
     return _tree.unflatten(treedef, bind("pbroadcast", _arrays(leaves, "pbroadcast"),
                                          axis_name=_axes_tuple(axis_name), source=operator.index(source),
                                          api="pbroadcast"))
+
+
+# -- shard_map's point-to-point and ragged collectives (GPU-only in XLA; everywhere here) ---------------------
+
+def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
+                      axis_index_groups=None):
+    """Exchange ragged slices between devices; mirrors ``jax.lax.ragged_all_to_all`` (mixture-of-experts
+    dispatch).
+
+    With K entries in each of the four index arrays and ``k = K // n`` slices per destination, this device's
+    slice i (rows ``input_offsets[i] : + send_sizes[i]`` of ``operand``) goes to device ``i // k``, written at
+    rows ``output_offsets[i] : + send_sizes[i]`` of that device's ``output``. Each device returns its ``output``
+    with every slice sent to it written in. ``recv_sizes[j]`` must equal what device ``j // k`` sends here.
+
+    Args:
+      operand: (N, ...) rows to send. output: (M, ...) same dtype and trailing shape, the array written into.
+      input_offsets, send_sizes, output_offsets, recv_sizes: 1-D integer arrays of one length K, divisible by
+        the axis size. axis_name: a name or tuple of names. axis_index_groups: groups of equal size.
+
+    Returns:
+      An array of ``output``'s shape and dtype.
+
+    Raises:
+      ValueError: lengths, shapes, sizes that disagree between sender and receiver, slices out of bounds.
+
+    Difference from JAX 0.10: XLA:CPU cannot run it ("HLO opcode ragged-all-to-all is not supported"); spmdsim
+    computes JAX's documented semantics on every platform.
+
+    >>> import numpy as np, spmdsim
+    >>> f = spmdsim.pmap(lambda op, out, io, ss, oo, rs: spmdsim.lax.ragged_all_to_all(
+    ...     op, out, io, ss, oo, rs, axis_name='i'), 'i')
+    >>> f(np.array([[1, 2, 2], [3, 4, 0]]), np.zeros((2, 4), int), np.array([[0, 1], [0, 1]]),
+    ...   np.array([[1, 2], [1, 1]]), np.array([[0, 0], [1, 2]]), np.array([[1, 1], [2, 1]]))
+    array([[1, 3, 0, 0],
+           [2, 2, 4, 0]])
+    """
+    operands = _arrays([operand, output, input_offsets, send_sizes, output_offsets, recv_sizes], "ragged_all_to_all")
+    return bind("ragged_all_to_all", operands, axis_name=_axes_tuple(axis_name),
+                axis_index_groups=axis_index_groups, api="ragged_all_to_all")[0]
+
+
+def psend(x, axis_name, perm):
+    """Send ``x`` along ``perm`` to be received by :func:`precv`; mirrors ``jax.lax.psend``.
+
+    Every device of the axis takes part (a rendezvous, as in ``ppermute``); what reaches a device waits there
+    for its ``precv`` with the same ``perm``. Returns a token (one per leaf of a pytree ``x``).
+
+    Difference from JAX 0.10: GPU-only in XLA; spmdsim implements it everywhere.
+    """
+    leaves, treedef = _tree.flatten(x)
+    pairs = _pairs(perm)
+    return _tree.unflatten(treedef, [_primitives.psend(a, _axes_tuple(axis_name), pairs)
+                                     for a in _arrays(leaves, "psend")])
+
+
+def precv(token, out_shape, axis_name, perm):
+    """Receive what the matching :func:`psend` (same axes and ``perm``) delivered to this device: its block, or
+    zeros where this device is no destination; mirrors ``jax.lax.precv``.
+
+    Args:
+      token: a token from ``psend`` (ordering only). out_shape: anything with ``shape`` and ``dtype`` (e.g.
+        ``jax.ShapeDtypeStruct`` or an array), the expected block.
+
+    Raises:
+      ValueError: no ``psend`` with this ``perm`` came before, or it sent another shape or dtype.
+    """
+    return _primitives.precv(tuple(out_shape.shape), out_shape.dtype, _axes_tuple(axis_name), _pairs(perm))
 
 
 # -- axis queries ---------------------------------------------------------------------------------------

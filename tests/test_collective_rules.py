@@ -21,7 +21,7 @@ def blocks_of(n, shape, dtype=np.float32, seed=0):
 
 def test_primitive_table_names_are_jax_primitive_names():
     assert set(PRIMITIVES) == {"psum", "pmax", "pmin", "all_gather", "reduce_scatter", "all_to_all",
-                               "ppermute", "pbroadcast"}
+                               "ppermute", "pbroadcast", "psend", "ragged_all_to_all"}
 
 
 def test_duplicate_definition_is_refused():
@@ -183,3 +183,49 @@ def test_vectorized_form_equals_the_rule_bit_for_bit(name, shape, params, groups
         for r in range(n):
             np.testing.assert_array_equal(y[g, r], expected[r])
             assert y[g, r].dtype == expected[r].dtype
+
+
+def test_ragged_all_to_all_jax_docstring_example():
+    blocks = [(np.array([1, 2, 2]), np.zeros(4, int), np.array([0, 1]), np.array([1, 2]), np.array([0, 0]),
+               np.array([1, 1])),
+              (np.array([3, 4, 0]), np.zeros(4, int), np.array([0, 1]), np.array([1, 1]), np.array([1, 2]),
+               np.array([2, 1]))]
+    out = rule("ragged_all_to_all")(blocks)
+    assert [o.tolist() for o in out] == [[1, 3, 0, 0], [2, 2, 4, 0]]
+
+
+def test_ragged_all_to_all_two_slices_per_destination_rows_and_errors():
+    # 2 devices, K = 4 (two slices to each destination); rows of shape (2,).
+    op0, op1 = np.arange(10).reshape(5, 2), 100 + np.arange(10).reshape(5, 2)
+    out = np.full((6, 2), -1)
+    # device 0 sends rows 0 and 1:3 to device 0 (at 0 and 4), row 3 and 4 to device 1 (at 1 and 5)
+    b0 = (op0, out, np.array([0, 1, 3, 4]), np.array([1, 2, 1, 1]), np.array([0, 4, 1, 5]), np.array([1, 2, 1, 0]))
+    # device 1 sends row 0 to device 0 (at 1), nothing else to 0, rows 1:3 to device 1 (at 2)
+    b1 = (op1, out, np.array([0, 0, 1, 0]), np.array([1, 0, 2, 0]), np.array([1, 0, 2, 0]), np.array([1, 1, 2, 0]))
+    r0, r1 = rule("ragged_all_to_all")([b0, b1])
+    # device 0 receives recv sizes [1, 2 | 1, 0]; device 1 receives [1, 1 | 2, 0]
+    assert r0.tolist() == [[0, 1], [100, 101], [-1, -1], [-1, -1], [2, 3], [4, 5]]
+    assert r1.tolist() == [[-1, -1], [6, 7], [102, 103], [104, 105], [-1, -1], [8, 9]]
+    with pytest.raises(ValueError, match="expects"):
+        bad = (*b1[:5], np.array([1, 1, 1, 0]))   # device 1 expects 1 row from itself, gets 2
+        rule("ragged_all_to_all")([b0, bad])
+    with pytest.raises(ValueError, match="out of bounds"):
+        rule("ragged_all_to_all")([(op0, out, np.array([0, 1, 3, 4]), np.array([1, 2, 1, 1]),
+                                    np.array([0, 5, 1, 5]), np.array([1, 2, 1, 1])), b1])
+
+
+def test_ragged_all_to_all_vectorized_equals_the_rule():
+    rng = np.random.default_rng(3)
+    G, n, K = 2, 3, 6
+    operand = rng.standard_normal((G, n, 8, 2)).astype(np.float32)
+    output = np.zeros((G, n, 9, 2), np.float32)
+    send = rng.integers(0, 3, (G, n, K))
+    recv = np.stack([send[g].reshape(n, n, 2).transpose(1, 0, 2).reshape(n, K) for g in range(G)])
+    input_offsets = np.zeros((G, n, K), int)
+    output_offsets = np.stack([np.stack([np.arange(K) for _ in range(n)]) for _ in range(G)])
+    y = PRIMITIVES["ragged_all_to_all"].vectorized(operand, output, input_offsets, send, output_offsets, recv)
+    for g in range(G):
+        blocks = [(operand[g, r], output[g, r], input_offsets[g, r], send[g, r], output_offsets[g, r], recv[g, r])
+                  for r in range(n)]
+        for r, expected in enumerate(rule("ragged_all_to_all")(blocks)):
+            np.testing.assert_array_equal(y[g, r], expected)

@@ -246,3 +246,14 @@ def test_pytree_leaves_of_different_ranks_with_a_negative_axis():
     same = spmdsim.pmap(lambda v: lax.psum_scatter(v, "i", scatter_dimension=-1), "i")(
         {"a": np.ones((4, 4)), "b": np.ones((4, 2, 4))})
     assert same["a"].shape == (4,) and same["b"].shape == (4, 2)
+
+
+def test_psend_then_precv_is_a_ppermute_split_in_two():
+    def f(x):
+        token = lax.psend(x, "i", [(0, 1), (1, 2), (2, 0)])
+        return lax.precv(token, x, "i", [(0, 1), (1, 2), (2, 0)])
+    assert run(f, np.arange(1.0, 5.0)).tolist() == [3.0, 1.0, 2.0, 0.0]
+    with pytest.raises(ValueError, match="no psend with that perm"):
+        run(lambda x: lax.precv(None, x, "i", [(0, 1)]), np.arange(4.0))
+    with pytest.raises(ValueError, match="asked for"):
+        run(lambda x: lax.precv(lax.psend(x, "i", [(0, 1)]), np.zeros(2), "i", [(0, 1)]), np.arange(4.0))

@@ -16,7 +16,32 @@ def _collective(name: str):
 
 
 for _name in _primitives.PRIMITIVES:
-    per_device(_name)(vectorized(_name)(_collective(_name)))
+    if _name not in ("psend", "ragged_all_to_all"):
+        per_device(_name)(vectorized(_name)(_collective(_name)))
+
+
+@per_device("ragged_all_to_all")
+@vectorized("ragged_all_to_all")
+def _ragged_all_to_all(*operands, **params):
+    return _primitives.bind("ragged_all_to_all", operands, site=current_site(), **params)[0]
+
+
+@per_device("psend")
+@vectorized("psend")
+def _psend(x, *, axis_name, perm):
+    return _primitives.psend(x, axis_name, perm, site=current_site())
+
+
+@per_device("precv")
+@vectorized("precv")
+def _precv(token, *, out_shape, axis_name, perm):
+    return _primitives.precv(out_shape.shape, out_shape.dtype, axis_name, perm)
+
+
+@per_device("create_token", "after_all")
+@vectorized("create_token", "after_all")
+def _token(*_tokens, **_params):
+    return _primitives.TOKEN
 
 
 @per_device("axis_index")

@@ -15,7 +15,14 @@ def numpy_dtype(dtype) -> np.dtype:
     return np.dtype(np.uint32) if is_key(dtype) else np.dtype(dtype)
 
 
-def numpy_shape_dtype(aval) -> tuple[tuple, np.dtype]:
+def is_token(aval) -> bool:
+    return not hasattr(aval, "dtype")
+
+
+def numpy_shape_dtype(aval) -> tuple[tuple, np.dtype] | None:
+    """The NumPy shape and dtype of a value of ``aval``; None for a token (an opaque value, not checked)."""
+    if is_token(aval):
+        return None
     if is_key(aval.dtype):
         return tuple(aval.shape) + KEY_DATA_SHAPE, np.dtype(np.uint32)
     return tuple(aval.shape), np.dtype(aval.dtype)

@@ -213,8 +213,8 @@ class Vectorized(Executor):
         return np.broadcast_to(value, (self.n, *value.shape))
 
     def expected(self, aval):
-        shape, dtype = _dtypes.numpy_shape_dtype(aval)
-        return (self.n, *shape), dtype
+        found = _dtypes.numpy_shape_dtype(aval)
+        return None if found is None else ((self.n, *found[0]), found[1])
 
     def eval_jaxpr(self, jaxpr, consts, args):
         with _primitives.vectorized_batch(self.batch):
@@ -301,11 +301,12 @@ def eval_jaxpr(jaxpr, consts, *args, executor: Executor | None = None) -> list[n
                 outs = ex.apply(eqn, [read(v) for v in eqn.invars])
                 outs = outs if eqn.primitive.multiple_results else [outs]
                 for v, value in zip(eqn.outvars, outs, strict=True):
-                    if type(value) is not np.ndarray:
-                        value = np.asarray(value)
-                    shape, dtype = ex.expected(v.aval)
-                    if value.shape != shape or value.dtype != dtype:
-                        bad_result(eqn, value, shape, dtype)
+                    expected = ex.expected(v.aval)
+                    if expected is not None:  # None: a token
+                        if type(value) is not np.ndarray:
+                            value = np.asarray(value)
+                        if value.shape != expected[0] or value.dtype != expected[1]:
+                            bad_result(eqn, value, *expected)
                     write(v, value)
     finally:
         stack.pop()
