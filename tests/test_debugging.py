@@ -2,9 +2,7 @@
 would-hang report, reduction orders, teaching pictures."""
 import json
 import os
-import pty
 import re
-import select
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ import pytest
 
 import spmdsim
 from spmdsim import lax
+from terminal import drive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -227,41 +226,11 @@ def test_debugger_api_steps_through_every_rendezvous():
 def test_debugger_continue_and_quit():
     f = spmdsim.pmap(program, axis_name="i")
     s = spmdsim.debug.step(f, np.arange(4.0))
-    np.testing.assert_array_equal(s.cont(), f(np.arange(4.0)))
+    assert s.cont() is None                                # no breakpoint set: runs to the end
+    np.testing.assert_array_equal(s.result, f(np.arange(4.0)))
     s = spmdsim.debug.step(f, np.arange(4.0))
     s.quit()
     assert isinstance(s.error, spmdsim.debug.DebuggerQuit) and s.result is None
-
-
-def _drive(argv, commands, timeout=60):
-    """Run a command on a pseudo-terminal, answering each '(spmdsim) ' prompt with the next command."""
-    controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, *argv], stdin=terminal, stdout=terminal, stderr=terminal,
-                            env={**os.environ, "PYTHONPATH": ROOT}, close_fds=True)
-    os.close(terminal)
-    output, pending, deadline = b"", list(commands), time.time() + timeout
-    try:
-        while time.time() < deadline:
-            ready, _, _ = select.select([controller], [], [], 0.5)
-            if ready:
-                try:
-                    chunk = os.read(controller, 4096)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                output += chunk
-                if output.endswith(b"(spmdsim) ") and pending:
-                    os.write(controller, (pending.pop(0) + "\n").encode())
-            elif proc.poll() is not None:
-                break
-        else:
-            proc.kill()
-            raise AssertionError("the debugger did not finish:\n" + output.decode(errors="replace"))
-    finally:
-        code = proc.wait(timeout=30)
-        os.close(controller)
-    return output.decode(errors="replace").replace("\r\n", "\n"), code
 
 
 def test_terminal_debugger_through_a_pseudo_terminal(tmp_path):
@@ -269,7 +238,7 @@ def test_terminal_debugger_through_a_pseudo_terminal(tmp_path):
     script.write_text("import numpy as np\nimport spmdsim\nfrom spmdsim import lax\n\n"
                       "def f(x):\n    y = lax.psum(x, 'i')\n    return lax.ppermute(y * x, 'i', [(0, 1), (1, 2), (2, 3), (3, 0)])\n\n"
                       "print('result', spmdsim.pmap(f, 'i')(np.arange(4.0)))\n")
-    out, code = _drive(["-m", "spmdsim", "debug", str(script), "--devices", "4"],
+    out, code = drive(["-m", "spmdsim", "debug", str(script), "--devices", "4"],
                        ["help", "show 2", "n", "show 1 result", "where", "c"])
     assert code == 0, out
     assert "stop 0: psum(float64[], axis_name='i') (step 0)" in out
@@ -284,7 +253,7 @@ def test_terminal_debugger_through_a_pseudo_terminal(tmp_path):
 def test_terminal_debugger_quit(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("import numpy as np, spmdsim\nprint(spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), 'i')(np.ones(2)))\n")
-    out, code = _drive(["-m", "spmdsim", "debug", str(script)], ["q"])
+    out, code = drive(["-m", "spmdsim", "debug", str(script)], ["q"])
     assert code == 1 and "stopped" in out and "[2. 2.]" not in out
 
 
