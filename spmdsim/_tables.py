@@ -37,15 +37,16 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         print(text, file=file)
         return text
     stream = file if file is not None else sys.stdout
-    table = Table(title=title or None)
+    table = Table(title=Text(title) if title else None)
     for h in header:
-        table.add_column(h, justify="right" if h in right else "left")
-    for k, r in enumerate(rows):
-        table.add_row(*r, style="bold" if bold_last and k == len(rows) - 1 else None)
+        table.add_column(Text(h), justify="right" if h in right else "left")
+    for k, r in enumerate(rows):  # Text: a device label's "[i=3]" is not rich markup
+        table.add_row(*map(Text, r), style="bold" if bold_last and k == len(rows) - 1 else None)
     is_terminal = getattr(stream, "isatty", lambda: False)()
     Console(file=stream, width=None if is_terminal else 10_000).print(table)
     return text

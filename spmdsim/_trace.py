@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from spmdsim import _runtime
+from spmdsim._tables import print_table
 
 __all__ = ["CollectiveEvent", "CallEvent", "Trace", "trace"]
 
@@ -136,26 +137,14 @@ class Trace:
 
     def summary(self, file=None) -> str:
         """A table per collective and axis (count, bytes, total and worst wait, slowest device); printed
-        with rich when it is installed, and returned as plain text."""
+        with rich when it is installed (never cut to 80 columns when not a terminal), returned as plain text."""
         rows = self.summary_rows()
         header = ["collective", "axis", "count", "bytes/device", "total wait ms", "worst wait ms", "slowest device"]
         body = [[r["op"], repr(r["axis"]), str(r["count"]), str(r["bytes"]), f"{r['total_wait_ms']:.3f}",
                  f"{r['worst_wait_ms']:.3f}", r["slowest_device"]] for r in rows]
-        widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-        text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in [header, *body])
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except ImportError:
-            print(text, file=file)
-            return text
-        table = Table(title=f"collectives: {len(self.events)} in {len(self.calls)} device calls")
-        for h in header:
-            table.add_column(h, justify="right" if h[0] in "cbtw" and h not in ("collective",) else "left")
-        for b in body:
-            table.add_row(*b)
-        Console(file=file).print(table)
-        return text
+        title = f"collectives: {len(self.events)} in {len(self.calls)} device calls"
+        return print_table(title, header, body, file=file, right=[h for h in header if h[0] in "cbtw" and
+                                                                  h != "collective"])
 
     def to_perfetto(self, path) -> dict:
         """Write the Chrome trace-event JSON (https://ui.perfetto.dev, chrome://tracing): a track per device
