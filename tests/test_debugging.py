@@ -1,5 +1,5 @@
 """Debugging collectives: trace and timeline, stepping debugger (API and terminal), ordered output,
-would-hang report, reduction orders, teaching pictures."""
+would-hang report, reduction orders (pictures: test_pictures.py)."""
 import json
 import os
 import re
@@ -257,29 +257,7 @@ def test_terminal_debugger_quit(tmp_path):
     assert code == 1 and "stopped" in out and "[2. 2.]" not in out
 
 
-# -- teaching pictures -------------------------------------------------------------------------------------
-
-def test_sharding_picture(tmp_path):
-    text = spmdsim.show.sharding(np.arange(12).reshape(3, 4), in_axes=1, svg=str(tmp_path / "s.svg"), echo=False)
-    assert "device 2  x[:, 2]  (3,)" in text and "[ 2,  6, 10]" in text
-    rects = ET.parse(tmp_path / "s.svg").getroot().findall("{http://www.w3.org/2000/svg}rect")
-    assert len(rects) == 1 + 12
-    colours = [r.get("fill") for r in rects[1:]]
-    assert colours[0] == colours[4] == colours[8] != colours[1]       # column j belongs to device j
-
-
-def test_collective_picture(tmp_path):
-    text = spmdsim.show.collective("psum_scatter", np.arange(16.0).reshape(4, 4), svg=str(tmp_path / "c.svg"),
-                                   echo=False)
-    assert re.search(r"device 1  \[4., 5., 6., 7.\]\s+28.", text)        # column sums: 24, 28, 32, 36
-    text = spmdsim.show.collective("ppermute", np.arange(4.0), perm=[(0, 1), (1, 2), (2, 3), (3, 0)], echo=False,
-                                   svg=str(tmp_path / "p.svg"))
-    assert re.search(r"device 0  0.\s+3.", text)
-    root = ET.parse(tmp_path / "p.svg").getroot()
-    fills = [r.get("fill") for r in root.findall("{http://www.w3.org/2000/svg}rect")[1:]]
-    # before/after per device: device 0 after holds device 3's element, so it has device 3's colour
-    assert fills[1] == fills[6]
-
+# -- breakpoint() ------------------------------------------------------------------------------------------
 
 def test_breakpoint_inside_a_device_talks_to_the_terminal(tmp_path):
     script = tmp_path / "bp.py"
