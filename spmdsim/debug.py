@@ -417,6 +417,7 @@ class Session:
         self._thread = threading.Thread(target=self._run, args=(fun, args, kwargs), name="spmdsim debug", daemon=True)
         self._thread.start()
         self.stop = self._stops.get()
+        _keep_jupyter_output()
 
     @property
     def breakpoints(self) -> list[Breakpoint]:
@@ -463,6 +464,7 @@ class Session:
         self._control.go(mode, n)
         self._command.put(mode)
         self.stop = self._stops.get()
+        _keep_jupyter_output()
         return self.stop
 
     def next(self, n: int = 1) -> Stop | None:
@@ -533,6 +535,16 @@ class Session:
         if self.stop is None:
             raise ValueError("the call has finished: there is no stop to evaluate in.")
         return evaluate(self.stop, device, expression)
+
+
+def _keep_jupyter_output() -> None:
+    """While a session holds a call across notebook cells, the call's ordered-output stream stays installed as
+    ``sys.stdout``; ipykernel points output at the running cell through ``sys.stdout.set_parent``, so the
+    stream must pass that on (else later cells' output is lost). To be moved into spmdsim._output."""
+    stream = sys.stdout
+    if isinstance(stream, _output.DeviceStream) and hasattr(stream.stream, "set_parent") \
+            and "set_parent" not in vars(stream):
+        stream.set_parent = stream.stream.set_parent
 
 
 def _count(n) -> int:
