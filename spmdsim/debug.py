@@ -802,6 +802,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _jax_installed() -> bool:
+    """Whether jax can be imported (checked without importing it; a folder named jax is not jax)."""
     import importlib.util
 
-    return importlib.util.find_spec("jax") is not None
+    spec = importlib.util.find_spec("jax")
+    return spec is not None and spec.origin is not None

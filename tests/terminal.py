@@ -1,4 +1,5 @@
 """Running spmdsim's commands as a user does: on a pseudo-terminal (the debugger) or as a subprocess."""
+import importlib.util
 import os
 import pty
 import select
@@ -7,6 +8,13 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def jax_installed() -> bool:
+    """Whether jax can be imported, without importing it (a folder named jax on sys.path, such as
+    examples/jax, is not jax)."""
+    spec = importlib.util.find_spec("jax")
+    return spec is not None and spec.origin is not None
 # Run `python -m spmdsim ...` with jax made unimportable (as in an environment without it).
 NO_JAX = ("import sys; sys.modules['jax'] = None; from spmdsim.cli import main; sys.exit(main(sys.argv[1:]))",)
 

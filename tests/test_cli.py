@@ -1,7 +1,6 @@
 """The `spmdsim` command as a newcomer types it: one-line errors, --version, help texts, `run` and `debug`
 with options after the script and `-m MODULE`, `conformance -k`. Run as subprocesses; those that need jax
 are skipped without it (this file never imports jax)."""
-import importlib.util
 import json
 import os
 import shutil
@@ -14,9 +13,9 @@ import pytest
 import spmdsim
 from spmdsim._script import Program, split_argv
 from spmdsim.cli import UsageError
-from terminal import ROOT, drive, spmdsim_command
+from terminal import ROOT, drive, jax_installed, spmdsim_command
 
-needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+needs_jax = pytest.mark.skipif(not jax_installed(), reason="needs jax")
 
 JAX_SCRIPT = """import sys
 import jax, jax.numpy as jnp

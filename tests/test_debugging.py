@@ -195,7 +195,7 @@ def test_orders_really_differ_and_accumulation_dtype():
 
 
 def test_bfloat16_summed_in_float32():
-    import ml_dtypes
+    ml_dtypes = pytest.importorskip("ml_dtypes")   # comes with jax
     x = np.full(8, 1 / 3, dtype=ml_dtypes.bfloat16)
     x[0] = 256
     with spmdsim.set_reduction_order("sequential", accumulation_dtype=np.float32):

@@ -1,16 +1,15 @@
 """spmdsim.testing out of the box: the helpers give real jax the CPU devices jax.pmap needs, or say exactly
 what to set. Each runs in a fresh interpreter (jax's device count is fixed once its backend starts); this file
 never imports jax."""
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-from terminal import ROOT
+from terminal import ROOT, jax_installed
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+pytestmark = pytest.mark.skipif(not jax_installed(), reason="needs jax")
 
 USER_TESTS = '''import jax
 import numpy as np
