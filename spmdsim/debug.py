@@ -223,6 +223,11 @@ def evaluate(stop: Stop, device: int, expression: str) -> Any:
             held here (it is computing, finished, or runs a jaxpr).
         Exception: whatever the expression raises.
     """
+    return _in_frame(_held_frame(stop, device), expression)
+
+
+def _held_frame(stop: Stop, device: int):
+    """The frame where ``stop``'s ``device`` called the collective (see :func:`evaluate`'s ValueErrors)."""
     if not stop.held:
         raise ValueError(f"stop {stop.number} was released: the devices have moved on. Evaluate at the current "
                          f"stop.")
@@ -234,6 +239,11 @@ def evaluate(stop: Stop, device: int, expression: str) -> Any:
     if frame is None:
         raise ValueError(f"{stop.devices[device]} has no Python frame held here (it is computing or finished, or "
                          f"the JAX front end runs it as a jaxpr); see 'where'.")
+    return frame
+
+
+def _in_frame(frame, expression: str) -> Any:
+    """Evaluate ``expression`` with ``frame``'s variables, in a thread of its own (outside any mapped call)."""
     code = compile(expression, "<spmdsim debug>", "eval")
     outcome: dict = {}
 
@@ -660,9 +670,9 @@ class _Prompt:
         command, rest = COMMANDS.get(words[0]), words[1:]
         try:
             if command in ("next", "continue"):
+                if rest and not (rest[0].isdigit() and int(rest[0]) >= 1):
+                    raise ValueError(f"{command} N: N is a count of at least 1, got {rest[0]!r}")
                 n = int(rest[0]) if rest else None
-                if n is not None and n < 1:
-                    raise ValueError(f"{command} N: N must be at least 1, got {n}")
                 if command == "next":
                     self.control.go("next", n or 1)
                 else:
@@ -700,19 +710,16 @@ class _Prompt:
         if command == "print":
             if len(rest) < 2 or not rest[0].isdigit():
                 raise ValueError("usage: p DEVICE EXPR, e.g. p 2 x.sum()")
-            value = _safe_eval(stop, int(rest[0]), " ".join(rest[1:]))
-            return value
+            return _safe_eval(stop, int(rest[0]), " ".join(rest[1:]))
         return f"*** unknown command {word!r}; h lists the commands"
 
 
 def _safe_eval(stop: Stop, device: int, expression: str) -> str:
-    """The expression's value as text, or its error as one line (the program goes on)."""
+    """The expression's value as text, or its error as one line (the program goes on). Raises ValueError
+    when the device has no frame to evaluate in."""
+    frame = _held_frame(stop, device)
     try:
-        value = evaluate(stop, device, expression)
-    except ValueError as e:
-        if str(e).startswith(("stop ", "device must", stop.devices[device] if device < len(stop.devices) else "\0")):
-            raise
-        return f"*** {type(e).__name__}: {e}"
+        value = _in_frame(frame, expression)
     except Exception as e:  # noqa: BLE001 - the user's expression failed; say so and go on
         return f"*** {type(e).__name__}: {e}"
     if isinstance(value, (np.ndarray, np.generic)):  # values with their dtype and shape, not np.float64(...)
@@ -739,8 +746,8 @@ def parser():
     from spmdsim.cli import ArgumentParser, positive_int
 
     p = ArgumentParser(
-        prog="spmdsim debug", usage="spmdsim debug [options] SCRIPT.py [args]\n       spmdsim debug [options] -m MODULE "
-                                    "[args]",
+        prog="spmdsim debug",
+        usage="spmdsim debug [options] SCRIPT.py [args]\n       spmdsim debug [options] -m MODULE [args]",
         description="Run a program and stop at its collectives: every device of the group is held there, its "
                     "operands and results side by side; a would-hang or mismatch stops too. NumPy programs need no "
                     "jax; with jax installed, jax.pmap is replaced as by spmdsim run. Type h at the prompt for the "

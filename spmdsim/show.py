@@ -184,8 +184,8 @@ def _draw(rows, *, headers: list[str], title: str, n_devices: int, grey: str) ->
     """A table of blocks: ``rows`` of (label, [(2-D values, 2-D owning device or -1), ...]) under the column
     ``headers``, the ``title`` lines above and a legend below (``grey`` says what an owner of -1 means)."""
     grids = [grid for _, row in rows for grid, _ in row]
-    labels = {id(grid): [[_label(grid[i, j]) if i is not None and j is not None else "…" for j in _kept(grid.shape[1])]
-                         for i in _kept(grid.shape[0])] for grid in grids}
+    labels = {id(grid): [[_label(grid[i, j]) if i is not None and j is not None else "…"
+                          for j in _kept(grid.shape[1])] for i in _kept(grid.shape[0])] for grid in grids}
     longest = max(len(s) for cells in labels.values() for row in cells for s in row)
     cell_w = max(MIN_CELL, math.ceil(_svg.text_width("x" * longest)) + 2 * PAD)
     col_w = [max(_svg.text_width(h), *(len(_kept(row[c][0].shape[1])) * cell_w for _, row in rows))
@@ -237,6 +237,7 @@ def _legend(owners, n_devices: int, y: float, width: float, grey: str) -> tuple[
         if x + item_w > width - GAP:
             x, y = GAP + _svg.text_width("colours: "), y + 20
         out.append(f'<g class="legend"><rect x="{x:.1f}" y="{y + 2}" width="12" height="12" fill="{colour}" '
-                   f'fill-opacity="0.75" stroke="#888888" stroke-width="0.5"/>' + _svg.text(x + 16, y + 12, name) + "</g>")
+                   f'fill-opacity="0.75" stroke="#888888" stroke-width="0.5"/>' + _svg.text(x + 16, y + 12, name)
+                   + "</g>")
         x += item_w
     return out, y + 20 + GAP

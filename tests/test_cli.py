@@ -4,8 +4,6 @@ are skipped without it (this file never imports jax)."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -89,7 +87,8 @@ def test_split_argv():
     valued = ("--devices", "--trace")
     assert split_argv(["--devices", "4", "s.py", "--lr", "1", "--trace", "t.json", "--", "--devices", "9"], valued) \
         == (["--devices", "4", "--trace", "t.json"], Program("s.py", None, ("--lr", "1", "--devices", "9")))
-    assert split_argv(["-m", "pkg.mod", "--devices=3", "-v"], valued) == (["--devices=3"], Program(None, "pkg.mod", ("-v",)))
+    assert split_argv(["-m", "pkg.mod", "--devices=3", "-v"], valued) == (["--devices=3"],
+                                                                          Program(None, "pkg.mod", ("-v",)))
     assert split_argv(["--", "-weird.py", "a"], valued) == ([], Program("-weird.py", None, ("a",)))
     assert split_argv(["--devices", "4"], valued) == (["--devices", "4"], None)
     with pytest.raises(UsageError, match="-m needs a module name"):
@@ -109,7 +108,8 @@ def test_a_script_error_shows_the_script_frames_only(tmp_path):
     (tmp_path / "bad.py").write_text("def f():\n    raise ValueError('boom')\n\nf()\n")
     proc = spmdsim_command("debug", "bad.py", cwd=tmp_path, no_jax=True)
     assert proc.returncode == 1
-    assert proc.stderr.startswith('Traceback (most recent call last):\n  File "bad.py", line 4, in <module>'), proc.stderr
+    assert proc.stderr.startswith('Traceback (most recent call last):\n  File "bad.py", line 4, in <module>'), \
+        proc.stderr
     assert "runpy" not in proc.stderr and "ValueError: boom" in proc.stderr
 
 

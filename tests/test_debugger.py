@@ -41,7 +41,7 @@ def test_breakpoints_continue_n_print_and_unknown_commands(tmp_path):
                        "b ppermute step=5 device=3", "b prog.py:9", "b", "cl 1",
                        "c",                         # ppermute step 5
                        "p 2 x", "p 2 k * 100", "p 1 undefined_name", "p 9 x",
-                       "zzz",
+                       "zzz", "n 0",
                        "c",                         # all_gather (prog.py:9)
                        "n 1"], cwd=tmp_path)
     assert code == 0, out
@@ -56,6 +56,7 @@ def test_breakpoints_continue_n_print_and_unknown_commands(tmp_path):
     assert "*** NameError: name 'undefined_name' is not defined" in out
     assert "*** device must be in 0..3" in out
     assert "*** unknown command 'zzz'; h lists the commands\n" in out
+    assert "*** next N: N is a count of at least 1, got '0'" in out
     assert "s, show DEVICE" not in out                      # the help is not reprinted for a typo
 
 

@@ -56,9 +56,11 @@ def test_a_users_test_files_pass_with_jax_left_at_its_defaults(tmp_path):
 def test_too_late_to_add_devices_says_what_to_set_and_where(tmp_path):
     proc = run(["-c", "import jax, numpy as np\njax.numpy.zeros(1)  # the backend starts with 1 CPU device\n"
                       "from spmdsim.testing import assert_pmap_matches_jax\n"
-                      "assert_pmap_matches_jax(lambda x: jax.lax.psum(x, 'i'), np.arange(4.0), axis_name='i')"], tmp_path)
+                      "assert_pmap_matches_jax(lambda x: jax.lax.psum(x, 'i'), np.arange(4.0), axis_name='i')"],
+               tmp_path)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("RuntimeError: assert_pmap_matches_jax: jax.pmap needs 4 devices, but jax has 1 (cpu)")
-    assert 'jax.config.update("jax_num_cpu_devices", 8)` right after `import jax` at the top of your conftest.py' in last
+    assert 'jax.config.update("jax_num_cpu_devices", 8)` right after `import jax` at the top of your ' \
+           'conftest.py' in last
     assert "XLA_FLAGS=--xla_force_host_platform_device_count=8" in last

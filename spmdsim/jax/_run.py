@@ -23,7 +23,8 @@ TRACE_FORMATS = {".json": "a Perfetto/Chrome trace", ".svg": "a timeline picture
 def parser() -> ArgumentParser:
     """The options of ``spmdsim run`` (the program and its arguments are split off first)."""
     p = ArgumentParser(
-        prog="spmdsim run", usage="spmdsim run [options] SCRIPT.py [args]\n       spmdsim run [options] -m MODULE [args]",
+        prog="spmdsim run",
+        usage="spmdsim run [options] SCRIPT.py [args]\n       spmdsim run [options] -m MODULE [args]",
         description="Run an unmodified JAX script with jax.pmap replaced by spmdsim.jax.pmap (values computed by "
                     "NumPy on virtual devices); everything else stays real JAX.",
         epilog="--devices, --executor and --trace are spmdsim's wherever they appear; arguments after -- all go "
