@@ -41,8 +41,9 @@ _USER_CODE = (os.path.join(_PACKAGE_DIR, "demo.py"),)  # spmdsim's files that ar
 
 
 def _internal(filename: str) -> bool:
-    """Whether a frame of ``filename`` is spmdsim's machinery (not the user's program)."""
-    return filename.startswith(_PACKAGE_DIR) and filename not in _USER_CODE
+    """Whether a frame of ``filename`` is spmdsim's machinery (not the user's program): its files, and the
+    code it generates (the JAX front end's compiled jaxprs, ``<spmdsim: jaxpr>``)."""
+    return (filename.startswith(_PACKAGE_DIR) and filename not in _USER_CODE) or filename.startswith("<spmdsim")
 
 # Collectives by the names users write (spmdsim.lax / jax.lax) and by the names rendezvous carry (the rule
 # table's, JAX's primitive names where they differ).

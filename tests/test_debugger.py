@@ -8,7 +8,7 @@ import pytest
 import spmdsim
 from spmdsim import lax
 from spmdsim.debug import Breakpoint
-from terminal import drive
+from terminal import drive, jax_installed
 
 LOOP = """import numpy as np
 import spmdsim
@@ -148,3 +148,16 @@ def test_a_mismatch_stops_the_session_and_then_raises():
     assert s.eval(1, "x") == 1.0
     with pytest.raises(spmdsim.CollectiveMismatchError):
         s.finish()
+
+
+@pytest.mark.skipif(not jax_installed(), reason="needs jax")
+def test_spmdsim_debug_steps_a_jax_program_whose_devices_run_jaxprs(tmp_path):
+    (tmp_path / "jprog.py").write_text("import jax, jax.numpy as jnp\n\ndef f(x):\n"
+                                       "    return jax.lax.pmean({'a': x, 'b': 2 * x}, 'i')\n\n"
+                                       "print(jax.pmap(f, axis_name='i')(jnp.arange(4.0)))\n")
+    out, code = drive(["-m", "spmdsim", "debug", "jprog.py", "--devices", "4"], ["p 0 x", "c"], cwd=tmp_path,
+                      env={"JAX_PLATFORMS": "cpu"})
+    assert code == 0, out
+    assert "stop 0: psum(float32[], float32[], axis_name='i') (step 0) at jprog.py:4" in out
+    assert "operand 1 of 2: float32[]" in out
+    assert "*** device 0 [i=0] has no Python frame held here" in out and "'b': Array([3., 3., 3., 3.]" in out
