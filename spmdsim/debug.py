@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import os
 import queue
+import re
 import sys
 import threading
 from typing import Any, Callable, Sequence
@@ -336,8 +337,12 @@ def _device_number(label: str) -> int | None:
 
 
 def _same_line(site: str, spec: str) -> bool:
-    """Whether ``file:line`` ``site`` is what ``spec`` (``FILE:LINE`` or ``LINE``) names."""
-    s_file, _, s_line = site.rpartition(":")
+    """Whether ``site`` (``file:line``, or the JAX front end's ``file:line:column (function)``) is the line
+    ``spec`` (``FILE:LINE`` or ``LINE``) names."""
+    match = re.match(r"(.*?):(\d+)(?::\d+)?(?: \(.*\))?$", site)
+    if match is None:
+        return False
+    s_file, s_line = match.groups()
     b_file, _, b_line = spec.rpartition(":")
     if s_line != b_line:
         return False

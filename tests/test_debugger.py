@@ -111,6 +111,8 @@ def test_breakpoint_text():
     assert bp.matches("reduce_scatter", ("batch",), 3, ["src/train.py:42"], ["device 2 [batch=2]"])
     assert not bp.matches("reduce_scatter", ("batch",), 3, ["src/train.py:42"], ["device 12 [batch=12]"])
     assert Breakpoint.parse("42").matches("psum", ("i",), 0, ["a.py:42"], ["device 0 [i=0]"])
+    assert Breakpoint.parse("a.py:7").matches("psum", ("i",), 0, ["/x/a.py:7:11 (f)"], ["device 0 [i=0]"])  # JAX
+    assert not Breakpoint.parse("a.py:7").matches("psum", ("i",), 0, ["b.py:7"], ["device 0 [i=0]"])
     for bad, message in [("step=x", "step must be a number"), ("color=red", "cannot read 'color=red'"),
                          ("train.py:x", "FILE:LINE or LINE"), ("", "empty")]:
         with pytest.raises(ValueError, match=message):
