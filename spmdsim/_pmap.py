@@ -352,9 +352,11 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         non-hashable or keyword-passed static arguments, a scalar with a mapped axis, empty ``devices``.
       TypeError: ``in_axes``/``out_axes`` leaves that are not Python ints or None (at construction), a
         non-array argument.
-      Any exception a device raises (the first in device order, with a note naming the device and the others'
-        errors in ``exc.device_errors``); CollectiveMismatchError / CollectiveDeadlockError when devices'
-        collectives cannot meet.
+      CollectiveMismatchError: devices called different collectives at the same step.
+      CollectiveDeadlockError: a collective some device never reaches.
+
+    Any exception a device raises is raised too: the first in device order, with a note naming the device and
+    the others' errors in ``exc.device_errors``.
 
     Differences from ``jax.pmap`` (JAX 0.10.2):
       - NumPy dtypes are kept: float64 and int64 inputs are not canonicalised to 32 bits.

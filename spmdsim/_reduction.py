@@ -12,13 +12,17 @@ import dataclasses
 import functools
 from typing import Any, Sequence
 
-import ml_dtypes
 import numpy as np
+
+try:  # bfloat16 comes with jax (ml_dtypes); without it there are no bfloat16 arrays to sum
+    import ml_dtypes
+    _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - the jax-free installation
+    _BFLOAT16 = None
 
 __all__ = ["ReductionOrder", "set_reduction_order", "current_reduction_order", "fold"]
 
 REDUCTION_ORDERS = ("sequential", "pairwise", "ring")
-_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ from spmdsim._axes import Channel, Frame, axis_ids, frames_label, membership
 from spmdsim._reports import Signature, describe, format_table, shown_avals
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
-__all__ = ["Lane", "World", "Rendezvous", "Aborted", "CallCount", "observers", "pause_hooks", "RUNNING", "WAITING", "JOINING",
+__all__ = ["Lane", "World", "Rendezvous", "Aborted", "CallCount", "observers", "pause_hooks", "failure_hooks", "RUNNING", "WAITING", "JOINING",
            "DONE", "RAISED", "ABORTED"]
 
 # Objects with ``record(rendezvous, released_at)``, called once per completed collective, and
@@ -37,6 +37,10 @@ observers: list = []
 # Callables ``hook(rendezvous)`` run by the last arriver after the rule, before anyone is released (the
 # stepping debugger pauses every device of the group there; see spmdsim.debug).
 pause_hooks: list = []
+# Callables ``hook(world, error)`` run once when a world first fails (a deadlock or mismatch found, or a device
+# raised), under the world's lock and before any waiting lane is released, so that the held devices can be
+# inspected (the stepping debugger stops there). A hook must neither raise nor take the world's lock.
+failure_hooks: list = []
 
 RUNNING, WAITING, JOINING, DONE, RAISED, ABORTED = "running", "waiting", "joining", "done", "raised", "aborted"
 _STATE_TEXT = {RUNNING: "running", JOINING: "in nested call", DONE: "returned", ABORTED: "stopped"}
@@ -175,6 +179,8 @@ class World:
         if self.failure is not None:
             return
         self.failure = error
+        for hook in failure_hooks:
+            hook(self, error)
         for rv in self.open.values():
             for lane in rv.lanes:
                 if lane is not None and lane.state == WAITING:

@@ -25,8 +25,8 @@ from typing import Any, Callable, Hashable, Sequence
 from spmdsim import _output, _threads
 from spmdsim._axes import Channel, Frame, Unnamed, frames_label, resolve_axes
 from spmdsim._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCount, Lane, Rendezvous,  # noqa: F401
-                                 World, observers, pause_hooks)
-from spmdsim._reports import describe  # noqa: F401  (re-exported for the debugger)
+                                 World, failure_hooks, observers, pause_hooks)
+from spmdsim._reports import describe, format_table  # noqa: F401  (re-exported for the debugger)
 
 __all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "channel", "user_site",
            "frames_label", "observers", "pause_hooks"]

@@ -12,7 +12,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import html
 import json
+import math
 import threading
 import time
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from spmdsim import _runtime
+from spmdsim._tables import print_table
 
 __all__ = ["CollectiveEvent", "CallEvent", "Trace", "trace"]
 
@@ -134,26 +137,14 @@ class Trace:
 
     def summary(self, file=None) -> str:
         """A table per collective and axis (count, bytes, total and worst wait, slowest device); printed
-        with rich when it is installed, and returned as plain text."""
+        with rich when it is installed (never cut to 80 columns when not a terminal), returned as plain text."""
         rows = self.summary_rows()
         header = ["collective", "axis", "count", "bytes/device", "total wait ms", "worst wait ms", "slowest device"]
         body = [[r["op"], repr(r["axis"]), str(r["count"]), str(r["bytes"]), f"{r['total_wait_ms']:.3f}",
                  f"{r['worst_wait_ms']:.3f}", r["slowest_device"]] for r in rows]
-        widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-        text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in [header, *body])
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except ImportError:
-            print(text, file=file)
-            return text
-        table = Table(title=f"collectives: {len(self.events)} in {len(self.calls)} device calls")
-        for h in header:
-            table.add_column(h, justify="right" if h[0] in "cbtw" and h not in ("collective",) else "left")
-        for b in body:
-            table.add_row(*b)
-        Console(file=file).print(table)
-        return text
+        title = f"collectives: {len(self.events)} in {len(self.calls)} device calls"
+        return print_table(title, header, body, file=file, right=[h for h in header if h[0] in "cbtw" and
+                                                                  h != "collective"])
 
     def to_perfetto(self, path) -> dict:
         """Write the Chrome trace-event JSON (https://ui.perfetto.dev, chrome://tracing): a track per device
@@ -207,10 +198,22 @@ class Trace:
         return doc
 
 
-    def to_svg(self, path, *, width: int = 900) -> None:
-        """A timeline picture: one row per device, its call (grey), each collective from arrival to release
-        (coloured by op; the wait is the bar's length), a line through the devices of each rendezvous."""
-        import html
+    def to_svg(self, path=None, *, width: int = 900):
+        """Draw the timeline: one row per device, its mapped call (grey), each collective from the device's
+        arrival to the release (coloured by op, so the bar's length is the wait), a line through the devices
+        of each rendezvous at its release; a time axis in milliseconds and a legend below.
+
+        Args:
+            path: also write the SVG document there.
+            width: the picture's width in pixels.
+
+        Returns:
+            A :class:`spmdsim.show.Picture` (Jupyter shows it inline; ``.svg`` is the document).
+
+        Raises:
+            ValueError: nothing was recorded.
+        """
+        from spmdsim import _svg
 
         labels = sorted({c.device for c in self.calls} | {d for e in self.events for d in e.devices},
                         key=_device_sort_key)
@@ -218,42 +221,70 @@ class Trace:
         if not labels or not times:
             raise ValueError("the trace is empty: nothing ran inside the trace() block")
         t0, t1 = min(times), max(times)
-        left, row, top = 150, 26, 36
-        scale = (width - left - 20) / max(t1 - t0, 1e-9)
+        left = 20 + max(_svg.text_width(label, 11) for label in labels)
+        width = max(width, left + 300)
+        row, top, right = 26, 40, 20
+        scale = (width - left - right) / max(t1 - t0, 1e-9)
 
         def x(t):
             return left + (t - t0) * scale
 
-        colours = {}
+        title = f"spmdsim trace: {len(self.events)} collectives, {1e3 * (t1 - t0):.2f} ms"
+        colours: dict[str, str] = {}
         palette = ["#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f"]
         ys = {label: top + i * row for i, label in enumerate(labels)}
-        height = top + len(labels) * row + 40
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
-               f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
-               f'<text x="10" y="20" font-size="13">spmdsim trace: {len(self.events)} collectives, '
-               f'{1e3 * (t1 - t0):.2f} ms</text>']
+        out = [_svg.text(10, 22, title, size=13)]
         for label, y in ys.items():
-            out.append(f'<text x="10" y="{y + 15}">{html.escape(label)}</text>')
+            out.append(_svg.text(10, y + 16, label, size=11))
         for c in self.calls:
-            y = ys[c.device]
-            out.append(f'<rect x="{x(c.start):.1f}" y="{y + 4}" width="{max(x(c.end) - x(c.start), 1):.1f}" '
+            out.append(f'<rect x="{x(c.start):.1f}" y="{ys[c.device] + 4}" width="{max(x(c.end) - x(c.start), 1):.1f}" '
                        f'height="{row - 8}" fill="#e6e6e6"/>')
         for e in self.events:
             colour = colours.setdefault(e.op, palette[len(colours) % len(palette)])
             for device, arrived in zip(e.devices, e.arrived):
-                y = ys[device]
-                out.append(f'<rect x="{x(arrived):.1f}" y="{y + 7}" width="{max(x(e.released) - x(arrived), 1.5):.1f}" '
-                           f'height="{row - 14}" fill="{colour}"><title>{html.escape(e.op)} step {e.step} '
-                           f'wait {1e6 * (e.released - arrived):.0f} us</title></rect>')
+                out.append(f'<rect x="{x(arrived):.1f}" y="{ys[device] + 7}" '
+                           f'width="{max(x(e.released) - x(arrived), 1.5):.1f}" height="{row - 14}" fill="{colour}">'
+                           f'<title>{html.escape(e.op)} step {e.step} wait {1e6 * (e.released - arrived):.0f} us'
+                           f'</title></rect>')
             ry = sorted(ys[d] for d in e.devices)
             out.append(f'<line x1="{x(e.released):.1f}" y1="{ry[0] + 7}" x2="{x(e.released):.1f}" '
                        f'y2="{ry[-1] + row - 7}" stroke="black" stroke-width="0.6"/>')
-        for k, (op, colour) in enumerate(colours.items()):
-            out.append(f'<rect x="{left + 110 * k}" y="{height - 24}" width="12" height="12" fill="{colour}"/>'
-                       f'<text x="{left + 110 * k + 16}" y="{height - 14}">{html.escape(op)}</text>')
-        out.append("</svg>")
-        with open(path, "w") as f:
-            f.write("\n".join(out))
+        axis_y = top + len(labels) * row + 6
+        out.append(f'<line class="time-axis" x1="{left}" y1="{axis_y}" x2="{width - right}" y2="{axis_y}" '
+                   f'stroke="black" stroke-width="0.8"/>')
+        span_ms = 1e3 * (t1 - t0)
+        step_ms = _tick_step(span_ms, (width - left - right) / 70)
+        k = 0
+        while k * step_ms <= span_ms * (1 + 1e-9):
+            tx = x(t0 + k * step_ms / 1e3)
+            out.append(f'<line x1="{tx:.1f}" y1="{axis_y}" x2="{tx:.1f}" y2="{axis_y + 4}" stroke="black"/>'
+                       + _svg.text(tx, axis_y + 16, f"{k * step_ms:g}", size=11, anchor="middle"))
+            k += 1
+        out.append(_svg.text(width - right, axis_y + 30, "time since the first device started (ms)", size=11,
+                             anchor="end"))
+        items = [("#e6e6e6", "a device's mapped call")] + [(c, f"{op}: arrival to release")
+                                                            for op, c in colours.items()]
+        lx, ly = 10.0, axis_y + 48
+        for colour, name in items:
+            item_w = 16 + _svg.text_width(name, 11) + 16
+            if lx + item_w > width - 10:
+                lx, ly = 10.0, ly + 18
+            out.append(f'<g class="legend"><rect x="{lx:.1f}" y="{ly - 10}" width="12" height="12" fill="{colour}"/>'
+                       + _svg.text(lx + 16, ly, name, size=11) + "</g>")
+            lx += item_w
+        note = "a black line joins the devices of one rendezvous at its release"
+        out.append(_svg.text(10, ly + 20, note, size=11))
+        picture = _svg.Picture(title, _svg.document(width, ly + 32, out))
+        if path is not None:
+            picture.save(path)
+        return picture
+
+
+def _tick_step(span_ms: float, max_ticks: float) -> float:
+    """A round tick spacing (1, 2 or 5 times a power of ten) giving at most ``max_ticks`` ticks."""
+    raw = span_ms / max(max_ticks, 1)
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
 
 
 def _json_default(value):

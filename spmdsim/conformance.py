@@ -1,14 +1,16 @@
-"""``spmdsim conformance [--platform cpu|gpu|tpu] [--report PATH]``: run the conformance suite against the
-installed jax and print a matrix: area x passed / failed / expected differences (strict xfails) / skipped.
+"""``spmdsim conformance [--platform cpu|gpu|tpu] [--report PATH] [pytest options]``: run the conformance suite
+against the installed jax and print a matrix: area x passed / failed / expected differences (strict xfails) /
+skipped.
 
 Writes ``PATH`` (Markdown, default ``conformance/REPORT.md``) and the same data as JSON beside it
-(``REPORT.json``), with the jax version, platform and device count. On a machine with GPUs or TPUs,
+(``REPORT.json``), with the jax version, platform and device count. Other options go to pytest (``-k psum``,
+``-x``, ...); such a filtered run writes a report only where ``--report`` says, so that the tracked report
+always describes the whole suite. On a machine with GPUs or TPUs,
 ``--platform gpu`` compares against the accelerators (axis sizes up to the devices present). The suite lives
 in the source tree (``conformance/``): run the command from a checkout.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime
 import json
@@ -16,6 +18,8 @@ import os
 import pathlib
 import platform as _platform
 import sys
+
+from spmdsim._tables import print_table
 
 OUTCOMES = ("passed", "failed", "expected difference", "skipped")
 
@@ -86,32 +90,30 @@ def _markdown(env: dict, rows: list[tuple[str, collections.Counter]], total: col
 
 def _print_table(rows, total, env) -> None:
     title = f"spmdsim vs jax {env['jax']} on {env['backend']} ({env['device_count']} devices)"
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        print(f"{'area':24s}" + "".join(f"{o:>22s}" for o in OUTCOMES))
-        for area, c in rows + [("total", total)]:
-            print(f"{area:24s}" + "".join(f"{c[o]:>22d}" for o in OUTCOMES))
-        return
-    table = Table(title=title)
-    table.add_column("area")
-    for o in OUTCOMES:
-        table.add_column(o, justify="right")
-    for area, c in rows:
-        table.add_row(area, *(str(c[o]) for o in OUTCOMES))
-    table.add_row("total", *(str(total[o]) for o in OUTCOMES), style="bold")
-    Console().print(table)
+    body = [[area, *(str(c[o]) for o in OUTCOMES)] for area, c in rows + [("total", total)]]
+    print_table(title, ["area", *OUTCOMES], body, right=OUTCOMES, bold_last=True)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="spmdsim conformance", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    """``spmdsim conformance``: returns pytest's exit status.
+
+    Raises:
+        UsageError: bad options.
+    """
+    from spmdsim.cli import ArgumentParser
+
+    parser = ArgumentParser(
+        prog="spmdsim conformance", usage="spmdsim conformance [--platform cpu|gpu|tpu] [--report PATH] [pytest "
+                                          "options, e.g. -k psum]",
+        description="Run the conformance suite (conformance/ in a checkout) against the installed jax.pmap and "
+                    "print a matrix: area x passed / failed / expected differences / skipped.",
+        epilog="Without pytest options the report goes to conformance/REPORT.md and REPORT.json; a filtered run "
+               "(-k, -x, a test path, ...) writes one only with --report.")
     parser.add_argument("--platform", choices=["cpu", "gpu", "tpu"], default="cpu",
                         help="which jax platform to compare against (default cpu, 8 devices)")
-    parser.add_argument("--report", default=None, help="Markdown report path (default conformance/REPORT.md)")
-    parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest, e.g. -k psum")
-    args = parser.parse_args(argv)
+    parser.add_argument("--report", metavar="PATH", default=None,
+                        help="Markdown report path, JSON beside it (default conformance/REPORT.md for a full run)")
+    args, pytest_args = parser.parse_known_args(argv)
     suite = find_suite()
     os.environ["SPMDSIM_CONFORMANCE_PLATFORM"] = args.platform
     if args.platform != "cpu":
@@ -120,12 +122,17 @@ def main(argv=None) -> int:
 
     collector = _Collector()
     sys.path.insert(0, str(suite.parent))
-    code = pytest.main([str(suite), "-q", "-p", "no:cacheprovider", "--rootdir", str(suite.parent),
-                        *args.pytest_args], plugins=[collector])
+    code = pytest.main([str(suite), "-q", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                        "--rootdir", str(suite.parent),
+                        *pytest_args], plugins=[collector])
     env = _environment(args.platform)
     rows = sorted(collector.counts.items())
     total = sum((c for _, c in rows), collections.Counter())
     _print_table(rows, total, env)
+    if pytest_args and not args.report:
+        print(f"filtered run ({' '.join(pytest_args)}): {suite / 'REPORT.md'} left as it was; give --report PATH to "
+              f"write this run's report.")
+        return int(code)
     report = pathlib.Path(args.report) if args.report else suite / "REPORT.md"
     report.write_text(_markdown(env, rows, total, collector.failures))
     report.with_suffix(".json").write_text(json.dumps(

@@ -1,37 +1,56 @@
 """Stepping through collectives: every device of a group is held at each rendezvous, after the rule ran
-and before anyone takes its result, so every device's operands and results can be read side by side.
+and before anyone takes its result, so every device's operands and results can be read side by side, and
+any device's local variables evaluated. A collective that would hang (a deadlock) or devices calling
+different collectives (a mismatch) stop the program the same way, with every device still where it was.
 
-Python (a script or a notebook)::
+From Python or a notebook::
 
-    session = spmdsim.debug.step(spmdsim.pmap(f, axis_name="i"), x)   # runs to the first rendezvous
-    print(session.stop.table())          # op, axis, step, and per device: site, operand, result
-    session.stop.operands[2]             # device 2's operand leaves (NumPy arrays)
-    session.next()                       # on to the next rendezvous (None at the end)
-    session.cont()                       # run to the end without stopping; returns the call's result
-    session.quit()                       # stop the program: the call raises DebuggerQuit
+    s = spmdsim.debug.step(spmdsim.pmap(f, axis_name="i"), x)   # runs to the first rendezvous
+    s.stop                      # op, axis, step; per device: source line, operands, results
+    s.stop.operands[2]          # device 2's operand leaves (NumPy arrays)
+    s.eval(2, "x * 2")          # an expression in device 2's frame at its collective call
+    s.next()                    # on to the next rendezvous (None when the call has finished)
+    s.break_at("all_gather")    # a breakpoint; s.cont() runs to the next one
+    s.finish()                  # run to the end; returns the call's result (or raises its error)
 
-Terminal: ``spmdsim debug SCRIPT.py [script args] [--devices N]`` runs a script (NumPy or, with jax
-installed, JAX with ``jax.pmap`` replaced as by ``spmdsim run``) and prompts at each rendezvous with pdb-style
-commands: ``n``\\ext, ``c``\\ontinue, ``s``\\how DEVICE [operand|result], ``w``\\here, ``l``\\ist, ``q``\\uit,
-``h``\\elp. One debugging session at a time.
+From a terminal: ``spmdsim debug [--devices N] [-b SPEC] SCRIPT.py [args]`` (or ``-m MODULE``) runs a NumPy
+program (or, with jax installed, a JAX program with ``jax.pmap`` replaced as by ``spmdsim run``) and prompts
+at each stop; type ``h`` for the commands. One debugging session at a time.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import difflib
 import os
 import queue
-import runpy
+import re
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from spmdsim import _output, _runtime
-from spmdsim._runtime import describe
+from spmdsim.errors import CollectiveError
 
-__all__ = ["Stop", "Session", "step", "DebuggerQuit", "main"]
+__all__ = ["Stop", "Breakpoint", "Session", "step", "DebuggerQuit", "main"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_THIS_FILE = os.path.abspath(__file__)
+_WAITING_IN = (threading.__file__, queue.__file__)  # a held thread may sit in a lock or queue under spmdsim
+_USER_CODE = (os.path.join(_PACKAGE_DIR, "demo.py"),)  # spmdsim's files that are programs, not machinery
+
+
+def _internal(filename: str) -> bool:
+    """Whether a frame of ``filename`` is spmdsim's machinery (not the user's program): its files, and the
+    code it generates (the JAX front end's compiled jaxprs, ``<spmdsim: jaxpr>``)."""
+    return (filename.startswith(_PACKAGE_DIR) and filename not in _USER_CODE) or filename.startswith("<spmdsim")
+
+# Collectives by the names users write (spmdsim.lax / jax.lax) and by the names rendezvous carry (the rule
+# table's, JAX's primitive names where they differ).
+PRIMITIVE = {"psum_scatter": "reduce_scatter", "pshuffle": "ppermute", "pswapaxes": "all_to_all"}
+OPS = ("psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "reduce_scatter", "all_to_all", "pswapaxes",
+       "ppermute", "pshuffle", "pbroadcast")
 
 
 class DebuggerQuit(BaseException):
@@ -39,9 +58,28 @@ class DebuggerQuit(BaseException):
     ``except Exception`` does not swallow it)."""
 
 
+# -- what a stop shows ------------------------------------------------------------------------------------
+
 @dataclasses.dataclass
 class Stop:
-    """One paused rendezvous. Per-device lists are indexed by rank (the axis index for one axis)."""
+    """One paused rendezvous, or a program stopped by a would-hang or mismatch error.
+
+    Per-device lists are indexed by rank in the collective (the axis index for one axis); for an error stop
+    they list every device of the program, and ``operands``/``results`` are empty.
+
+    Attributes:
+        number: the stop's number in this session (0, 1, ...).
+        description: the collective, e.g. ``psum(float32[4], axis_name='i')``, or the error's first line.
+        step: the collective's step in its communicator (-1 for an error stop).
+        devices: device labels, e.g. ``device 2 [i=2]``.
+        sites: each device's source line (``file:line``) of the call.
+        operands: each device's operand leaves.
+        results: each device's result leaves.
+        state: one line per device of the program: where it is.
+        op: the collective's name in the rendezvous (``psum``, ``reduce_scatter``, ...), or the error's class.
+        axis_name: the axis names of the collective (empty for an error stop).
+        error: the CollectiveDeadlockError or CollectiveMismatchError that stopped the program, else None.
+    """
 
     number: int
     description: str
@@ -51,43 +89,339 @@ class Stop:
     operands: list[list[np.ndarray]]
     results: list[list[np.ndarray]]
     state: list[str]
+    op: str = ""
+    axis_name: tuple = ()
+    error: BaseException | None = None
+    _lanes: list = dataclasses.field(default_factory=list, repr=False)
+    _frames: dict | None = dataclasses.field(default=None, repr=False)
+    held: bool = dataclasses.field(default=True, repr=False)
 
-    def table(self) -> str:
-        """The stop as text: a header line, then one line per device with its site, operand and result."""
-        rows = [("device", "site", "operand", "result")]
-        for d, site, ops, res in zip(self.devices, self.sites, self.operands, self.results):
-            rows.append((d, site, "; ".join(_brief(o) for o in ops), "; ".join(_brief(r) for r in res)))
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        return f"stop {self.number}: {self.description} (step {self.step})\n" + "\n".join(lines)
+    def table(self, width: int = 100) -> str:
+        """The stop as text: a header line, then one row per device (source line, operand, result).
+
+        Several operands (a pytree) get one block each, headed by its shape and dtype; large arrays are
+        elided to fit ``width`` characters per row.
+
+        Args:
+            width: the widest row wanted, in characters.
+
+        Returns:
+            The text, lines separated by newlines.
+        """
+        if self.error is not None:
+            return f"stop {self.number}: {type(self.error).__name__}: {self.error}"
+        same_site = len(set(self.sites)) == 1
+        head = f"stop {self.number}: {self.description} (step {self.step})" + (
+            f" at {self.sites[0]}" if same_site else "")
+        n_leaves = max((len(ops) for ops in self.operands), default=0)
+        label_w = max(len(d) for d in self.devices)
+        site_w = 0 if same_site else max(len(s) for s in self.sites)
+        cell_w = max(12, (width - label_w - site_w - 6) // 2)
+        blocks = []
+        for k in range(n_leaves):
+            rows = [["device", *([] if same_site else ["site"]), "operand", "result"]]
+            for d, site, ops, res in zip(self.devices, self.sites, self.operands, self.results, strict=True):
+                rows.append([d, *([] if same_site else [site]), brief(ops[k], cell_w),
+                             brief(res[k], cell_w) if k < len(res) else ""])
+            title = ""
+            if n_leaves > 1:
+                a = np.asarray(self.operands[0][k])
+                title = f"operand {k} of {n_leaves}: {a.dtype}{list(a.shape)}\n"
+            blocks.append(title + _runtime.format_table(rows))
+        return head + "\n" + "\n".join(blocks)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # IPython and Jupyter show the table
+        printer.text(self.table())
 
 
-def _stop(number: int, rv) -> Stop:
-    """A Stop from a completed rendezvous; its devices are shown as held there."""
-    held = {id(lane): rank for rank, lane in enumerate(rv.lanes)}
-    where = describe(rv.signature)
-    state = [f"{lane.label}: held at {where} (step {rv.seq}) at {rv.sites[held[id(lane)]]}" if id(lane) in held
-             else lane.status_line() for lane in rv.lanes[0].world.lanes]
-    return Stop(number, where, rv.seq, [lane.label for lane in rv.lanes], list(rv.sites),
-                [list(b) for b in rv.blocks], [list(r) for r in rv.results], state)
-
-
-def _brief(a) -> str:
-    a = np.asarray(a)
-    if a.size <= 6:
-        return np.array2string(a, precision=4, separator=", ").replace("\n", "")
+def brief(value, width: int = 40) -> str:
+    """A value in at most ``width`` characters: small arrays in full, larger ones as dtype, shape and their
+    first and last elements (``float64[100] [0, 1, 2, …, 99]``)."""
+    a = np.asarray(value)
+    text = np.array2string(a, precision=4, separator=", ", max_line_width=10**6).replace("\n", "")
+    if len(text) <= width and a.size <= 16:
+        return text
     flat = a.ravel()
-    return f"{a.dtype}{list(a.shape)} [{', '.join(f'{v:.4g}' for v in flat[:3])}, ...]"
+    head = f"{a.dtype}{list(a.shape)} "
+    shown = []
+    for v in flat[:4]:
+        item = _item(v)
+        if len(head) + len(", ".join(shown + [item])) + len(", …, ") + len(_item(flat[-1])) + 2 > width:
+            break
+        shown.append(item)
+    return head + "[" + ", ".join(shown + ["…", _item(flat[-1])]) + "]"
 
+
+def _item(v) -> str:
+    v = v.item() if isinstance(v, np.generic) else v
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _collective_stop(number: int, rv) -> Stop:
+    """A Stop from a completed rendezvous; its devices are shown as held there."""
+    held = {id(lane) for lane in rv.lanes}
+    api = next((a for a in rv.apis if a), None)  # the public function called (pmean binds psum)
+    where = _runtime.describe(rv.signature, api)
+    state = [f"{lane.label}: held at {where} (step {rv.seq}) at {rv.sites[k]}" for k, lane in enumerate(rv.lanes)]
+    state += [lane.status_line() for lane in rv.lanes[0].world.lanes if id(lane) not in held]
+    return Stop(number, where, rv.seq, [lane.label for lane in rv.lanes], list(rv.sites),
+                [list(b) for b in rv.blocks], [list(r) for r in rv.results], state, op=api or rv.signature.op,
+                axis_name=tuple(rv.signature[1]), _lanes=list(rv.lanes))
+
+
+def _error_stop(number: int, world, error: BaseException) -> Stop:
+    """A Stop for a world that failed with a would-hang or mismatch error; every device as it was."""
+    lanes = list(world.lanes)
+    return Stop(number, str(error).split("\n", 1)[0], -1, [lane.label for lane in lanes],
+                [lane.status_row()[-1] for lane in lanes], [[] for _ in lanes], [[] for _ in lanes],
+                [lane.status_line() for lane in lanes], op=type(error).__name__, error=error, _lanes=lanes)
+
+
+# -- evaluating in a device's frame -----------------------------------------------------------------------
+
+def _device_frames(lanes: Sequence) -> dict[int, Any]:
+    """For each held lane (by index in ``lanes``), the Python frame of the user's code that called the
+    collective it waits in: found by looking through every thread's stack for spmdsim's frame holding the
+    lane, then going out to the first frame outside spmdsim. A lane whose thread is not inside spmdsim (still
+    computing) or that has no user frame (the JAX front end runs a jaxpr) is left out."""
+    index = {id(lane): k for k, lane in enumerate(lanes)}
+    found: dict[int, Any] = {}
+    for f in sys._current_frames().values():
+        while f is not None and f.f_code.co_filename in _WAITING_IN:
+            f = f.f_back
+        while f is not None and _internal(f.f_code.co_filename):  # else: running user code
+            if f.f_code.co_filename != _THIS_FILE:
+                k = next((index[id(v)] for v in list(f.f_locals.values()) if id(v) in index), None)
+                if k is not None:
+                    user = f.f_back
+                    while user is not None and (_internal(user.f_code.co_filename)
+                                                or user.f_code.co_filename == threading.__file__):
+                        user = user.f_back
+                    if user is not None:
+                        found.setdefault(k, user)
+                    break
+            f = f.f_back
+    return found
+
+
+def evaluate(stop: Stop, device: int, expression: str) -> Any:
+    """Evaluate ``expression`` in the frame of ``stop``'s device number ``device`` (its rank in the stop).
+
+    The expression sees the device's local and global variables where it called the collective. It runs in
+    a thread of its own, outside every mapped call, so calling a collective in it raises NameError.
+
+    Args:
+        stop: a stop whose devices are still held.
+        device: an index into ``stop.devices``.
+        expression: Python source of an expression.
+
+    Returns:
+        The expression's value.
+
+    Raises:
+        ValueError: the stop was released, ``device`` is out of range, or that device has no Python frame
+            held here (it is computing, finished, or runs a jaxpr).
+        Exception: whatever the expression raises.
+    """
+    return _in_frame(_held_frame(stop, device), expression)
+
+
+def _held_frame(stop: Stop, device: int):
+    """The frame where ``stop``'s ``device`` called the collective (see :func:`evaluate`'s ValueErrors)."""
+    if not stop.held:
+        raise ValueError(f"stop {stop.number} was released: the devices have moved on. Evaluate at the current "
+                         f"stop.")
+    if not 0 <= device < len(stop.devices):
+        raise ValueError(f"device must be in 0..{len(stop.devices) - 1} (a row of the stop), got {device}")
+    if stop._frames is None:
+        stop._frames = _device_frames(stop._lanes)
+    frame = stop._frames.get(device)
+    if frame is None:
+        raise ValueError(f"{stop.devices[device]} has no Python frame held here (it is computing or finished, or "
+                         f"the JAX front end runs it as a jaxpr); see 'where'.")
+    return frame
+
+
+def _in_frame(frame, expression: str) -> Any:
+    """Evaluate ``expression`` with ``frame``'s variables, in a thread of its own (outside any mapped call)."""
+    code = compile(expression, "<spmdsim debug>", "eval")
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = eval(code, frame.f_globals, dict(frame.f_locals))  # noqa: S307 - the user's input
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="spmdsim debug eval", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+# -- breakpoints and the decision to stop -------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Breakpoint:
+    """Stop at a collective that matches every field that is set (None matches anything).
+
+    Written as text: any of ``OP`` (``psum``, ``all_gather``, ...), ``FILE:LINE`` or ``LINE`` (a device's
+    source line), ``axis=NAME``, ``step=K``, ``device=D`` (a device taking part, by its number), separated by
+    spaces, e.g. ``"psum axis=batch step=3"`` or ``"train.py:42 device=2"``.
+    """
+
+    op: str | None = None
+    line: str | None = None
+    axis: str | None = None
+    step: int | None = None
+    device: int | None = None
+    number: int = 0
+    hits: int = 0
+
+    @classmethod
+    def parse(cls, text: str, number: int = 0) -> "Breakpoint":
+        """A breakpoint from its text form (see the class).
+
+        Raises:
+            ValueError: an unknown collective, field or malformed value, with what is accepted.
+        """
+        fields: dict[str, Any] = {}
+        for word in text.split():
+            key, _, value = word.partition("=")
+            if not _:
+                key, value = ("line", word) if (":" in word or word.isdigit()) else ("op", word)
+            if key not in ("op", "line", "axis", "step", "device") or not value:
+                raise ValueError(f"breakpoint {text!r}: cannot read {word!r}; write any of OP, FILE:LINE, LINE, "
+                                 f"axis=NAME, step=K, device=D")
+            if key in ("step", "device"):
+                if not value.isdigit():
+                    raise ValueError(f"breakpoint {text!r}: {key} must be a number >= 0, got {value!r}")
+                value = int(value)
+            if key == "line" and not value.rpartition(":")[2].isdigit():
+                raise ValueError(f"breakpoint {text!r}: a source line is FILE:LINE or LINE, got {value!r}")
+            if key == "op" and value not in OPS:
+                close = difflib.get_close_matches(value, OPS, n=1)
+                raise ValueError(f"breakpoint {text!r}: unknown collective {value!r}"
+                                 + (f"; did you mean {close[0]!r}?" if close else f"; one of {', '.join(OPS)}"))
+            fields[key] = value
+        if not fields:
+            raise ValueError("an empty breakpoint: write any of OP, FILE:LINE, LINE, axis=NAME, step=K, device=D")
+        return cls(**fields, number=number)
+
+    def matches(self, op: str, axis_name: Sequence, step: int, sites: Sequence[str], devices: Sequence[str]) -> bool:
+        """Whether a collective (its rendezvous op name, axis names, step, sites and device labels) matches."""
+        if self.op is not None and PRIMITIVE.get(self.op, self.op) != op:
+            return False
+        if self.axis is not None and self.axis not in (str(a) for a in axis_name):
+            return False
+        if self.step is not None and self.step != step:
+            return False
+        if self.device is not None and not any(_device_number(d) == self.device for d in devices):
+            return False
+        return self.line is None or any(_same_line(site, self.line) for site in sites)
+
+    def __str__(self) -> str:
+        words = [self.op, self.line] + [f"{k}={getattr(self, k)}" for k in ("axis", "step", "device")
+                                         if getattr(self, k) is not None]
+        return " ".join(w for w in words if w)
+
+
+def _device_number(label: str) -> int | None:
+    """5 from ``device 5 [i=1, j=1]``."""
+    head = label.split(" [", 1)[0].split()
+    return int(head[1]) if len(head) == 2 and head[1].isdigit() else None
+
+
+def _same_line(site: str, spec: str) -> bool:
+    """Whether ``site`` (``file:line``, or the JAX front end's ``file:line:column (function)``) is the line
+    ``spec`` (``FILE:LINE`` or ``LINE``) names."""
+    match = re.match(r"(.*?):(\d+)(?::\d+)?(?: \(.*\))?$", site)
+    if match is None:
+        return False
+    s_file, s_line = match.groups()
+    b_file, _, b_line = spec.rpartition(":")
+    if s_line != b_line:
+        return False
+    return not b_file or s_file == b_file or os.path.abspath(s_file) == os.path.abspath(b_file) \
+        or s_file.endswith(os.sep + b_file) or os.path.basename(s_file) == b_file
+
+
+class _Controller:
+    """When to stop, shared by the terminal and :class:`Session`: ``next N`` (the N-th next collective) or
+    ``continue N`` (the N-th next breakpoint hit; any collective when there is no breakpoint and N is
+    given; never otherwise). A would-hang or mismatch always stops."""
+
+    def __init__(self, breakpoints: Sequence[str] = ()):
+        self.breakpoints: list[Breakpoint] = []
+        self._numbers = 0
+        for text in breakpoints:
+            self.add(text)
+        self.mode, self.remaining = ("continue", 1) if self.breakpoints else ("next", 1)
+        self.count = 0
+        self.lock = threading.Lock()  # one stop at a time, whichever device thread completes a rendezvous
+
+    def add(self, text: str) -> Breakpoint:
+        bp = Breakpoint.parse(text, self._numbers + 1)
+        self._numbers += 1
+        self.breakpoints.append(bp)
+        return bp
+
+    def clear(self, number: int | None = None) -> list[Breakpoint]:
+        """Delete breakpoint ``number`` (all of them with None); returns those deleted."""
+        gone = [bp for bp in self.breakpoints if number is None or bp.number == number]
+        if not gone:
+            raise ValueError(f"no breakpoint {number}; the breakpoints are: "
+                             + (", ".join(str(bp.number) for bp in self.breakpoints) or "none"))
+        self.breakpoints = [bp for bp in self.breakpoints if bp not in gone]
+        return gone
+
+    def go(self, mode: str, n: int | None) -> None:
+        self.mode, self.remaining = mode, n
+
+    def wants(self, rv) -> bool:
+        """Whether to stop at this completed rendezvous (and count it toward ``next N``/``continue N``)."""
+        if self.mode == "run":
+            return False
+        if self.mode == "continue":
+            hit = False
+            if self.breakpoints:
+                op, names = next((a for a in rv.apis if a), None) or rv.signature.op, rv.signature.names
+                labels = [lane.label for lane in rv.lanes]
+                for bp in self.breakpoints:
+                    if bp.matches(op, names, rv.seq, rv.sites, labels):
+                        bp.hits += 1
+                        hit = True
+            elif self.remaining is not None:
+                hit = True
+            if not hit:
+                return False
+        self.remaining -= 1
+        return self.remaining <= 0
+
+
+# -- the Python API -------------------------------------------------------------------------------------------
 
 class Session:
-    """A mapped call running in a background thread, held at each rendezvous (see the module docs)."""
+    """A mapped call running in a background thread, held at its stops (see the module's docs).
+
+    Attributes:
+        stop: the current :class:`Stop`, or None once the call has finished.
+        result: the call's result once it finished without error.
+        error: the exception the call ended with (DebuggerQuit after :meth:`quit`), else None.
+        finished: whether the call has ended.
+    """
 
     _active: "Session | None" = None
 
-    def __init__(self, fun: Callable, args: tuple, kwargs: dict):
+    def __init__(self, fun: Callable, args: tuple, kwargs: dict, breakpoints: Sequence[str] = ()):
         if Session._active is not None:
-            raise RuntimeError("another spmdsim debugging session is active; finish it (cont() or quit()) first.")
+            raise RuntimeError("another spmdsim debugging session is active; finish it (finish() or quit()) first.")
+        self._control = _Controller(breakpoints)
         Session._active = self
         self.stop: Stop | None = None
         self.result: Any = None
@@ -95,13 +429,17 @@ class Session:
         self.finished = False
         self._stops: "queue.Queue[Stop | None]" = queue.Queue()
         self._command: "queue.Queue[str]" = queue.Queue()
-        self._lock = threading.Lock()
-        self._stepping = True
-        self._count = 0
         _runtime.pause_hooks.append(self._pause)
+        _runtime.failure_hooks.append(self._failed)
         self._thread = threading.Thread(target=self._run, args=(fun, args, kwargs), name="spmdsim debug", daemon=True)
         self._thread.start()
         self.stop = self._stops.get()
+        _keep_jupyter_output()
+
+    @property
+    def breakpoints(self) -> list[Breakpoint]:
+        """The breakpoints set, in the order set."""
+        return list(self._control.breakpoints)
 
     def _run(self, fun, args, kwargs) -> None:
         try:
@@ -110,160 +448,376 @@ class Session:
             self.error = e
         finally:
             _runtime.pause_hooks.remove(self._pause)
+            _runtime.failure_hooks.remove(self._failed)
             Session._active = None
             self.finished = True
             self._stops.put(None)
 
-    def _pause(self, rv) -> None:
-        if not self._stepping:
-            return
-        with self._lock:  # one rendezvous at a time
-            stop = _stop(self._count, rv)
-            self._count += 1
-            self._stops.put(stop)
-            command = self._command.get()
-            if command == "quit":
+    def _hold(self, stop: Stop) -> None:
+        """Hand ``stop`` to the caller and wait for its command (in the device thread holding the devices)."""
+        self._stops.put(stop)
+        command = self._command.get()
+        stop.held = False
+        if command == "quit":
+            self._control.go("run", None)
+            if stop.error is None:
                 raise DebuggerQuit("the user quit the spmdsim debugger")
 
-    def next(self) -> Stop | None:
-        """Release the current rendezvous and run to the next one; None when the call has finished."""
+    def _pause(self, rv) -> None:
+        with self._control.lock:
+            if self._control.wants(rv):
+                self._control.count += 1
+                self._hold(_collective_stop(self._control.count - 1, rv))
+
+    def _failed(self, world, error) -> None:
+        if isinstance(error, CollectiveError) and self._control.mode != "run":
+            with self._control.lock:
+                self._control.count += 1
+                self._hold(_error_stop(self._control.count - 1, world, error))
+
+    def _resume(self, mode: str, n: int | None) -> Stop | None:
         if self.stop is None:
             return None
-        self._command.put("next")
+        self._control.go(mode, n)
+        self._command.put(mode)
         self.stop = self._stops.get()
+        _keep_jupyter_output()
         return self.stop
 
-    def cont(self) -> Any:
-        """Run to the end without stopping; returns the call's result (or raises its error)."""
-        self._stepping = False
-        if self.stop is not None:
-            self._command.put("next")
+    def next(self, n: int = 1) -> Stop | None:
+        """Release the current stop and run to the ``n``-th next rendezvous.
+
+        Returns:
+            The new stop, or None when the call has finished (see ``result`` and ``error``).
+        """
+        return self._resume("next", _count(n))
+
+    def cont(self, n: int | None = None) -> Stop | None:
+        """Release the current stop and run to the ``n``-th next breakpoint hit (default: the next one). With
+        no breakpoint set, ``n`` counts every collective, and without ``n`` the call runs to its end. A
+        would-hang or mismatch stops anyway.
+
+        Returns:
+            The new stop, or None when the call has finished (see ``result`` and ``error``).
+        """
+        return self._resume("continue", None if n is None and not self._control.breakpoints else _count(n or 1))
+
+    def finish(self) -> Any:
+        """Run to the end without stopping (not even at a would-hang or mismatch).
+
+        Returns:
+            The call's result.
+
+        Raises:
+            Exception: the call's error, e.g. CollectiveDeadlockError.
+        """
+        self._control.breakpoints.clear()
+        while self._resume("run", None) is not None:
+            pass
         self._thread.join()
-        self.stop = None
         if self.error is not None:
             raise self.error
         return self.result
 
     def quit(self) -> None:
-        """Stop the program at the current rendezvous: the call ends with DebuggerQuit."""
+        """Stop the program at the current stop: the call ends with DebuggerQuit (or, at an error stop, with
+        that error)."""
         if self.stop is not None:
-            self._stepping = False
             self._command.put("quit")
         self._thread.join()
         self.stop = None
 
+    def break_at(self, spec: str) -> Breakpoint:
+        """Add a breakpoint (see :class:`Breakpoint` for ``spec``); :meth:`cont` runs to the next hit.
 
-def step(fun: Callable, *args, **kwargs) -> Session:
-    """Start ``fun(*args, **kwargs)`` (a mapped function) paused at its first rendezvous."""
-    return Session(fun, args, kwargs)
+        Raises:
+            ValueError: ``spec`` cannot be read.
+        """
+        return self._control.add(spec)
+
+    def clear(self, number: int | None = None) -> None:
+        """Delete breakpoint ``number`` (every breakpoint without it).
+
+        Raises:
+            ValueError: there is no such breakpoint.
+        """
+        self._control.clear(number)
+
+    def eval(self, device: int, expression: str) -> Any:
+        """Evaluate ``expression`` in the frame of the current stop's ``device`` (see :func:`evaluate`).
+
+        Raises:
+            ValueError: no current stop, or the device has no frame held there.
+        """
+        if self.stop is None:
+            raise ValueError("the call has finished: there is no stop to evaluate in.")
+        return evaluate(self.stop, device, expression)
 
 
-# -- the terminal front end -------------------------------------------------------------------------------
+def _keep_jupyter_output() -> None:
+    """While a session holds a call across notebook cells, the call's ordered-output stream stays installed as
+    ``sys.stdout``; ipykernel points output at the running cell through ``sys.stdout.set_parent``, so the
+    stream must pass that on (else later cells' output is lost). To be moved into spmdsim._output."""
+    stream = sys.stdout
+    if isinstance(stream, _output.DeviceStream) and hasattr(stream.stream, "set_parent") \
+            and "set_parent" not in vars(stream):
+        stream.set_parent = stream.stream.set_parent
 
-HELP = """commands:
-  n, next                  release this rendezvous and stop at the next one
-  c, continue              run to the end without stopping
-  s, show DEVICE [operand|result]   print a device's full operand (default) or result
-  w, where                 where every device is (state, collective, step, source line)
+
+def _count(n) -> int:
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"expected a count of at least 1, got {n!r}")
+    return n
+
+
+def step(fun: Callable, *args, breakpoints: Sequence[str] = (), **kwargs) -> Session:
+    """Start ``fun(*args, **kwargs)`` (a mapped function) in the debugger.
+
+    Args:
+        fun: a mapped function, e.g. ``spmdsim.pmap(f, axis_name="i")``.
+        *args: its positional arguments.
+        breakpoints: breakpoint texts (see :class:`Breakpoint`); with none the call stops at its first
+            collective, with some at the first breakpoint hit.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        A :class:`Session` at its first stop (``session.stop`` is None if the call finished first).
+
+    Raises:
+        RuntimeError: another session is active.
+        ValueError: a breakpoint cannot be read.
+
+    Example:
+        >>> import numpy as np, spmdsim
+        >>> f = spmdsim.pmap(lambda x: spmdsim.lax.psum(x, "i"), axis_name="i")
+        >>> s = spmdsim.debug.step(f, np.arange(3.0))
+        >>> print(s.stop)
+        stop 0: psum(float64[], axis_name='i') (step 0) at <doctest spmdsim.debug.step[1]>:1
+        device          operand  result
+        --------------  -------  ------
+        device 0 [i=0]  0.       3.
+        device 1 [i=1]  1.       3.
+        device 2 [i=2]  2.       3.
+        >>> s.finish()
+        array([3., 3., 3.])
+    """
+    return Session(fun, args, kwargs, breakpoints)
+
+
+# -- the terminal front end -----------------------------------------------------------------------------------
+
+HELP = """commands (a command's first letter is enough):
+  n, next [N]              release; stop at the next collective (the N-th next)
+  c, continue [N]          run to the next breakpoint (the N-th next); with none set, to the end
+  b, break [SPEC]          add a breakpoint; SPEC: any of OP, FILE:LINE, LINE, axis=NAME, step=K, device=D
+                           (e.g. 'b psum step=3', 'b train.py:42 device=2'); alone: list the breakpoints
+  cl, clear [K]            delete breakpoint K (every breakpoint without K)
+  s, show DEVICE [operand|result]   a device's full operand (default) or result
+  p, print DEVICE EXPR     evaluate EXPR in DEVICE's frame where it called the collective
+  w, where                 every device: its state, collective, step and source line
   l, list                  show this stop again
   q, quit                  stop the program
-  h, help                  this text"""
+  h, help                  this text
+DEVICE is a row of the stop (0 = the first row)."""
+
+COMMANDS = {"n": "next", "next": "next", "c": "continue", "cont": "continue", "continue": "continue",
+            "b": "break", "break": "break", "cl": "clear", "clear": "clear", "s": "show", "show": "show",
+            "p": "print", "print": "print", "w": "where", "where": "where", "l": "list", "list": "list",
+            "q": "quit", "quit": "quit", "exit": "quit", "h": "help", "help": "help", "?": "help"}
 
 
 class _Prompt:
-    """Runs in the device thread that completed the rendezvous; reads commands from stdin."""
+    """The terminal debugger: runs in the device thread that stopped, reads commands from ``stdin``."""
 
-    def __init__(self, stdin, stdout):
-        self.stdin, self.stdout = stdin, stdout
-        self.count = 0
-        self.stepping = True
+    def __init__(self, stdin, stdout, control: _Controller):
+        self.stdin, self.stdout, self.control = stdin, stdout, control
+        self.quitting = False
+        self.errors_shown: list[BaseException] = []
 
     def say(self, text: str) -> None:
         self.stdout.write(text + "\n")
         self.stdout.flush()
 
-    def __call__(self, rv) -> None:
-        if not self.stepping:
-            return
-        stop = _stop(self.count, rv)
-        self.count += 1
+    def pause(self, rv) -> None:
+        with self.control.lock:
+            if self.control.wants(rv):
+                self.control.count += 1
+                self.interact(_collective_stop(self.control.count - 1, rv))
+
+    def failed(self, world, error) -> None:
+        if isinstance(error, CollectiveError) and not self.quitting:
+            with self.control.lock:
+                self.control.count += 1
+                self.errors_shown.append(error)
+                self.interact(_error_stop(self.control.count - 1, world, error))
+
+    def interact(self, stop: Stop) -> None:
+        """Show ``stop`` and answer commands until one releases it. Raises DebuggerQuit on quit (at a
+        collective; at an error stop the program ends with that error)."""
         self.say(stop.table())
-        while True:
-            self.stdout.write("(spmdsim) ")
-            self.stdout.flush()
-            line = self.stdin.readline()
-            if not line:
-                raise DebuggerQuit("end of input")
-            words = line.split()
-            if not words:
-                continue
-            cmd, rest = words[0], words[1:]
-            if cmd in ("n", "next"):
-                return
-            if cmd in ("c", "continue", "cont"):
-                self.stepping = False
-                return
-            if cmd in ("q", "quit", "exit"):
-                raise DebuggerQuit("the user quit the spmdsim debugger")
-            if cmd in ("l", "list"):
-                self.say(stop.table())
-            elif cmd in ("w", "where"):
-                self.say("\n".join(stop.state))
-            elif cmd in ("s", "show", "p", "print"):
-                self.say(self._show(stop, rest))
-            else:
-                self.say(HELP)
+        if stop.error is not None:
+            self.say("The program stopped here; every device is still where it was. Inspect them (where, "
+                     "p DEVICE EXPR), then c to end the program with this error.")
+        try:
+            while not self._command(stop):
+                pass
+        finally:
+            stop.held = False
 
-    @staticmethod
-    def _show(stop: Stop, rest: list[str]) -> str:
-        if not rest or not rest[0].lstrip("-").isdigit() or not 0 <= int(rest[0]) < len(stop.devices):
-            return f"usage: show DEVICE [operand|result], DEVICE in 0..{len(stop.devices) - 1}"
-        rank = int(rest[0])
-        what = rest[1] if len(rest) > 1 else "operand"
-        values = stop.results[rank] if what.startswith("r") else stop.operands[rank]
-        body = "\n".join(np.array2string(np.asarray(v), precision=6) for v in values)
-        return f"{stop.devices[rank]} {'result' if what.startswith('r') else 'operand'} at {stop.sites[rank]}:\n{body}"
+    def _command(self, stop: Stop) -> bool:
+        """Read and run one command; True when it releases the stop."""
+        self.stdout.write("(spmdsim) ")
+        self.stdout.flush()
+        line = self.stdin.readline()
+        if not line:
+            line = "quit"
+        words = line.split()
+        if not words:
+            return False
+        command, rest = COMMANDS.get(words[0]), words[1:]
+        try:
+            if command in ("next", "continue"):
+                if rest and not (rest[0].isdigit() and int(rest[0]) >= 1):
+                    raise ValueError(f"{command} N: N is a count of at least 1, got {rest[0]!r}")
+                n = int(rest[0]) if rest else None
+                if command == "next":
+                    self.control.go("next", n or 1)
+                else:
+                    self.control.go("continue", n or 1 if n or self.control.breakpoints else None)
+                return True
+            if command == "quit":
+                self.quitting = True
+                self.control.go("run", None)
+                if stop.error is None:
+                    raise DebuggerQuit("the user quit the spmdsim debugger")
+                return True
+            self.say(self._answer(command, rest, stop, words[0]))
+        except ValueError as e:
+            self.say(f"*** {e}")
+        return False
+
+    def _answer(self, command: str | None, rest: list[str], stop: Stop, word: str) -> str:
+        if command == "list":
+            return stop.table()
+        if command == "where":
+            return "\n".join(stop.state)
+        if command == "help":
+            return HELP
+        if command == "break":
+            if not rest:
+                return "\n".join(f"{bp.number}: {bp} (hit {bp.hits} times)" for bp in self.control.breakpoints) \
+                    or "no breakpoints; add one with: b SPEC (see h)"
+            bp = self.control.add(" ".join(rest))
+            return f"breakpoint {bp.number}: {bp}"
+        if command == "clear":
+            gone = self.control.clear(int(rest[0]) if rest and rest[0].isdigit() else None)
+            return "deleted " + ", ".join(f"breakpoint {bp.number} ({bp})" for bp in gone)
+        if command == "show":
+            return _show(stop, rest)
+        if command == "print":
+            if len(rest) < 2 or not rest[0].isdigit():
+                raise ValueError("usage: p DEVICE EXPR, e.g. p 2 x.sum()")
+            return _safe_eval(stop, int(rest[0]), " ".join(rest[1:]))
+        return f"*** unknown command {word!r}; h lists the commands"
 
 
-def main(argv=None) -> int:
-    from spmdsim.jax._run import split_argv  # pure argv handling, no jax import
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ours, script = split_argv(argv)
-    parser = argparse.ArgumentParser(prog="spmdsim debug", description="step through a script's collectives")
-    parser.add_argument("--devices", type=int, default=None, help="number of virtual devices")
-    args = parser.parse_args(ours)
-    if not script:
-        parser.error("give the script to debug: spmdsim debug SCRIPT.py [script args] [--devices N]")
-    import spmdsim
-
-    prompt = _Prompt(sys.stdin, _output.real_stdout())
-    prompt.say(f"spmdsim debug: {script[0]}; stopping at every collective. Type h for help.")
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = script
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script[0])))
-    _runtime.pause_hooks.append(prompt)
+def _safe_eval(stop: Stop, device: int, expression: str) -> str:
+    """The expression's value as text, or its error as one line (the program goes on). Raises ValueError
+    when the device has no frame to evaluate in."""
+    frame = _held_frame(stop, device)
     try:
-        with spmdsim.set_device_count(args.devices or spmdsim.device_count()), _maybe_patched_jax(args.devices), \
-                spmdsim.reuse_threads():
-            runpy.run_path(script[0], run_name="__main__")
+        value = _in_frame(frame, expression)
+    except Exception as e:  # noqa: BLE001 - the user's expression failed; say so and go on
+        return f"*** {type(e).__name__}: {e}"
+    if isinstance(value, (np.ndarray, np.generic)):  # values with their dtype and shape, not np.float64(...)
+        with np.printoptions(threshold=64, edgeitems=3, precision=6):
+            return f"{np.array2string(np.asarray(value))}  ({value.dtype}{list(np.shape(value))})"
+    return repr(value)
+
+
+def _show(stop: Stop, rest: list[str]) -> str:
+    if stop.error is not None:
+        raise ValueError("no operands at an error stop: use p DEVICE EXPR to read a device's variables")
+    if not rest or not rest[0].isdigit() or not int(rest[0]) < len(stop.devices):
+        raise ValueError(f"usage: show DEVICE [operand|result], DEVICE in 0..{len(stop.devices) - 1}")
+    rank = int(rest[0])
+    what = "result" if len(rest) > 1 and rest[1].startswith("r") else "operand"
+    values = stop.results[rank] if what == "result" else stop.operands[rank]
+    with np.printoptions(threshold=1000, edgeitems=5, precision=6):
+        body = "\n".join(np.array2string(np.asarray(v)) for v in values)
+    return f"{stop.devices[rank]} {what} at {stop.sites[rank]}:\n{body}"
+
+
+def parser():
+    """The options of ``spmdsim debug`` (the program and its arguments are split off first)."""
+    from spmdsim.cli import ArgumentParser, positive_int
+
+    p = ArgumentParser(
+        prog="spmdsim debug",
+        usage="spmdsim debug [options] SCRIPT.py [args]\n       spmdsim debug [options] -m MODULE [args]",
+        description="Run a program and stop at its collectives: every device of the group is held there, its "
+                    "operands and results side by side; a would-hang or mismatch stops too. NumPy programs need no "
+                    "jax; with jax installed, jax.pmap is replaced as by spmdsim run. Type h at the prompt for the "
+                    "commands.",
+        epilog="--devices and --break are spmdsim's wherever they appear; arguments after -- all go to the program.")
+    p.add_argument("--devices", type=positive_int, default=None, metavar="N",
+                   help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
+    p.add_argument("-b", "--break", dest="breakpoints", action="append", default=[], metavar="SPEC",
+                   help="stop only at collectives matching SPEC (any of OP, FILE:LINE, LINE, axis=NAME, step=K, "
+                        "device=D; quote it if it has spaces); repeatable. Without it: stop at every collective")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``spmdsim debug``: returns 0 when the program finished, 1 when it raised or was quit.
+
+    Raises:
+        UsageError: bad options or breakpoints, no program, or a program that does not exist.
+    """
+    import contextlib
+
+    import spmdsim
+    from spmdsim._script import check_program, run_program, split_argv
+    from spmdsim.cli import UsageError
+
+    ours, program = split_argv(list(sys.argv[1:] if argv is None else argv), ("--devices", "-b", "--break"))
+    args = parser().parse_args(ours)
+    if program is None:
+        raise UsageError("give the program to debug: spmdsim debug [options] SCRIPT.py [args], or -m MODULE [args]")
+    check_program(program)
+    try:
+        control = _Controller(args.breakpoints)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    prompt = _Prompt(sys.stdin, _output.real_stdout(), control)
+    where = (f"stopping at {' or '.join(repr(str(bp)) for bp in control.breakpoints)}" if control.breakpoints
+             else "stopping at every collective")
+    prompt.say(f"spmdsim debug: {program.name}; {where}. Type h for help.")
+    n_devices = args.devices or spmdsim.device_count()
+    _runtime.pause_hooks.append(prompt.pause)
+    _runtime.failure_hooks.append(prompt.failed)
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(spmdsim.set_device_count(n_devices))
+            stack.enter_context(spmdsim.reuse_threads())
+            if _jax_installed():
+                from spmdsim.jax._patch import patched_jax
+                stack.enter_context(patched_jax(n_devices))
+            code = run_program(program, shown=prompt.errors_shown)
     except DebuggerQuit as e:
         prompt.say(f"spmdsim debug: stopped ({e}).")
         return 1
     finally:
-        _runtime.pause_hooks.remove(prompt)
-        sys.argv, sys.path[:] = saved_argv, saved_path
-    prompt.say("spmdsim debug: the program finished.")
-    return 0
+        _runtime.pause_hooks.remove(prompt.pause)
+        _runtime.failure_hooks.remove(prompt.failed)
+    prompt.say("spmdsim debug: the program finished." if code == 0 else
+               f"spmdsim debug: the program ended with exit status {code}.")
+    return code
 
 
-def _maybe_patched_jax(n_devices):
-    import contextlib
+def _jax_installed() -> bool:
+    """Whether jax can be imported (checked without importing it; a folder named jax is not jax)."""
+    import importlib.util
 
-    import spmdsim
-    try:
-        import jax  # noqa: F401
-    except ImportError:
-        return contextlib.nullcontext()
-    from spmdsim.jax._patch import patched_jax
-    return patched_jax(n_devices or spmdsim.device_count())
+    spec = importlib.util.find_spec("jax")
+    return spec is not None and spec.origin is not None

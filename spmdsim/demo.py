@@ -12,7 +12,8 @@ counted twice.
 """
 from __future__ import annotations
 
-import argparse
+import math
+import sys
 import time
 from importlib import resources
 
@@ -22,6 +23,7 @@ import spmdsim
 from spmdsim import lax
 
 AXIS = "batch"
+DIVERGED = 100.0  # a loss this many times the first one means the training diverged
 
 
 def load_diabetes() -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -61,7 +63,22 @@ def train_step(params, velocity, x, y, mask, scale, lr, momentum):
 
 def run(devices: int = 8, steps: int = 500, lr: float = 0.1, momentum: float = 0.95, log_every: int = 50,
         echo=print) -> dict:
-    """Train and report; returns the learned and reference weights, the gap, the losses and the counts."""
+    """Train on ``devices`` virtual devices and report each step of the way through ``echo``.
+
+    Args:
+        devices: number of virtual devices the rows are sharded over.
+        steps: training steps.
+        lr: learning rate.
+        momentum: heavy-ball momentum.
+        log_every: print the loss every this many steps.
+        echo: called with each line of the report.
+
+    Returns:
+        A dict: ``learned`` and ``reference`` (lstsq's) weights with the bias last, ``gap`` (the largest
+        difference between them), ``losses`` per step, ``best_loss`` (lstsq's), ``identical`` (replicas stayed
+        bitwise equal), ``counts`` (collectives run) and ``diverged`` (the step where the loss blew up, or
+        None).
+    """
     x_raw, y_raw, names = load_diabetes()
     x, y = standardize(x_raw), standardize(y_raw)
     rows = len(x)
@@ -71,16 +88,21 @@ def run(devices: int = 8, steps: int = 500, lr: float = 0.1, momentum: float = 0
     echo(f"diabetes: {rows} patients x {len(names)} features, standardized; {devices} virtual devices, "
          f"{per} rows each" + (f" ({pad} padding rows with weight 0 on the last device(s), so every patient "
                                f"counts exactly once)" if pad else ""))
+    echo("each step: every device computes the loss and gradient on its own rows, pmean averages them over the "
+         "devices, and every device applies the same update")
+    echo("loss: half the mean squared error over all patients (standardized units: predicting the mean scores "
+         "0.5, lower is better)")
 
     step = spmdsim.pmap(train_step, axis_name=AXIS, in_axes=(None, None, 0, 0, 0, None, None, None))
     params = {"w": np.zeros(x.shape[1]), "b": np.zeros(())}
     velocity = {"w": np.zeros(x.shape[1]), "b": np.zeros(())}
     scale = devices / rows
-    losses, identical = [], True
+    losses, identical, diverged = [], True, None
     start = time.perf_counter()
-    with spmdsim.trace() as tr, spmdsim.reuse_threads():  # the same 8 device threads for every step
+    with spmdsim.trace() as tr, spmdsim.reuse_threads():  # the same device threads for every step
         for i in range(1, steps + 1):
-            p, v, loss = step(params, velocity, xs, ys, mask, scale, lr, momentum)
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverging run overflows; reported below
+                p, v, loss = step(params, velocity, xs, ys, mask, scale, lr, momentum)
             # out_axes=0 stacks every device's copy: check that they stayed bitwise identical.
             identical &= all(np.array_equal(a, np.broadcast_to(a[0], a.shape)) for a in (p["w"], p["b"], loss))
             params = {k: p[k][0] for k in p}
@@ -88,27 +110,69 @@ def run(devices: int = 8, steps: int = 500, lr: float = 0.1, momentum: float = 0
             losses.append(float(loss[0]))
             if i == 1 or i % log_every == 0 or i == steps:
                 echo(f"step {i:4d}  loss {losses[-1]:.6f}")
+            if not math.isfinite(losses[-1]) or losses[-1] > DIVERGED * losses[0]:
+                diverged = i
+                break
     elapsed = time.perf_counter() - start
 
-    reference = np.linalg.lstsq(np.c_[x, np.ones(rows)], y, rcond=None)[0]
+    design = np.c_[x, np.ones(rows)]
+    reference = np.linalg.lstsq(design, y, rcond=None)[0]
+    best_loss = float(0.5 * np.mean((design @ reference - y) ** 2))
     learned = np.r_[params["w"], params["b"]]
     gap = float(np.max(np.abs(learned - reference)))
     counts = tr.counts()
+    result = {"learned": learned, "reference": reference, "gap": gap, "losses": losses, "best_loss": best_loss,
+              "identical": identical, "counts": counts, "diverged": diverged}
+    if diverged is not None:
+        echo(f"diverged: the loss grew from {losses[0]:.3g} at step 1 to {losses[-1]:.3g} at step {diverged}, so "
+             f"training stopped. The learning rate {lr:g} is too large: each update overshoots the minimum by more "
+             f"than it corrects. Try a smaller one, e.g. --lr 0.1 (the default).")
+        return result
     echo(f"parameters bitwise identical on all {devices} devices after every step: {'yes' if identical else 'NO'}")
     echo("collectives run: " + ", ".join(f"{op} x {c}" for op, c in sorted(counts.items()))
-         + f" (pmean is psum / n; {steps} steps in {elapsed:.2f} s)")
-    echo(f"lstsq gap: {gap:.3g}")
-    return {"learned": learned, "reference": reference, "gap": gap, "losses": losses, "identical": identical,
-            "counts": counts}
+         + f" (pmean is psum / n; {len(losses)} step{'s' * (len(losses) != 1)} in {elapsed:.2f} s)")
+    echo(f"final loss {losses[-1]:.6f}; the best possible (numpy.linalg.lstsq's exact least-squares fit) is "
+         f"{best_loss:.6f}")
+    echo(f"lstsq gap: {gap:.3g} (the largest difference between the learned weights and lstsq's; "
+         + ("below 1e-3: training found the same fit" if gap < 1e-3 else "train longer (--steps) to close it") + ")")
+    return result
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="spmdsim demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--devices", type=int, default=8, help="number of virtual devices (default 8)")
-    parser.add_argument("--steps", type=int, default=500, help="training steps (default 500)")
+WHAT_NEXT = """what next:
+  spmdsim demo --devices 3
+      the same on 3 devices: uneven shards, the same answer
+  spmdsim demo --lr 5
+      a learning rate too large: the loss diverges
+  spmdsim debug -m spmdsim.demo --steps 2
+      stop at each pmean: every device's loss and gradient side by side (n: next, h: help)
+  {source}
+      this demo's code: train_step is the data-parallel step
+  docs/*.ipynb in spmdsim's repository
+      tutorial notebooks: what SPMD is, in_axes/out_axes, collectives, a training loop, a deadlock"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``spmdsim demo``: returns 0, or 1 when the training diverged.
+
+    Raises:
+        UsageError: bad options.
+    """
+    from spmdsim.cli import ArgumentParser, positive_int
+
+    parser = ArgumentParser(prog="spmdsim demo", description="Data-parallel linear regression on the diabetes table "
+                            "(442 patients) over virtual devices, checked against numpy.linalg.lstsq.")
+    parser.add_argument("--devices", type=positive_int, default=8, metavar="N",
+                        help="number of virtual devices (default 8)")
+    parser.add_argument("--steps", type=positive_int, default=500, help="training steps (default 500)")
     parser.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
     parser.add_argument("--momentum", type=float, default=0.95, help="heavy-ball momentum (default 0.95)")
     args = parser.parse_args(argv)
     with spmdsim.set_device_count(max(args.devices, spmdsim.device_count())):
-        run(args.devices, args.steps, args.lr, args.momentum)
-    return 0
+        result = run(args.devices, args.steps, args.lr, args.momentum)
+    print()
+    print(WHAT_NEXT.format(source=__file__))
+    return 0 if result["diverged"] is None else 1
+
+
+if __name__ == "__main__":  # spmdsim debug -m spmdsim.demo
+    sys.exit(main())

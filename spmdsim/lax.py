@@ -200,8 +200,9 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
       kept (bool and ints included).
 
     Raises:
-      NameError (unbound name); ``numpy.exceptions.AxisError`` (a ValueError and an IndexError) for an axis
-      out of bounds or a tiled scalar; ValueError for uneven groups.
+      NameError: an unbound axis name.
+      ValueError: an axis out of bounds or a tiled scalar (``numpy.exceptions.AxisError``, also an
+        IndexError); uneven groups.
 
     >>> import numpy as np, spmdsim
     >>> spmdsim.pmap(lambda v: spmdsim.lax.all_gather(v, 'i'), axis_name='i')(np.arange(3))
@@ -231,15 +232,19 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     equal chunks along it (tiled: its size must be divisible by n).
 
     Args:
-      x: array(s) of rank >= 1, not bool. scatter_dimension: the dimension to split (negative counts from
-        the end). axis_index_groups: groups of equal size. tiled: keep the dimension, split it n ways.
+      x: array(s) of rank >= 1, not bool.
+      axis_name: a name or a tuple of names.
+      scatter_dimension: the dimension to split (negative counts from the end).
+      axis_index_groups: groups of equal size.
+      tiled: keep the dimension, split it n ways.
 
     Returns:
       dtype kept; shape as described.
 
     Raises:
-      TypeError for bool (JAX: "add does not accept dtype bool"); ValueError for sizes; AxisError for a rank-0
-      operand or a dimension out of bounds.
+      TypeError: a bool operand (JAX: "add does not accept dtype bool").
+      ValueError: sizes that do not fit; a rank-0 operand or a dimension out of bounds
+        (``numpy.exceptions.AxisError``, also an IndexError).
 
     Difference from JAX 0.10: a negative ``scatter_dimension`` works (JAX 0.10 crashes in lowering; fixed in
     0.11).
@@ -269,8 +274,12 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
     ``concat_axis`` and removes ``split_axis`` afterwards.
 
     Args:
-      x: array(s) of rank >= 1. split_axis, concat_axis: axes of ``x`` (negative counts from the end).
-      axis_index_groups: groups of equal size. tiled: split into n chunks instead of n slices.
+      x: array(s) of rank >= 1.
+      axis_name: a name or a tuple of names.
+      split_axis: the axis of ``x`` to split (negative counts from the end).
+      concat_axis: the axis to concatenate along (negative counts from the end).
+      axis_index_groups: groups of equal size.
+      tiled: split into n chunks instead of n slices.
 
     Returns:
       Non-tiled: ``x``'s shape with ``split_axis`` removed and ``n`` inserted at ``concat_axis``; tiled:
@@ -278,7 +287,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
 
     Raises:
       ValueError: ``x.shape[split_axis]`` not equal to n (non-tiled) or not divisible by n (tiled); uneven
-      groups. AxisError: an axis out of bounds, a scalar.
+        groups; an axis out of bounds or a scalar (``numpy.exceptions.AxisError``).
 
     Difference from JAX 0.10: negative axes work (JAX 0.10 crashes on them; fixed in 0.11); uneven groups
     are a ValueError in every case (JAX 0.10 silently returns ``x`` when the first group has one member).
@@ -341,8 +350,9 @@ def ppermute(x, axis_name, perm):
     end, as in JAX. There are no ``axis_index_groups``.
 
     Args:
-      x: array(s). axis_name: a name or tuple of names (row-major product axis). perm: (source, destination)
-        pairs of indices along it (a zip, lists, an array of pairs are fine).
+      x: array(s).
+      axis_name: a name or tuple of names (row-major product axis).
+      perm: (source, destination) pairs of indices along it (a zip, lists, an array of pairs are fine).
 
     Returns:
       Same shapes and dtypes as ``x``.
@@ -401,9 +411,14 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     with every slice sent to it written in. ``recv_sizes[j]`` must equal what device ``j // k`` sends here.
 
     Args:
-      operand: (N, ...) rows to send. output: (M, ...) same dtype and trailing shape, the array written into.
-      input_offsets, send_sizes, output_offsets, recv_sizes: 1-D integer arrays of one length K, divisible by
-        the axis size. axis_name: a name or tuple of names. axis_index_groups: groups of equal size.
+      operand: (N, ...) rows to send.
+      output: (M, ...) of the same dtype and trailing shape: the array written into.
+      input_offsets: 1-D integers of length K (divisible by the axis size): where each slice starts.
+      send_sizes: 1-D integers of length K: the rows of each slice.
+      output_offsets: 1-D integers of length K: where each slice is written on its destination.
+      recv_sizes: 1-D integers of length K: the rows received from each source slot.
+      axis_name: a name or tuple of names.
+      axis_index_groups: groups of equal size.
 
     Returns:
       An array of ``output``'s shape and dtype.
@@ -446,8 +461,11 @@ def precv(token, out_shape, axis_name, perm):
     zeros where this device is no destination; mirrors ``jax.lax.precv``.
 
     Args:
-      token: a token from ``psend`` (ordering only). out_shape: anything with ``shape`` and ``dtype`` (e.g.
-        ``jax.ShapeDtypeStruct`` or an array), the expected block.
+      token: a token from ``psend`` (ordering only).
+      out_shape: anything with ``shape`` and ``dtype`` (e.g. ``jax.ShapeDtypeStruct`` or an array): the
+        expected block.
+      axis_name: a name or tuple of names.
+      perm: the (source, destination) pairs of the matching ``psend``.
 
     Raises:
       ValueError: no ``psend`` with this ``perm`` came before, or it sent another shape or dtype.

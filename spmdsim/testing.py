@@ -11,8 +11,9 @@ This module is also a pytest plugin (registered under the ``pytest11`` entry poi
     def test_my_step(pmap_matches_jax):
         pmap_matches_jax(my_step, params, batch, axis_name="batch", in_axes=(None, 0))
 
-jax is imported only when a comparison runs; real ``jax.pmap`` needs as many XLA devices as the mapped
-size (on CPU: ``jax.config.update("jax_num_cpu_devices", 8)`` before first use).
+jax is imported only when a comparison runs. Real ``jax.pmap`` needs as many XLA devices as the mapped size,
+and jax has one CPU device unless told otherwise before its backend starts; the helpers arrange that
+themselves (:func:`ensure_jax_devices`) when they still can, and otherwise say what to set and where.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["assert_pmap_matches_jax", "assert_trees_match", "tolerance", "Mismatch"]
+__all__ = ["assert_pmap_matches_jax", "assert_trees_match", "ensure_jax_devices", "tolerance", "Mismatch"]
 
 # (rtol, atol) per dtype name; integers, bools and unknown kinds compare exactly.
 _TOLERANCES = {"float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2), "float32": (2e-6, 1e-6),
@@ -77,30 +78,107 @@ def assert_trees_match(actual, expected, *, out_axis: int | None = 0, what=("spm
                            f"rtol={r}, atol={t})")
 
 
+def ensure_jax_devices(n: int, *, api: str = "ensure_jax_devices") -> None:
+    """Make real jax offer at least ``n`` devices to ``jax.pmap``.
+
+    Before jax's backend has started, this sets ``jax_num_cpu_devices`` to ``n`` or spmdsim's device count,
+    whichever is larger (a count only takes effect then). After, it checks the count.
+
+    Args:
+        n: the devices needed (the mapped axis size).
+        api: the function named in the error.
+
+    Raises:
+        RuntimeError: jax's backend already started with fewer than ``n`` devices; the message says what to set
+            and where.
+    """
+    import jax
+    from jax._src import xla_bridge
+
+    import spmdsim
+
+    if not xla_bridge.backends_are_initialized():
+        if jax.config.jax_num_cpu_devices < max(n, spmdsim.device_count()):
+            jax.config.update("jax_num_cpu_devices", max(n, spmdsim.device_count()))
+        return
+    have = jax.device_count()
+    if have < n:
+        raise RuntimeError(
+            f"{api}: jax.pmap needs {n} devices, but jax has {have} ({jax.default_backend()}), and its backend has "
+            f"already started, so the CPU device count can no longer be raised. Set it before jax runs anything: "
+            f"put `jax.config.update(\"jax_num_cpu_devices\", {max(n, 8)})` right after `import jax` at the top of "
+            f"your conftest.py (or test module), or set the environment variable "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={max(n, 8)} before starting Python.")
+
+
+def _mapped_size(args: tuple, pmap_kwargs: dict) -> int | None:
+    """The mapped axis size of a pmap call (``axis_size``, or the first mapped leaf's size along its axis);
+    None when it cannot be told (jax.pmap then reports the problem itself)."""
+    import jax
+
+    if pmap_kwargs.get("axis_size") is not None:
+        return int(pmap_kwargs["axis_size"])
+    in_axes = pmap_kwargs.get("in_axes", 0)
+    static = pmap_kwargs.get("static_broadcasted_argnums", ())
+    static = {static} if isinstance(static, int) else set(static)
+    dynamic = [a for k, a in enumerate(args) if k not in static and k - len(args) not in static]
+    axes = [in_axes] * len(dynamic) if not isinstance(in_axes, (tuple, list)) else list(in_axes)
+    sizes: list[int] = []
+    try:
+        for arg, axis in zip(dynamic, axes):
+            jax.tree_util.tree_map(lambda ax, sub: sizes.extend(
+                [] if ax is None else [np.shape(leaf)[ax] for leaf in jax.tree_util.tree_leaves(sub)]),
+                axis, arg, is_leaf=lambda x: x is None)
+    except Exception:  # noqa: BLE001 - malformed in_axes: jax.pmap raises its own error
+        return None
+    return sizes[0] if sizes else None
+
+
 def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, atol: float | None = None,
                             executor: str = "threads", **pmap_kwargs) -> Any:
     """Run ``fun`` under ``spmdsim.jax.pmap`` and ``jax.pmap`` with the same ``pmap_kwargs`` and compare.
 
-    ``executor`` selects spmdsim's executor (``"threads"``, the reference, or ``"vectorized"``).
-    Returns spmdsim's result. If JAX raises, spmdsim must raise the same exception class (the error is then
-    re-raised from spmdsim's side for inspection). Raises :class:`Mismatch` on the first difference.
+    Real jax gets the devices it needs (:func:`ensure_jax_devices`), and spmdsim at least as many virtual
+    devices as the mapped size.
+
+    Args:
+        fun: a JAX function (``jax.numpy``, ``jax.lax`` collectives, ...).
+        *args: its arguments, as for ``jax.pmap(fun, **pmap_kwargs)(*args)``.
+        rtol: relative tolerance for floats (default: per dtype, see :func:`tolerance`).
+        atol: absolute tolerance for floats (default: per dtype).
+        executor: spmdsim's executor, ``"threads"`` (the reference) or ``"vectorized"``.
+        **pmap_kwargs: ``axis_name``, ``in_axes``, ``out_axes``, ... for both pmaps.
+
+    Returns:
+        spmdsim's result.
+
+    Raises:
+        Mismatch: the results differ (the first difference: key path, device, index), or only one side
+            raised, or they raised different exception classes.
+        RuntimeError: jax's backend already started with too few devices (the message says what to set).
+        Exception: the error both sides raised (spmdsim's, for inspection).
     """
     import jax
 
+    import spmdsim
     import spmdsim.jax as sjax
 
-    try:
-        expected = jax.pmap(fun, **pmap_kwargs)(*args)
-    except Exception as jax_error:  # noqa: BLE001 - compared below
+    n = _mapped_size(args, pmap_kwargs) or 1
+    ensure_jax_devices(n, api="assert_pmap_matches_jax")
+    ours = sjax.pmap(fun, executor=executor, **pmap_kwargs)
+    with spmdsim.set_device_count(max(n, spmdsim.device_count())):
         try:
-            sjax.pmap(fun, executor=executor, **pmap_kwargs)(*args)
-        except type(jax_error):
-            raise
-        except Exception as ours:  # noqa: BLE001
-            raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim raised "
-                           f"{type(ours).__name__}: {ours}") from ours
-        raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim returned a result")
-    actual = sjax.pmap(fun, executor=executor, **pmap_kwargs)(*args)
+            expected = jax.pmap(fun, **pmap_kwargs)(*args)
+        except Exception as jax_error:  # noqa: BLE001 - compared below
+            try:
+                ours(*args)
+            except type(jax_error):
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim raised "
+                               f"{type(e).__name__}: {e}") from e
+            raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim returned a result")
+        actual = ours(*args)
     out_axes = pmap_kwargs.get("out_axes", 0)
     assert_trees_match(actual, expected, out_axis=out_axes if isinstance(out_axes, int) else None, rtol=rtol,
                        atol=atol)

@@ -1,10 +1,8 @@
 """Debugging collectives: trace and timeline, stepping debugger (API and terminal), ordered output,
-would-hang report, reduction orders, teaching pictures."""
+would-hang report, reduction orders (pictures: test_pictures.py)."""
 import json
 import os
-import pty
 import re
-import select
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ import pytest
 
 import spmdsim
 from spmdsim import lax
+from terminal import drive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -196,7 +195,7 @@ def test_orders_really_differ_and_accumulation_dtype():
 
 
 def test_bfloat16_summed_in_float32_by_default_as_xla_cpu_does():
-    import ml_dtypes
+    ml_dtypes = pytest.importorskip("ml_dtypes")   # comes with jax
     x = np.full(8, 1 / 3, dtype=ml_dtypes.bfloat16)
     x[0] = 256
     default = spmdsim.pmap(lambda v: lax.psum(v, "i"), "i")(x)
@@ -227,41 +226,11 @@ def test_debugger_api_steps_through_every_rendezvous():
 def test_debugger_continue_and_quit():
     f = spmdsim.pmap(program, axis_name="i")
     s = spmdsim.debug.step(f, np.arange(4.0))
-    np.testing.assert_array_equal(s.cont(), f(np.arange(4.0)))
+    assert s.cont() is None                                # no breakpoint set: runs to the end
+    np.testing.assert_array_equal(s.result, f(np.arange(4.0)))
     s = spmdsim.debug.step(f, np.arange(4.0))
     s.quit()
     assert isinstance(s.error, spmdsim.debug.DebuggerQuit) and s.result is None
-
-
-def _drive(argv, commands, timeout=60):
-    """Run a command on a pseudo-terminal, answering each '(spmdsim) ' prompt with the next command."""
-    controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, *argv], stdin=terminal, stdout=terminal, stderr=terminal,
-                            env={**os.environ, "PYTHONPATH": ROOT}, close_fds=True)
-    os.close(terminal)
-    output, pending, deadline = b"", list(commands), time.time() + timeout
-    try:
-        while time.time() < deadline:
-            ready, _, _ = select.select([controller], [], [], 0.5)
-            if ready:
-                try:
-                    chunk = os.read(controller, 4096)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                output += chunk
-                if output.endswith(b"(spmdsim) ") and pending:
-                    os.write(controller, (pending.pop(0) + "\n").encode())
-            elif proc.poll() is not None:
-                break
-        else:
-            proc.kill()
-            raise AssertionError("the debugger did not finish:\n" + output.decode(errors="replace"))
-    finally:
-        code = proc.wait(timeout=30)
-        os.close(controller)
-    return output.decode(errors="replace").replace("\r\n", "\n"), code
 
 
 def test_terminal_debugger_through_a_pseudo_terminal(tmp_path):
@@ -269,7 +238,7 @@ def test_terminal_debugger_through_a_pseudo_terminal(tmp_path):
     script.write_text("import numpy as np\nimport spmdsim\nfrom spmdsim import lax\n\n"
                       "def f(x):\n    y = lax.psum(x, 'i')\n    return lax.ppermute(y * x, 'i', [(0, 1), (1, 2), (2, 3), (3, 0)])\n\n"
                       "print('result', spmdsim.pmap(f, 'i')(np.arange(4.0)))\n")
-    out, code = _drive(["-m", "spmdsim", "debug", str(script), "--devices", "4"],
+    out, code = drive(["-m", "spmdsim", "debug", str(script), "--devices", "4"],
                        ["help", "show 2", "n", "show 1 result", "where", "c"])
     assert code == 0, out
     assert "stop 0: psum(float64[], axis_name='i') (step 0)" in out
@@ -284,33 +253,11 @@ def test_terminal_debugger_through_a_pseudo_terminal(tmp_path):
 def test_terminal_debugger_quit(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("import numpy as np, spmdsim\nprint(spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), 'i')(np.ones(2)))\n")
-    out, code = _drive(["-m", "spmdsim", "debug", str(script)], ["q"])
+    out, code = drive(["-m", "spmdsim", "debug", str(script)], ["q"])
     assert code == 1 and "stopped" in out and "[2. 2.]" not in out
 
 
-# -- teaching pictures -------------------------------------------------------------------------------------
-
-def test_sharding_picture(tmp_path):
-    text = spmdsim.show.sharding(np.arange(12).reshape(3, 4), in_axes=1, svg=str(tmp_path / "s.svg"), echo=False)
-    assert "device 2  x[:, 2]  (3,)" in text and "[ 2,  6, 10]" in text
-    rects = ET.parse(tmp_path / "s.svg").getroot().findall("{http://www.w3.org/2000/svg}rect")
-    assert len(rects) == 1 + 12
-    colours = [r.get("fill") for r in rects[1:]]
-    assert colours[0] == colours[4] == colours[8] != colours[1]       # column j belongs to device j
-
-
-def test_collective_picture(tmp_path):
-    text = spmdsim.show.collective("psum_scatter", np.arange(16.0).reshape(4, 4), svg=str(tmp_path / "c.svg"),
-                                   echo=False)
-    assert re.search(r"device 1  \[4., 5., 6., 7.\]\s+28.", text)        # column sums: 24, 28, 32, 36
-    text = spmdsim.show.collective("ppermute", np.arange(4.0), perm=[(0, 1), (1, 2), (2, 3), (3, 0)], echo=False,
-                                   svg=str(tmp_path / "p.svg"))
-    assert re.search(r"device 0  0.\s+3.", text)
-    root = ET.parse(tmp_path / "p.svg").getroot()
-    fills = [r.get("fill") for r in root.findall("{http://www.w3.org/2000/svg}rect")[1:]]
-    # before/after per device: device 0 after holds device 3's element, so it has device 3's colour
-    assert fills[1] == fills[6]
-
+# -- breakpoint() ------------------------------------------------------------------------------------------
 
 def test_breakpoint_inside_a_device_talks_to_the_terminal(tmp_path):
     script = tmp_path / "bp.py"

@@ -21,7 +21,11 @@ def test_demo_converges_to_lstsq_with_identical_replicas():
     assert result["gap"] < 1e-3
     assert result["identical"]
     assert result["counts"] == {"psum": 500}           # one pmean of (loss, grads) per step
-    assert lines[-1].startswith("lstsq gap: ") and float(lines[-1].split()[-1]) == pytest.approx(result["gap"], rel=1e-2)
+    assert lines[-1].startswith("lstsq gap: ") and float(lines[-1].split()[2]) == pytest.approx(result["gap"], rel=1e-2)
+    assert "largest difference between the learned weights and lstsq's" in lines[-1]
+    assert any(line.startswith("loss: half the mean squared error") for line in lines)
+    assert f"the best possible (numpy.linalg.lstsq's exact least-squares fit) is {result['best_loss']:.6f}" in lines[-2]
+    assert result["diverged"] is None
     assert "6 padding rows with weight 0" in lines[0]
     assert result["losses"][-1] < result["losses"][0]
 
@@ -46,7 +50,18 @@ def test_demo_command_line():
                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "3 virtual devices, 148 rows each (2 padding rows" in out.stdout
-    assert float(out.stdout.strip().splitlines()[-1].split("lstsq gap: ")[1]) < 1e-3
+    gap_line = next(line for line in out.stdout.splitlines() if line.startswith("lstsq gap: "))
+    assert float(gap_line.split()[2]) < 1e-3
+    assert "what next:\n  spmdsim demo --devices 3\n" in out.stdout
+
+
+def test_demo_says_when_the_training_diverges():
+    out = subprocess.run([sys.executable, "-m", "spmdsim", "demo", "--lr", "5"], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert "diverged: the loss grew from 0.5 at step 1 to 58.7 at step 2, so training stopped. The learning rate 5 " \
+           "is too large" in out.stdout
+    assert "lstsq gap" not in out.stdout and not out.stderr
 
 
 def test_named_psum_seed_numbers():

@@ -1,4 +1,5 @@
-"""The JAX front end: run unmodified ``jax.pmap`` programs on virtual devices, every value computed by NumPy.
+"""The JAX front end: run unmodified ``jax.pmap`` and ``jax.shard_map`` programs on virtual devices, every value
+computed by NumPy.
 
 Requires jax (``python -m pip install "spmdsim[jax]"``); the rest of spmdsim does not. ``pmap`` traces the
 per-device function to a jaxpr once, then evaluates the jaxpr with NumPy once per virtual device, each in its
@@ -14,5 +15,6 @@ except ImportError as e:  # pragma: no cover - exercised in the jax-free test en
 from spmdsim.jax import _collective_rules, _control_flow, _map, _numpy_rules, _prng  # noqa: F401  (register rules)
 from spmdsim.jax._api import pmap
 from spmdsim.jax._interpreter import eval_closed_jaxpr, eval_jaxpr, supported_primitives
+from spmdsim.jax._shard_map import jit, shard_map
 
-__all__ = ["pmap", "eval_jaxpr", "eval_closed_jaxpr", "supported_primitives"]
+__all__ = ["pmap", "shard_map", "jit", "eval_jaxpr", "eval_closed_jaxpr", "supported_primitives"]

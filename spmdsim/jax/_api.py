@@ -127,8 +127,15 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     by spmdsim, never by XLA.
 
     Args:
-      fun, axis_name, in_axes, out_axes, static_broadcasted_argnums, devices, axis_size: as ``jax.pmap``
-        (``devices``: only their number matters; ``backend``, ``donate_argnums``: accepted, no effect).
+      fun: the per-device function, an ordinary JAX function.
+      axis_name: the name collectives use for the mapped axis.
+      in_axes: as ``jax.pmap``: an int, None, or a pytree prefix of the positional arguments.
+      out_axes: as ``jax.pmap``: an int, None, or a pytree prefix of the output.
+      static_broadcasted_argnums: positional arguments passed unchanged to every device (hashable).
+      devices: only their number matters (the first N are used).
+      backend: accepted for compatibility; no effect.
+      axis_size: checked against the mapped size.
+      donate_argnums: accepted for compatibility; no effect.
       check_replicated: spmdsim only. With ``out_axes=None``, check that every device returned the same value
         and raise :class:`~spmdsim.errors.ReplicationError` naming the ones that differ (eager calls).
       executor: spmdsim only. ``"threads"`` (the default and the reference semantics: one thread per device),
@@ -142,10 +149,14 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
       float32 while x64 is off).
 
     Raises:
-      What ``jax.pmap`` raises for the same arguments, with the differences of :func:`spmdsim.pmap` (its
-      ValueErrors name the key paths and sizes); any exception a device raises (first in device order, the
-      others in ``exc.device_errors``); CollectiveMismatchError / CollectiveDeadlockError when the devices'
-      collectives cannot meet (a ``cond`` branch or ``while`` loop that only some devices take).
+      ValueError: what ``jax.pmap`` raises for the same arguments, with the differences of
+        :func:`spmdsim.pmap` (mapped-size errors name the key paths and sizes).
+      TypeError: non-array arguments and non-int ``in_axes``/``out_axes`` leaves, as ``jax.pmap``.
+      CollectiveMismatchError: devices' collectives that differ (a ``cond`` branch only some devices take).
+      CollectiveDeadlockError: a collective some device never reaches.
+
+    Any exception a device raises is raised too (the first in device order, the others in
+    ``exc.device_errors``).
 
     Differences from ``jax.pmap``: as :func:`spmdsim.pmap` (negative axes count from the end,
     ``check_replicated``), and nested ``pmap`` works (JAX 0.10 rejects it) with ``pmap(vmap)`` semantics.

@@ -1,0 +1,145 @@
+"""The `spmdsim` command as a newcomer types it: one-line errors, --version, help texts, `run` and `debug`
+with options after the script and `-m MODULE`, `conformance -k`. Run as subprocesses; those that need jax
+are skipped without it (this file never imports jax)."""
+import json
+import os
+import shutil
+import xml.etree.ElementTree as ET
+
+import pytest
+
+import spmdsim
+from spmdsim._script import Program, split_argv
+from spmdsim.cli import UsageError
+from terminal import ROOT, drive, jax_installed, spmdsim_command
+
+needs_jax = pytest.mark.skipif(not jax_installed(), reason="needs jax")
+
+JAX_SCRIPT = """import sys
+import jax, jax.numpy as jnp
+print("argv", sys.argv[1:])
+print("sum", jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")(jnp.arange(4.0)))
+"""
+
+
+def one_line_error(proc, command: str) -> str:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{command}: error: ") and "Traceback" not in proc.stderr, \
+        proc.stderr
+    return lines[0]
+
+
+def test_version():
+    proc = spmdsim_command("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"spmdsim {spmdsim.__version__}"
+
+
+def test_an_unknown_command_says_what_was_wrong():
+    line = one_line_error(spmdsim_command("dmeo"), "spmdsim")
+    assert "unknown command 'dmeo' (did you mean 'demo'?); the commands are demo, run, debug, conformance" in line
+    assert "usage" not in spmdsim_command("frobnicate").stderr
+
+
+def test_demo_with_zero_devices_is_a_one_line_error():
+    line = one_line_error(spmdsim_command("demo", "--devices", "0"), "spmdsim demo")
+    assert "argument --devices: expected a positive integer, got 0" in line
+
+
+def test_debug_of_a_missing_script_is_a_one_line_error_without_jax(tmp_path):
+    line = one_line_error(spmdsim_command("debug", "nonexist.py", cwd=tmp_path, no_jax=True), "spmdsim debug")
+    assert f"no such script: 'nonexist.py' (looked in {tmp_path})" in line
+    line = one_line_error(spmdsim_command("debug", "-m", "no_such_module", cwd=tmp_path, no_jax=True), "spmdsim debug")
+    assert "no module named 'no_such_module'" in line
+
+
+def test_run_without_jax_says_how_to_install_it():
+    line = one_line_error(spmdsim_command("run", "x.py", no_jax=True), "spmdsim run")
+    assert 'python -m pip install "spmdsim[jax]"' in line
+
+
+@needs_jax
+def test_run_of_a_missing_script_is_a_one_line_error(tmp_path):
+    line = one_line_error(spmdsim_command("run", "nonexist.py", cwd=tmp_path), "spmdsim run")
+    assert "no such script: 'nonexist.py'" in line
+    line = one_line_error(spmdsim_command("run", "--trace", "t.txt", "nonexist.py", cwd=tmp_path), "spmdsim run")
+    assert "--trace t.txt: expected a path ending in .json (a Perfetto trace) or .svg (a timeline picture)" in line
+
+
+@pytest.mark.parametrize("command", ["demo", "debug", "conformance",
+                                     pytest.param("run", marks=needs_jax)])
+def test_help_shows_the_script_and_no_markup(command):
+    proc = spmdsim_command(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "``" not in proc.stdout and ":func:" not in proc.stdout
+    if command in ("run", "debug"):
+        assert f"usage: spmdsim {command} [options] SCRIPT.py [args]" in proc.stdout
+        assert f"spmdsim {command} [options] -m MODULE [args]" in proc.stdout
+
+
+def test_top_level_help():
+    proc = spmdsim_command("--help")
+    assert proc.returncode == 0 and "spmdsim --version" in proc.stdout and "debug" in proc.stdout
+    assert spmdsim_command().returncode == 2
+
+
+def test_split_argv():
+    valued = ("--devices", "--trace")
+    assert split_argv(["--devices", "4", "s.py", "--lr", "1", "--trace", "t.json", "--", "--devices", "9"], valued) \
+        == (["--devices", "4", "--trace", "t.json"], Program("s.py", None, ("--lr", "1", "--devices", "9")))
+    assert split_argv(["-m", "pkg.mod", "--devices=3", "-v"], valued) == (["--devices=3"],
+                                                                          Program(None, "pkg.mod", ("-v",)))
+    assert split_argv(["--", "-weird.py", "a"], valued) == ([], Program("-weird.py", None, ("a",)))
+    assert split_argv(["--devices", "4"], valued) == (["--devices", "4"], None)
+    with pytest.raises(UsageError, match="-m needs a module name"):
+        split_argv(["-m"], valued)
+
+
+def test_debug_runs_a_module_with_m_and_passes_its_arguments(tmp_path):
+    (tmp_path / "mymod.py").write_text(
+        "import sys, numpy as np, spmdsim\nprint('argv', sys.argv[1:])\n"
+        "print('sum', spmdsim.pmap(lambda x: spmdsim.lax.psum(x, 'i'), 'i')(np.ones(2)))\n")
+    out, code = drive(["-m", "spmdsim", "debug", "-m", "mymod", "--lr", "3", "--devices", "2"], ["c"], cwd=tmp_path)
+    assert code == 0, out
+    assert "argv ['--lr', '3']" in out and "sum [2. 2.]" in out and "stop 0: psum(" in out
+
+
+def test_a_script_error_shows_the_script_frames_only(tmp_path):
+    (tmp_path / "bad.py").write_text("def f():\n    raise ValueError('boom')\n\nf()\n")
+    proc = spmdsim_command("debug", "bad.py", cwd=tmp_path, no_jax=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith('Traceback (most recent call last):\n  File "bad.py", line 4, in <module>'), \
+        proc.stderr
+    assert "runpy" not in proc.stderr and "ValueError: boom" in proc.stderr
+
+
+@needs_jax
+def test_run_takes_its_options_after_the_script_and_draws_svg_timelines(tmp_path):
+    (tmp_path / "s.py").write_text(JAX_SCRIPT)
+    proc = spmdsim_command("run", "s.py", "--out", "o", "--trace", "t.json", "--devices", "4", "--", "--trace", "x",
+                           cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert "argv ['--out', 'o', '--trace', 'x']" in proc.stdout and "sum [6. 6. 6. 6.]" in proc.stdout
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["collectives"] == 1
+    proc = spmdsim_command("run", "--trace", "t.svg", "s.py", cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert ET.parse(tmp_path / "t.svg").getroot().tag == "{http://www.w3.org/2000/svg}svg"
+
+
+@needs_jax
+def test_run_m_module(tmp_path):
+    (tmp_path / "jmod.py").write_text(JAX_SCRIPT)
+    proc = spmdsim_command("run", "-m", "jmod", "a", "--devices", "4", cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert "argv ['a']" in proc.stdout and "sum [6. 6. 6. 6.]" in proc.stdout
+
+
+@needs_jax
+def test_conformance_k_runs_a_filtered_suite_without_touching_the_tracked_report(tmp_path):
+    shutil.copytree(os.path.join(ROOT, "conformance"), tmp_path / "conformance",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    tracked = (tmp_path / "conformance" / "REPORT.md").read_text()
+    proc = spmdsim_command("conformance", "-k", "psum-bool-n2-r0", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 passed" in proc.stdout and "left as it was; give --report PATH" in proc.stdout  # case, 2 executor checks
+    assert (tmp_path / "conformance" / "REPORT.md").read_text() == tracked

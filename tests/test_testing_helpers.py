@@ -1,0 +1,66 @@
+"""spmdsim.testing out of the box: the helpers give real jax the CPU devices jax.pmap needs, or say exactly
+what to set. Each runs in a fresh interpreter (jax's device count is fixed once its backend starts); this file
+never imports jax."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from terminal import ROOT, jax_installed
+
+pytestmark = pytest.mark.skipif(not jax_installed(), reason="needs jax")
+
+USER_TESTS = '''import jax
+import numpy as np
+from spmdsim.testing import assert_pmap_matches_jax
+
+
+def step(params, batch):
+    return jax.lax.pmean(batch @ params["w"], "batch")
+
+
+def test_with_the_function():
+    out = assert_pmap_matches_jax(lambda x: jax.lax.psum(x, "i"), np.arange(4.0, dtype=np.float32), axis_name="i")
+    assert out.tolist() == [6.0] * 4 and jax.device_count() >= 4
+
+
+def test_with_the_fixture(pmap_matches_jax):
+    params = {"w": np.ones((3, 2), np.float32)}
+    pmap_matches_jax(step, params, np.ones((8, 5, 3), np.float32), axis_name="batch", in_axes=(None, 0))
+'''
+
+
+def run(args, tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+
+
+def readme_test_file() -> str:
+    """The README's example of a user's test file (the python block that starts with its file name)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    start = readme.index("```python\n# test_train_step.py") + len("```python\n")
+    return readme[start:readme.index("```", start)]
+
+
+def test_a_users_test_files_pass_with_jax_left_at_its_defaults(tmp_path):
+    (tmp_path / "test_mine.py").write_text(USER_TESTS)
+    (tmp_path / "test_train_step.py").write_text(readme_test_file())
+    proc = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_mine.py", "test_train_step.py"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 passed" in proc.stdout
+
+
+def test_too_late_to_add_devices_says_what_to_set_and_where(tmp_path):
+    proc = run(["-c", "import jax, numpy as np\njax.numpy.zeros(1)  # the backend starts with 1 CPU device\n"
+                      "from spmdsim.testing import assert_pmap_matches_jax\n"
+                      "assert_pmap_matches_jax(lambda x: jax.lax.psum(x, 'i'), np.arange(4.0), axis_name='i')"],
+               tmp_path)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: assert_pmap_matches_jax: jax.pmap needs 4 devices, but jax has 1 (cpu)")
+    assert 'jax.config.update("jax_num_cpu_devices", 8)` right after `import jax` at the top of your ' \
+           'conftest.py' in last
+    assert "XLA_FLAGS=--xla_force_host_platform_device_count=8" in last
