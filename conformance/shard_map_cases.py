@@ -405,15 +405,29 @@ G = "shard_map/groups"
 GROUPS8 = {"even": [[0, 1, 2, 3], [4, 5, 6, 7]], "reordered": [[7, 5, 3, 1], [6, 4, 2, 0]],
            "uneven": [[0, 1, 2], [3, 4, 5, 6, 7]]}
 X8 = np.arange(8, dtype=np.float32) * 3 + 1
+
+
+def group_reference(mesh_key, op, axes, groups, **params):
+    """``expected(x)`` for a groups case whose input ``x`` is split evenly over all devices (P over all
+    axes): the reference collective with ``axis_index_groups`` on the per-device blocks, concatenated along
+    axis 0 in device order."""
+    mm = ref.MeshModel(*MESHES[mesh_key])
+
+    def expected(x):
+        blocks = np.split(np.asarray(x), mm.n)
+        results = ref.collective(op, blocks, mm, axes, axis_index_groups=groups, **params)
+        return np.concatenate(results)
+    return expected
 for kind, groups in GROUPS8.items():
     for op in ["pmax", "pmin"]:
         add(ShardMapCase(f"groups-{op}-{kind}", G, lambda api, op=op, g=groups: api.shard_map(
             lambda b: getattr(api.lax, op)(b, "i", axis_index_groups=g), mesh=mesh_of(api, "8"),
-            in_specs=api.P("i"), out_specs=api.P("i")), (X8,)))
+            in_specs=api.P("i"), out_specs=api.P("i")), (X8,), expected=group_reference("8", op, "i", groups)))
     for op in ["psum", "pmean"]:
         add(ShardMapCase(f"groups-{op}-{kind}-unchecked", G, lambda api, op=op, g=groups: api.shard_map(
             lambda b: getattr(api.lax, op)(b, "i", axis_index_groups=g), mesh=mesh_of(api, "8"),
             in_specs=api.P("i"), out_specs=api.P("i"), check_vma=False), (X8,),
+            expected=group_reference("8", op, "i", groups),
             note="pmean with uneven groups divides every group by len(groups[0]) (JAX quirk, as in pmap)"
             if op == "pmean" and kind == "uneven" else ""))
 for op in ["psum", "pmean"]:
@@ -425,16 +439,18 @@ for kind in ["even", "reordered"]:
     g = GROUPS8[kind]
     add(ShardMapCase(f"groups-all_gather-{kind}", G, lambda api, g=g: api.shard_map(
         lambda b: api.lax.all_gather(b, "i", axis_index_groups=g), mesh=mesh_of(api, "8"), in_specs=api.P("i"),
-        out_specs=api.P("i")), (X8,)))
+        out_specs=api.P("i")), (X8,), expected=group_reference("8", "all_gather", "i", g)))
     add(ShardMapCase(f"groups-all_gather-tiled-{kind}", G, lambda api, g=g: api.shard_map(
         lambda b: api.lax.all_gather(b, "i", axis_index_groups=g, tiled=True), mesh=mesh_of(api, "8"),
-        in_specs=api.P("i"), out_specs=api.P("i")), (X8,)))
+        in_specs=api.P("i"), out_specs=api.P("i")), (X8,),
+        expected=group_reference("8", "all_gather", "i", g, tiled=True)))
     add(ShardMapCase(f"groups-psum_scatter-{kind}", G, lambda api, g=g: api.shard_map(
         lambda b: api.lax.psum_scatter(b, "i", axis_index_groups=g, tiled=True), mesh=mesh_of(api, "8"),
         in_specs=api.P(), out_specs=api.P("i")), (np.arange(16, dtype=np.float32),)))
     add(ShardMapCase(f"groups-all_to_all-{kind}", G, lambda api, g=g: api.shard_map(
         lambda b: api.lax.all_to_all(b, "i", 0, 0, axis_index_groups=g), mesh=mesh_of(api, "8"),
-        in_specs=api.P("i"), out_specs=api.P("i")), (np.arange(32, dtype=np.float32),)))
+        in_specs=api.P("i"), out_specs=api.P("i")), (np.arange(32, dtype=np.float32),),
+        expected=group_reference("8", "all_to_all", "i", g, split_axis=0, concat_axis=0)))
 add(ShardMapCase("groups-all_gather-uneven", G, lambda api: api.shard_map(
     lambda b: api.lax.all_gather(b, "i", axis_index_groups=GROUPS8["uneven"]), mesh=mesh_of(api, "8"),
     in_specs=api.P("i"), out_specs=api.P("i")), (X8,), raises="ValueError", phrase="Invalid replica id -1",
@@ -443,16 +459,20 @@ for axes in [("x", "y"), ("y", "x")]:
     add(ShardMapCase(f"groups-psum-tuple-{label(axes)}-unchecked", G, lambda api, a=axes: api.shard_map(
         lambda b: api.lax.psum(b, a, axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]]), mesh=mesh_of(api, "4x2"),
         in_specs=api.P(("x", "y")), out_specs=api.P(("x", "y")), check_vma=False), (X8,),
+        expected=group_reference("4x2", "psum", axes, [[0, 1, 2, 3], [4, 5, 6, 7]]),
         note="group ids index the tuple's axis_index in the GIVEN order"))
     add(ShardMapCase(f"groups-all_gather-tuple-{label(axes)}", G, lambda api, a=axes: api.shard_map(
         lambda b: api.lax.all_gather(b, a, axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]], tiled=True),
-        mesh=mesh_of(api, "4x2"), in_specs=api.P(("x", "y")), out_specs=api.P(("x", "y"))), (X8,)))
+        mesh=mesh_of(api, "4x2"), in_specs=api.P(("x", "y")), out_specs=api.P(("x", "y"))), (X8,),
+        expected=group_reference("4x2", "all_gather", axes, [[0, 1, 2, 3], [4, 5, 6, 7]], tiled=True)))
 add(ShardMapCase("groups-pmax-one-axis-of-2d", G, lambda api: api.shard_map(
     lambda b: api.lax.pmax(b, "x", axis_index_groups=[[0, 3], [1, 2]]), mesh=mesh_of(api, "4x2"),
-    in_specs=api.P(("x", "y")), out_specs=api.P(("x", "y"))), (X8,)))
+    in_specs=api.P(("x", "y")), out_specs=api.P(("x", "y"))), (X8,),
+    expected=group_reference("4x2", "pmax", "x", [[0, 3], [1, 2]])))
 add(ShardMapCase("groups-psum-one-axis-of-2d-unchecked", G, lambda api: api.shard_map(
     lambda b: api.lax.psum(b, "x", axis_index_groups=[[0, 1], [2, 3]]), mesh=mesh_of(api, "4x2"),
-    in_specs=api.P(("x", "y")), out_specs=api.P(("x", "y")), check_vma=False), (X8,)))
+    in_specs=api.P(("x", "y")), out_specs=api.P(("x", "y")), check_vma=False), (X8,),
+    expected=group_reference("4x2", "psum", "x", [[0, 1], [2, 3]])))
 add(ShardMapCase("groups-pmax-typed-invariant", G, lambda api: api.shard_map(
     lambda b: api.lax.pmax(b, "i", axis_index_groups=GROUPS8["even"]), mesh=mesh_of(api, "8"),
     in_specs=api.P("i"), out_specs=api.P()), (X8,), front_ends=JAX_FRONT_ENDS,

@@ -110,16 +110,24 @@ def _sum(values):
 def collective(op, blocks, mesh: MeshModel, axes, **params) -> list:
     """Apply one collective to the per-device ``blocks``; returns the per-device results."""
     axes = _axes(axes)
+    groups = params.pop("axis_index_groups", None)
     out = []
     for d in range(mesh.n):
         order = mesh.mesh_order(axes) if op in ("ppermute", "pshuffle") else axes
         group = mesh.group(d, order)
-        values = [np.asarray(blocks[e]) for e in group]
         r, n = mesh.rank(d, order), len(group)
+        if groups is not None:
+            # axis_index_groups index the ranks over ``axes`` (given order); the rank within a sub-group is
+            # the position in its list. pmean divides by len(groups[0]) for every group (a JAX quirk).
+            sub = next(g for g in groups if r in g)
+            group, r, n = [group[i] for i in sub], list(sub).index(r), len(sub)
+        values = [np.asarray(blocks[e]) for e in group]
         if op in ("psum", "pmean"):
             v = _sum([x.astype(np.int32) if x.dtype == bool else x for x in values])
             if op == "pmean":
-                v = (v / n).astype(np.float32) if v.dtype.kind in "biu" else (v / np.asarray(n, v.dtype)).astype(v.dtype)
+                n_div = len(groups[0]) if groups is not None else n
+                v = ((v / n_div).astype(np.float32) if v.dtype.kind in "biu"
+                     else (v / np.asarray(n_div, v.dtype)).astype(v.dtype))
         elif op == "pmax":
             v = np.maximum.reduce(values)
         elif op == "pmin":
