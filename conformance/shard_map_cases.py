@@ -10,7 +10,6 @@ messages, are in ``docs/notes/shard_map_jax_0_10_2.md``.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import ml_dtypes
@@ -318,8 +317,7 @@ for mesh_key, axes_list in AXES.items():
 
 # a collective on a value that is replicated (in_specs=P()) and on Python constants
 C = "shard_map/constants"
-for mesh_key in MESHES:
-    _, names = MESHES[mesh_key]
+for mesh_key, (_, names) in MESHES.items():
     everything = names if len(names) > 1 else names[0]
     for op in ["psum", "pmean", "pmax", "pmin"]:
         for check in (True, False):
@@ -800,12 +798,17 @@ add(ShardMapCase("jit-two-meshes", J, lambda api: api.jax.jit(two_meshes(api)), 
                  note="JAX BUG: two shard_maps over different meshes of the same devices, chained in one jit, fail "
                       "in sharding propagation (eager works: jit-two-meshes-eager). A simulator should compute "
                       "the eager result (a known difference)"))
-add(ShardMapCase("jit-static-argument", J, lambda api: (lambda f: lambda x: f(x, 3))(api.jax.jit(
+def call_with(f, *extra, **kwargs):
+    """``lambda x: f(x, *extra, **kwargs)``: a case callable that adds fixed (static or keyword) arguments."""
+    return lambda x: f(x, *extra, **kwargs)
+
+
+add(ShardMapCase("jit-static-argument", J, lambda api: call_with(api.jax.jit(
     lambda x, k: api.shard_map(lambda b: b * k, mesh=mesh_of(api, "8"), in_specs=api.P("i"),
-                               out_specs=api.P("i"))(x), static_argnums=1)), (np.arange(8, dtype=np.float32),),
+                               out_specs=api.P("i"))(x), static_argnums=1), 3), (np.arange(8, dtype=np.float32),),
     front_ends=JAX_FRONT_ENDS))
-add(ShardMapCase("jit-in_specs-None-static", J, lambda api: (lambda f: lambda x: f(x, 3))(api.shard_map(
-    lambda b, k: b * k, mesh=mesh_of(api, "8"), in_specs=(api.P("i"), None), out_specs=api.P("i"))),
+add(ShardMapCase("jit-in_specs-None-static", J, lambda api: call_with(api.shard_map(
+    lambda b, k: b * k, mesh=mesh_of(api, "8"), in_specs=(api.P("i"), None), out_specs=api.P("i")), 3),
     (np.arange(8, dtype=np.float32),), front_ends=JAX_FRONT_ENDS,
     note="an in_specs leaf None makes that argument static (passed through as a Python value)"))
 add(ShardMapCase("jit-vmap-of-shard_map", J, lambda api: api.jax.vmap(api.shard_map(
@@ -903,7 +906,7 @@ add(ShardMapCase("axis_names-jit", N_, lambda api: api.jax.jit(api.shard_map(
 # ==========================================================================================================
 E = "shard_map/errors"
 X82 = np.arange(16, dtype=np.float32).reshape(8, 2)
-ID = lambda b: b  # noqa: E731
+ID = lambda b: b
 
 
 for name, build, args, raises, phrase, note in [
@@ -981,7 +984,7 @@ for name, build, args, raises, phrase, note in [
     ("f-not-callable", lambda api: api.shard_map(3, mesh=mesh_of(api, "4x2"), in_specs=api.P(),
                                                   out_specs=api.P()), (), "TypeError",
      "shard_map requires a callable for its first argument", "raised by shard_map(...) itself, not the call"),
-    ("keyword-argument", lambda api: (lambda f: lambda x: f(x, b=x))(api.shard_map(
+    ("keyword-argument", lambda api: (lambda f: lambda x: f(x, b=x))(api.shard_map(  # noqa: PLC3002
         lambda a, b=1: a + b, mesh=mesh_of(api, "4x2"), in_specs=api.P("x"), out_specs=api.P("x"))), (X82,),
      "TypeError", "unexpected keyword argument 'b'", "the shard_map'd function takes positional args only"),
     ("string-argument", lambda api: api.shard_map(ID, mesh=mesh_of(api, "4x2"), in_specs=api.P(),
@@ -1258,15 +1261,27 @@ add(ShardMapCase("program-matmul-reduce-scatter", PR, lambda api: api.shard_map(
 add(ShardMapCase("program-2d-matmul-x-y", PR, lambda api: api.shard_map(
     lambda a, b: api.lax.psum(a @ b, "y"), mesh=mesh_of(api, "4x2"), in_specs=(api.P("x", "y"), api.P("y")),
     out_specs=api.P("x")), (XM, WM)))
+def sharded_softmax(api, s):
+    """Softmax over dimension 1, which is split over 'y': the max and the sum are collectives."""
+    e = api.numpy.exp(s - api.lax.pmax(s.max(axis=1, keepdims=True), "y"))
+    return e / api.lax.psum(e.sum(axis=1, keepdims=True), "y")
+
+
+def sharded_layernorm(api, h):
+    """Normalize over dimension 1, which is split over 'y' (equal blocks: pmean of means is the mean)."""
+    mu = api.lax.pmean(h.mean(axis=1, keepdims=True), "y")
+    var = api.lax.pmean(((h - mu) ** 2).mean(axis=1, keepdims=True), "y")
+    return (h - mu) / api.numpy.sqrt(var + 1)
+
+
 add(ShardMapCase("program-softmax-over-sharded-dim", PR, lambda api: api.shard_map(
-    lambda s: (lambda e: e / api.lax.psum(e.sum(axis=1, keepdims=True), "y"))(
-        api.numpy.exp(s - api.lax.pmax(s.max(axis=1, keepdims=True), "y"))),
-    mesh=mesh_of(api, "4x2"), in_specs=api.P("x", "y"), out_specs=api.P("x", "y")), (XM / 4,)))
+    lambda s: sharded_softmax(api, s), mesh=mesh_of(api, "4x2"), in_specs=api.P("x", "y"),
+    out_specs=api.P("x", "y")), (XM / 4,)))
 add(ShardMapCase("program-layernorm-sharded-features", PR, lambda api: api.shard_map(
-    lambda h: (lambda mu: (lambda var: (h - mu) / api.numpy.sqrt(var + 1))(
-        api.lax.pmean(((h - mu) ** 2).mean(axis=1, keepdims=True), "y")))(
-        api.lax.pmean(h.mean(axis=1, keepdims=True), "y")),
-    mesh=mesh_of(api, "4x2"), in_specs=api.P("x", "y"), out_specs=api.P("x", "y")), (XM,)))
+    lambda h: sharded_layernorm(api, h), mesh=mesh_of(api, "4x2"), in_specs=api.P("x", "y"),
+    out_specs=api.P("x", "y")), (XM,)))
+
+
 def ring_allreduce(api, b, n=8):
     acc = send = b
     for _ in range(n - 1):
@@ -1282,7 +1297,7 @@ add(ShardMapCase("program-all_to_all-transpose", PR, lambda api: api.shard_map(
     lambda b: api.lax.all_to_all(b, "i", 1, 0, tiled=True), mesh=mesh_of(api, "8"), in_specs=api.P("i"),
     out_specs=api.P(None, "i")), (np.arange(64, dtype=np.float32).reshape(8, 8),)))
 add(ShardMapCase("program-data-parallel-step-handwritten-grad", PR, lambda api: api.shard_map(
-    lambda w, xb, yb: (lambda g: w - 0.1 * g)(api.lax.pmean(2.0 * xb.T @ (xb @ w - yb) / xb.shape[0], "i")),
+    lambda w, xb, yb: w - 0.1 * api.lax.pmean(2.0 * xb.T @ (xb @ w - yb) / xb.shape[0], "i"),
     mesh=mesh_of(api, "8"), in_specs=(api.P(), api.P("i"), api.P("i")), out_specs=api.P()), (WDP, XDP, YDP)))
 add(ShardMapCase("program-pipeline-shift", PR, lambda api: api.shard_map(
     lambda b: api.lax.ppermute(api.numpy.tanh(b), "stage", [(j, j + 1) for j in range(3)]),

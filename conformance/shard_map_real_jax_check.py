@@ -19,14 +19,14 @@ import warnings
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from conformance.shard_map_cases import CASES, areas  # noqa: E402
-from conformance.shard_map_harness import call, jax_api  # noqa: E402
+from conformance.shard_map_cases import CASES, areas
+from conformance.shard_map_harness import call, jax_api
 
 
 def describe(result) -> str:

@@ -23,7 +23,7 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmdsim",
 def load_diabetes():
     table = np.loadtxt(DATA, delimiter=",", skiprows=1)
     x, y = table[:, :-1], table[:, -1]
-    standardize = lambda a: (a - a.mean(axis=0)) / a.std(axis=0)  # noqa: E731
+    standardize = lambda a: (a - a.mean(axis=0)) / a.std(axis=0)
     return standardize(x).astype(np.float32), standardize(y).astype(np.float32)
 
 

@@ -15,11 +15,10 @@ arrays can be passed in.
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _common import finish, request_cpu_devices
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-
-from _common import finish, request_cpu_devices
 
 request_cpu_devices(8)
 

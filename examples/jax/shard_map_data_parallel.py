@@ -20,11 +20,10 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _common import finish, request_cpu_devices
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
-from _common import finish, request_cpu_devices
 
 request_cpu_devices(8)
 
@@ -34,7 +33,7 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "spm
 def load_diabetes():
     table = np.loadtxt(DATA, delimiter=",", skiprows=1)
     x, y = table[:, :-1], table[:, -1]
-    standardize = lambda a: (a - a.mean(axis=0)) / a.std(axis=0)  # noqa: E731
+    standardize = lambda a: (a - a.mean(axis=0)) / a.std(axis=0)
     return standardize(x).astype(np.float32), standardize(y).astype(np.float32)
 
 

@@ -16,11 +16,10 @@ The sharded training steps are checked against the same steps on one device (pla
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _common import finish, request_cpu_devices
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
-from _common import finish, request_cpu_devices
 
 request_cpu_devices(8)
 
@@ -67,7 +66,7 @@ def main(steps: int = 20, batch: int = 32, d_in: int = 8, hidden: int = 16, d_ou
     mesh = jax.make_mesh((4, 2), ("data", "model"))          # Explicit axes
     x, t, params = make_problem(batch, d_in, hidden, d_out)
 
-    place = lambda tree, specs: jax.tree_util.tree_map(  # noqa: E731
+    place = lambda tree, specs: jax.tree_util.tree_map(
         lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), tree, specs)
     sharded = place(params, SPECS)
     xs, ts = place((x, t), (P("data"), P("data")))
