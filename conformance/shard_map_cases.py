@@ -1321,6 +1321,7 @@ def ragged_reference(*args):
 
 def ragged_case(cid, operand, output, io, ss, oo, rs, note=""):
     args = tuple(np.asarray(a) for a in (operand, output, io, ss, oo, rs))
+    args = tuple(a.astype(np.int32) if a.dtype == np.int64 else a for a in args)  # JAX's dtypes (x64 off)
     n = args[0].shape[0]
     add(ShardMapCase(cid, U, lambda api, n=n: api.shard_map(
         lambda *a: api.lax.ragged_all_to_all(*[v[0] for v in a], axis_name="x")[None],

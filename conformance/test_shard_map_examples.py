@@ -1,8 +1,6 @@
-"""The shard_map examples under examples/jax/ on real JAX (8 CPU devices): each reaches its documented result.
-
-(Their NumPy-front-end twins under examples/ need spmdsim.shard_map, issue 12; once it exists they should be
-compared with these, as test_examples_and_bits.py does for the pmap examples.)
-"""
+"""The shard_map examples: each JAX program (examples/jax/) reaches its documented result on real JAX (8 CPU
+devices) and gives the same numbers run unmodified by spmdsim (`spmdsim run`'s patching); each NumPy twin
+(examples/) gives the JAX program's numbers too."""
 import os
 import runpy
 import sys
@@ -14,12 +12,44 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "jax")
 
 
-def run_example(name: str) -> dict:
-    sys.path.insert(0, EXAMPLES)
+def run_example(name: str, folder: str = EXAMPLES) -> dict:
+    sys.path.insert(0, folder)
     try:
-        return runpy.run_path(os.path.join(EXAMPLES, f"{name}.py"))["main"]()
+        return runpy.run_path(os.path.join(folder, f"{name}.py"))["main"]()
     finally:
-        sys.path.remove(EXAMPLES)
+        sys.path.remove(folder)
+
+
+NAMES = ["shard_map_data_parallel", "shard_map_megatron_mlp", "shard_map_collective_matmul"]
+
+
+def _numbers(result: dict) -> dict:
+    return {k: np.asarray(v) for k, v in result.items() if np.asarray(v).dtype.kind in "fiu"}
+
+
+@pytest.mark.area("examples-and-bits")
+@pytest.mark.parametrize("name", NAMES)
+def test_shard_map_example_under_spmdsim_equals_real_jax(name):
+    from spmdsim.jax._patch import patched_jax
+    from spmdsim.testing import assert_trees_match
+
+    real = _numbers(run_example(name))
+    with patched_jax(8):
+        simulated = _numbers(run_example(name))
+    assert_trees_match(simulated, real, out_axis=None, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.area("examples-and-bits")
+@pytest.mark.parametrize("name", NAMES)
+def test_numpy_twin_equals_the_jax_example(name):
+    from spmdsim.testing import assert_trees_match
+
+    real = _numbers(run_example(name))
+    twin = _numbers(run_example(name, os.path.join(ROOT, "examples")))
+    shared = sorted(set(real) & set(twin))
+    assert shared, (sorted(real), sorted(twin))
+    assert_trees_match({k: twin[k] for k in shared}, {k: real[k] for k in shared}, out_axis=None, rtol=1e-4,
+                       atol=1e-4)
 
 
 @pytest.mark.area("examples-and-bits")

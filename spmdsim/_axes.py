@@ -16,6 +16,8 @@ import difflib
 import math
 from typing import Hashable, Sequence
 
+from spmdsim.errors import UnboundAxisError
+
 __all__ = ["Frame", "Unnamed", "Channel", "frames_label", "resolve_axes", "axis_ids", "membership"]
 
 
@@ -105,7 +107,7 @@ def resolve_axes(frames: Sequence[Frame], axis_names: tuple, api: str) -> list[F
                 out.append(frame)
                 break
         else:
-            raise NameError(_unbound_message(name, frames, api))
+            raise UnboundAxisError(_unbound_message(name, frames, api))
     return out
 
 

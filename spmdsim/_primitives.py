@@ -39,6 +39,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from spmdsim import _runtime
+from spmdsim._axes import resolve_axes
 from spmdsim._reduction import fold
 from spmdsim._reports import Signature
 
@@ -337,8 +338,9 @@ def _ragged_check(avals, n, groups, **_params) -> dict:
     if next(iter(lengths))[0] % n:
         raise ValueError(f"ragged_all_to_all: the offset and size arrays have length {next(iter(lengths))[0]}, which "
                          f"is not divisible by the axis size {n}.")
-    if any(np.dtype(d).kind not in "iu" for _, d in index_avals):
-        raise TypeError("ragged_all_to_all: offsets and sizes must be integer arrays.")
+    for what, (_, d) in zip(("input_offsets", "send_sizes", "output_offsets", "recv_sizes"), index_avals):
+        if np.dtype(d).kind not in "iu":
+            raise ValueError(f"ragged_all_to_all {what} must be integer type.")
     return {}
 
 
@@ -483,6 +485,19 @@ def _reduce_positional(name: str, x: np.ndarray, positional: tuple, lead: int = 
 
 # -- bind -------------------------------------------------------------------------------------------------
 
+# Point-to-point collectives rank the devices of a tuple of axes in mesh order (outer axes major), whatever
+# order the names are given in (XLA's lowering sorts the group by device); the others in the order given.
+_MESH_ORDER = {"ppermute", "psend"}
+
+
+def _in_mesh_order(named: tuple, batch, api: str) -> tuple:
+    if batch is not None:
+        return tuple(sorted(named, key=lambda n: batch.position(n, api)))
+    lane = _runtime.current_lane()
+    frames = list(lane.frames) if lane is not None else []
+    resolved = resolve_axes(frames, named, api)
+    return tuple(f.name for f in sorted(resolved, key=frames.index))
+
 class _Prepared:
     """What one call signature fixes, worked out once: the signature's parameters and the combine step."""
 
@@ -539,6 +554,8 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
         operands = [_reduce_positional(name, x, positional, lead) for x in operands]
     if not named:
         return list(operands)
+    if name in _MESH_ORDER and len(named) > 1:
+        named = _in_mesh_order(named, batch, api or name)
     if batch is not None:
         return batch.collective(prim, named, operands, params, api or name, site, epilogue)
     lane = _runtime.current_lane()
@@ -646,7 +663,7 @@ class Batch:
         for k in range(len(self.names) - 1, -1, -1):
             if self.names[k] == name:
                 return k
-        from spmdsim._axes import Frame, resolve_axes
+        from spmdsim._axes import Frame
         resolve_axes([Frame(n, s, 0, (), True) for n, s in self.axes], (name,), api)  # raises NameError
         raise AssertionError("unreachable")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Callable, Hashable, Sequence
 
 import numpy as np
@@ -127,6 +128,9 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[Hashable], *, dev
 
 def _dims(spec, ndim: int, mesh_names: Sequence, what: str) -> tuple:
     """``spec`` as one tuple of mesh axis names per dimension of a rank-``ndim`` array, checked."""
+    if spec is None:
+        raise ValueError(f"shard_map: pytree structure error: {what} is None where the value has an array; give "
+                         f"a PartitionSpec (P() for replicated).")
     if not isinstance(spec, PartitionSpec):
         raise TypeError(f"shard_map: {what} must be a PartitionSpec (P(...)), got {spec!r}.")
     if len(spec) > ndim:
@@ -196,12 +200,24 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
     >>> f(np.arange(8.0))
     array([12., 16.])
     """
+    if not isinstance(axis_names, (set, frozenset)):
+        raise TypeError(f"`axis_names` argument of shard_map should be of type `frozenset` or `set`. Got type: "
+                        f"{type(axis_names)}")
+    if mesh is not None and _context.mesh is not None:
+        raise ValueError(f"shard_map: a shard_map inside another must use the context mesh (mesh=None, with "
+                         f"axis_names for the axes it maps over), got {mesh!r} inside {_context.mesh!r} (as JAX).")
+    if mesh is None:
+        mesh = _context.mesh
+        if mesh is None:
+            raise ValueError("shard_map: mesh=None means the context mesh (the enclosing shard_map's), but there "
+                             "is none here. Pass mesh=spmdsim.make_mesh(...).")
     if not isinstance(mesh, Mesh):
         raise TypeError(f"shard_map: mesh must be a spmdsim.Mesh (spmdsim.make_mesh(...)), got {type(mesh).__name__}.")
-    manual = tuple(n for n in mesh.axis_names if not axis_names or n in axis_names)
     unknown = set(axis_names) - set(mesh.axis_names)
     if unknown:
         raise ValueError(f"shard_map: axis_names {sorted(map(str, unknown))} are not mesh axes {mesh.axis_names!r}.")
+    enclosing = _manual_axes()
+    manual = tuple(n for n in mesh.axis_names if (not axis_names or n in axis_names) and n not in enclosing)
     axes = tuple((n, mesh.shape[n]) for n in manual)
 
     @functools.wraps(f)
@@ -212,6 +228,9 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
         leaves, treedef = _tree.flatten(args)
         stacked = []
         for k, (leaf, spec) in enumerate(zip(leaves, in_spec_leaves, strict=True)):
+            if spec is None:  # JAX: a None in_spec makes the argument static, passed to every device as it is
+                stacked.append(_Static(leaf))
+                continue
             arr = as_array(leaf, f"argument leaf {k}", "shard_map")
             dims = _dims(spec, arr.ndim, manual, f"in_specs for argument leaf {k}")
             _check_divisible(arr.shape, dims, axes, f"argument leaf {k}", spec)
@@ -220,12 +239,40 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
             stacked.append(blocks)
 
         def body(i: int):
-            return f(*_tree.unflatten(treedef, [b[i] for b in stacked]))
+            previous, _context.mesh = _context.mesh, mesh
+            try:
+                return f(*_tree.unflatten(treedef, [b.value if type(b) is _Static else b[i] for b in stacked]))
+            finally:
+                _context.mesh = previous
 
         outputs = _runtime.run_mapped(body, axes, is_device=True)
         return _assemble(outputs, out_specs, axes, manual, check_vma)
 
     return mapped
+
+
+class _Static:
+    """An argument whose in_spec is None: every device gets it as it is."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class _Context(threading.local):
+    """The mesh of the shard_map a device thread runs in (``mesh=None`` in a nested shard_map means it)."""
+
+    mesh: Mesh | None = None
+
+
+_context = _Context()
+
+
+def _manual_axes() -> set:
+    """The mesh axes the enclosing maps already made manual (a nested shard_map maps over the others)."""
+    lane = _runtime.current_lane()
+    return {f.name for f in lane.frames} if lane is not None else set()
 
 
 def _assemble(outputs: list, out_specs, axes, manual, check_vma: bool):

@@ -7,7 +7,7 @@ does not report as an error at all: it hangs, or silently computes garbage.
 from __future__ import annotations
 
 __all__ = ["SpmdSimError", "CollectiveError", "CollectiveMismatchError", "CollectiveDeadlockError",
-           "ReplicationError"]
+           "ReplicationError", "UnboundAxisError"]
 
 
 class SpmdSimError(Exception):
@@ -35,3 +35,10 @@ class CollectiveDeadlockError(CollectiveError):
 class ReplicationError(SpmdSimError, ValueError):
     """An ``out_axes=None`` output differs between devices, found by ``pmap(..., check_replicated=True)``.
     JAX 0.10 does not check this and silently returns device 0's value."""
+
+
+class UnboundAxisError(NameError, AssertionError):
+    """An axis name that no enclosing map binds. A NameError, as JAX raises for pmap and for most collectives
+    under shard_map; also an AssertionError, the class JAX 0.10's shard_map raises (``check_vma=True``) for
+    psum, pmean, pmax, pmin, ppermute and pcast over such a name, so one ``except`` clause written for JAX
+    catches it either way."""

@@ -22,7 +22,7 @@ from spmdsim._primitives import AxisError, bind, split_axis_names
 from spmdsim._values import as_array, is_python_scalar
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pshuffle",
-           "pswapaxes", "axis_index", "axis_size", "pbroadcast", "ragged_all_to_all", "psend", "precv"]
+           "pswapaxes", "axis_index", "axis_size", "pbroadcast", "ragged_all_to_all", "psend", "precv", "pcast"]
 
 
 def _axes_tuple(axis_name) -> tuple:
@@ -180,6 +180,10 @@ def pmean(x, axis_name, *, axis_index_groups=None):
 
 # -- gathers and scatters -------------------------------------------------------------------------------
 
+_ALL_GATHER_TO = {"varying", "invarying", "reduced"}
+_PCAST_TO = {"varying", "reduced", "unreduced"}
+
+
 def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="varying"):
     """Gather every device's block; mirrors ``jax.lax.all_gather``.
 
@@ -210,6 +214,9 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
            [0, 1, 2],
            [0, 1, 2]])
     """
+    if to not in _ALL_GATHER_TO:
+        raise ValueError(f"Got unexpected `to` value for `all_gather`: {to!r}. Allowed `to` values are: "
+                         f"{sorted(_ALL_GATHER_TO)}.")
     leaves, treedef = _tree.flatten(x)
     arrays = _arrays(leaves, "all_gather")
     names = _axes_tuple(axis_name)
@@ -471,6 +478,24 @@ def precv(token, out_shape, axis_name, perm):
       ValueError: no ``psend`` with this ``perm`` came before, or it sent another shape or dtype.
     """
     return _primitives.precv(tuple(out_shape.shape), out_shape.dtype, _axes_tuple(axis_name), _pairs(perm))
+
+
+def pcast(x, axis_name, *, to):
+    """Change the varying-manual-axes type of ``x``; mirrors ``jax.lax.pcast`` (JAX 0.10's replacement of
+    ``pvary``). Values are unchanged: the NumPy front end tracks no types (an output's replication is checked
+    by value, see :func:`spmdsim.shard_map`), so this checks its arguments and returns ``x``.
+
+    Raises:
+      NameError: an axis name no enclosing map binds.
+      ValueError: ``to`` is not one of ``'varying'``, ``'reduced'``, ``'unreduced'``.
+      TypeError: ``axis_name`` is neither a name nor a tuple.
+    """
+    if to not in _PCAST_TO:
+        raise ValueError(f"pcast: got unexpected `to` value {to!r}; allowed: {sorted(_PCAST_TO)}.")
+    if isinstance(axis_name, (set, frozenset, list, dict)):
+        raise TypeError(f"pcast: axis_name={axis_name!r} must be a tuple or a str.")
+    _runtime.channel(_runtime.current_lane(), split_axis_names(axis_name)[0], "pcast")
+    return x
 
 
 # -- axis queries ---------------------------------------------------------------------------------------

@@ -35,15 +35,24 @@ _INFER = inspect.signature(jax.shard_map).parameters["in_specs"].default  # JAX'
 
 
 def _spec_dims(spec, ndim: int) -> tuple:
-    """A ``PartitionSpec`` as one tuple of mesh axis names per dimension (``()``: not split)."""
+    """A ``PartitionSpec`` as one tuple of mesh axis names per dimension (``()``: not split). ValueError for a
+    mesh axis named twice (JAX's ``DuplicateSpecError``, raised only when XLA runs the program)."""
     parts = tuple(spec) + (None,) * (ndim - len(tuple(spec)))
-    return tuple(() if p is None else tuple(p) if isinstance(p, tuple) else (p,) for p in parts)
+    dims = tuple(() if p is None else tuple(p) if isinstance(p, tuple) else (p,) for p in parts)
+    names = [n for d in dims for n in d]
+    if len(set(names)) != len(names):
+        raise ValueError(f"A single NamedSharding spec specification can map every mesh axis to at most one "
+                         f"positional dimension, but {spec} has duplicate entries.")
+    return dims
 
 
 def shard_map_params(params: dict, executor: str) -> dict:
     """A ``shard_map`` equation's parameters as ``spmdsim_map``'s: the newly manual mesh axes (in mesh order),
     the body, the specs per dimension (a block has its global value's rank)."""
     mesh = params["mesh"]
+    if len(set(mesh.axis_names)) != len(mesh.axis_names):
+        raise ValueError(f"The mesh {mesh} has duplicate axis names {mesh.axis_names}: a mesh axis can map at most "
+                         f"one positional dimension, once (JAX raises DuplicateSpecError when it runs the program).")
     manual = params.get("newly_manual_axes", frozenset(mesh.axis_names))
     axes = tuple((name, size) for name, size in mesh.shape.items() if name in manual)
     body = params["jaxpr"]
@@ -120,16 +129,65 @@ def _run_traced(closed, flat_args, executor: str) -> list:
                           executor=PER_DEVICE)
     finally:
         _executor.name = previous
-    return [_place(to_jax(o, a), a) for o, a in zip(outs, closed.out_avals, strict=True)]
+    shardings = _out_shardings(closed.jaxpr)
+    return [to_jax(o, a) if s is None else jax.device_put(to_jax(o, a), s)
+            for o, a, s in zip(outs, closed.out_avals, shardings, strict=True)]
 
 
-def _place(x, aval):
-    """``x`` on the devices and with the sharding its aval names, when that is a concrete mesh's."""
-    sharding = getattr(aval, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if not isinstance(mesh, jax.sharding.Mesh) or not getattr(sharding, "spec", None):
-        return x  # no sharding, or only an abstract mesh's: the value stays on the default device
-    return jax.device_put(x, sharding)
+def _out_shardings(jaxpr) -> list:
+    """Where each output of a program lives, as JAX would place it: a shard_map's output on its mesh by its
+    out_spec (also through a jit), a value whose type names an (Explicit) sharding on the concrete mesh of
+    that name; None (JAX's default device) otherwise."""
+    meshes: list = []
+    produced = _shard_map_outputs(jaxpr, meshes)
+    out = []
+    for v in jaxpr.outvars:
+        if v in produced:
+            out.append(produced[v])
+            continue
+        sharding = getattr(v.aval, "sharding", None)
+        spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+        concrete = next((m for m in meshes if mesh is not None and tuple(m.axis_names) == tuple(mesh.axis_names)
+                         and tuple(m.axis_sizes) == tuple(mesh.axis_sizes)), None)
+        out.append(jax.sharding.NamedSharding(concrete, spec) if concrete is not None and spec is not None
+                   and any(p is not None for p in spec) else None)
+    return out
+
+
+def _partition_spec(dims: tuple) -> jax.sharding.PartitionSpec:
+    """Per-dimension tuples of axis names as a PartitionSpec (trailing unsplit dimensions dropped)."""
+    parts = [None if not names else names[0] if len(names) == 1 else names for names in dims]
+    while parts and parts[-1] is None:
+        parts.pop()
+    return jax.sharding.PartitionSpec(*parts)
+
+
+def _shard_map_outputs(jaxpr, meshes: list) -> dict:
+    """Variables of ``jaxpr`` produced by a shard_map (directly, or as outputs of a jit around one), with their
+    shardings; ``meshes`` collects the concrete meshes met."""
+    found: dict = {}
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("shard_map", "spmdsim_map") and isinstance(eqn.params.get("mesh"),
+                                                                            jax.sharding.Mesh):
+            mesh = eqn.params["mesh"]
+            meshes.append(mesh)
+            for v, spec in zip(eqn.outvars, eqn.params["out_specs"], strict=True):
+                found[v] = jax.sharding.NamedSharding(mesh, spec if eqn.primitive.name == "shard_map"
+                                                      else _partition_spec(spec))
+        elif eqn.primitive.name in ("pjit", "jit", "closed_call"):
+            inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            inner = getattr(inner, "jaxpr", inner)
+            inner_found = _shard_map_outputs(inner, meshes)
+            for v, inner_v in zip(eqn.outvars, inner.outvars, strict=True):
+                if inner_v in inner_found:
+                    found[v] = inner_found[inner_v]
+    return found
+
+
+def _inside_a_map_trace() -> bool:
+    """Whether JAX is tracing the body of a map now (its mesh has manual axes)."""
+    from jax._src import mesh as mesh_lib
+    return bool(mesh_lib.get_abstract_mesh().manual_axes)
 
 
 def simulated(fun, executor: str = "threads"):
@@ -140,6 +198,8 @@ def simulated(fun, executor: str = "threads"):
 
     @functools.wraps(fun)
     def run(*args, **kwargs):
+        if _inside_a_map_trace():  # a shard_map nested in a body JAX is tracing: JAX's own, run by spmdsim later
+            return fun(*args, **kwargs)
         flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
         key = (in_tree, tuple(core.typeof(x) for x in flat))
         with lock:
