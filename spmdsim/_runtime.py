@@ -11,7 +11,6 @@ Collectives reach the other lanes through :func:`channel` and the world's rendez
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import itertools
 import math
@@ -35,7 +34,7 @@ _local = threading.local()
 _call_ids = itertools.count()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_FILES = (_PACKAGE_DIR + os.sep, threading.__file__)
-INTERRUPT_GRACE_SECONDS = 1.0
+INTERRUPT_GRACE_SECONDS = 0.5
 _FILTER_TRACEBACKS = os.environ.get("SPMDSIM_TRACEBACK_FILTERING", "on") != "off"
 
 
@@ -105,6 +104,8 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
         _local.lane = lane
         start, outcome = time.perf_counter(), "returned"
         try:
+            if isinstance(world.failure, KeyboardInterrupt):  # Ctrl-C before this device started
+                raise Aborted
             results[i] = body(i)
         except Aborted:
             outcome = "stopped"
@@ -184,27 +185,28 @@ def _filtered(tb: types.TracebackType | None) -> types.TracebackType | None:
 
 
 def _interrupted(error: KeyboardInterrupt, world: World, lanes: list[Lane], threads: _threads.Threads) -> None:
-    """Ctrl-C while the devices run: note where every device was, stop them (waiting devices at once, running
-    ones at their next collective or by an exception injected into their thread), and give up on those still
-    busy after a grace period (they end when their current computation returns, never running user code for
-    a later call)."""
+    """Ctrl-C while the devices run: note where every device was and stop them within
+    INTERRUPT_GRACE_SECONDS. Waiting devices unwind at once (the world fails); a device still running after
+    a tenth of the grace gets an :class:`Aborted` raised in its thread (at its next Python instruction, or
+    when the C call it is in returns); devices still busy at the end of the grace are given up on (they stop
+    when that C call returns, never running user code again). A second Ctrl-C skips the grace."""
     table = world.device_table()
     world.fail(error)
-    if not threads.wait(INTERRUPT_GRACE_SECONDS / 2):
-        for lane in world.lanes:
-            if lane.state not in (DONE, RAISED, ABORTED) and lane.thread is not None:
-                _raise_in_thread(lane.thread, Aborted)
-        threads.wait(INTERRUPT_GRACE_SECONDS / 2)
+    try:
+        if not threads.wait(INTERRUPT_GRACE_SECONDS / 10):
+            with world.lock:  # a lane's state changes under this lock: a finished lane is never interrupted
+                for lane in world.lanes:
+                    if lane.state not in (DONE, RAISED, ABORTED) and lane.thread is not None:
+                        _threads.interrupt(lane.thread, Aborted)
+            threads.wait(INTERRUPT_GRACE_SECONDS * 9 / 10)
+    except KeyboardInterrupt:
+        pass
     stuck = threads.running()
     threads.abandon(stuck)
     error.add_note(f"spmdsim: interrupted; where every device was:\n{table}")
     if stuck:
         error.add_note(f"spmdsim: {', '.join(lanes[i].label for i in stuck)} did not stop within "
                        f"{INTERRUPT_GRACE_SECONDS:g} s (busy outside Python, e.g. in time.sleep or a long NumPy "
-                       f"call) and were abandoned: they stop when that returns and never run user code again.")
-
-
-def _raise_in_thread(thread: threading.Thread, exc_type: type) -> None:
-    """Raise ``exc_type`` in ``thread`` at its next Python instruction (CPython's async exception)."""
-    if thread.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))
+                       f"call) and {'was' if len(stuck) == 1 else 'were'} abandoned: "
+                       f"{'it stops' if len(stuck) == 1 else 'they stop'} when that call returns, and never run "
+                       f"user code again.")
