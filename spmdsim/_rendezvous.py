@@ -32,7 +32,9 @@ __all__ = ["Lane", "World", "Rendezvous", "Aborted", "CallCount", "observers", "
            "DONE", "RAISED", "ABORTED"]
 
 # Objects with ``record(rendezvous, released_at)``, called once per completed collective, and
-# ``lane(label, start, end, outcome)``, once per device call (see spmdsim._trace).
+# ``lane(label, start, end, outcome)``, once per device call (see spmdsim._trace), and ``thread``: the ident of
+# the thread whose top-level mapped calls they observe (nested calls included), or None for every thread. A
+# world takes its observers when it starts, so each sees whole calls only.
 observers: list = []
 # Callables ``hook(rendezvous)`` run by the last arriver after the rule, before anyone is released (the
 # stepping debugger pauses every device of the group there; see spmdsim.debug).
@@ -117,14 +119,17 @@ class Rendezvous:
         self.arrived = 0
         self.results = None
         self.error: BaseException | None = None
-        self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled while observed
+        self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled when observed
         self.successor: dict = {}  # the wake-up baton: lane -> the next waiting lane to wake
 
 
 class World:
-    """Every lane of one top-level mapped call, and the open rendezvous, behind one lock."""
+    """Every lane of one top-level mapped call, and the open rendezvous, behind one lock. ``observers``: those
+    of :data:`observers` that watch the calling thread."""
 
     def __init__(self):
+        me = threading.get_ident()
+        self.observers = [o for o in observers if getattr(o, "thread", None) in (None, me)]
         self.lock = threading.Lock()
         self.lanes: list[Lane] = []
         self.finished: list[Lane] = []
@@ -252,7 +257,7 @@ class World:
                 raise Aborted
             rv.blocks[rank], rv.lanes[rank], rv.sites[rank], rv.apis[rank] = leaves, lane, site, api
             rv.arrived += 1
-            if observers:
+            if self.observers:
                 rv.arrivals[rank] = time.perf_counter()
             last = rv.arrived == size
             if not last:
@@ -287,12 +292,12 @@ class World:
             rv.error = e
             raise
         finally:
-            released = time.perf_counter() if observers else 0.0
+            released = time.perf_counter() if self.observers else 0.0
             waiting = [other for other in rv.lanes if other is not lane]
             rv.successor = dict(zip(waiting, waiting[1:]))
             if waiting:
                 waiting[0].wake.release()
-        for observer in observers:
+        for observer in self.observers:
             observer.record(rv, released)
         return rv.results[rank]
 

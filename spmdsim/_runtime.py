@@ -119,7 +119,7 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
             world.finish(lane, DONE)
         finally:
             _local.lane = None  # a reused thread must not keep this call's lane (and its world) alive
-        for observer in observers:
+        for observer in world.observers:
             observer.lane(lane.label, start, time.perf_counter(), outcome)
 
     stream = _output.begin(current_lane) if parent is None else None
