@@ -19,13 +19,15 @@ lanes still computing unwind at their next collective or when they finish.
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Callable
 
 from spmdsim import _output
 from spmdsim._axes import Channel, Frame, axis_ids, frames_label, membership
-from spmdsim._reports import Signature, describe, format_table, shown_avals
+from spmdsim._reports import (TABLE_HEADER, Signature, deadlock_text, describe, format_table, mismatch_text,
+                              shown_avals)
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
 __all__ = ["Lane", "World", "Rendezvous", "Aborted", "CallCount", "observers", "pause_hooks", "RUNNING", "WAITING", "JOINING",
@@ -40,6 +42,7 @@ observers: list = []
 # stepping debugger pauses every device of the group there; see spmdsim.debug).
 pause_hooks: list = []
 
+HISTORY = 32  # collectives a lane remembers, to tell a mismatch from a deadlock (see World._missing)
 RUNNING, WAITING, JOINING, DONE, RAISED, ABORTED = "running", "waiting", "joining", "done", "raised", "aborted"
 _STATE_TEXT = {RUNNING: "running", JOINING: "in nested call", DONE: "returned", ABORTED: "stopped"}
 
@@ -64,7 +67,7 @@ class Lane:
     blocks on it until the last arriver (or a failure of the world) releases it."""
 
     __slots__ = ("world", "frames", "call", "state", "where", "waiting", "steps", "channels", "nested_calls",
-                 "wake", "label", "thread")
+                 "wake", "label", "thread", "calls", "history")
 
     def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount):
         self.world, self.frames, self.call = world, frames, call
@@ -76,6 +79,8 @@ class Lane:
         self.wake.acquire()
         self.label = frames_label(frames)
         self.thread: threading.Thread | None = None
+        self.calls = 0        # collectives called so far, over every communicator
+        self.history = None   # the last HISTORY of them: (index, communicator, step, signature, site, api)
 
     def channel(self, frames: list[Frame]) -> Channel:
         """A new channel of this lane over ``frames`` (already resolved from axis names)."""
@@ -107,8 +112,8 @@ class Rendezvous:
     """One collective step of one communicator: the blocks, lanes, sites and public API names by rank (the
     rank within the communicator), then the results."""
 
-    __slots__ = ("key", "seq", "signature", "size", "blocks", "lanes", "sites", "apis", "arrived", "results",
-                 "error", "arrivals", "successor")
+    __slots__ = ("key", "key_comm", "seq", "signature", "size", "blocks", "lanes", "sites", "apis", "arrived",
+                 "results", "error", "arrivals", "successor")
 
     def __init__(self, key, seq: int, signature: Signature, size: int):
         self.key, self.seq, self.signature, self.size = key, seq, signature, size
@@ -167,7 +172,7 @@ class World:
             if self.failure is None and state == DONE:
                 for rv in list(self.open.values()):
                     if membership(lane.frames, rv.key[0]) == rv.key:
-                        self._fail_locked(self._deadlock(rv, f"{lane.label} returned without reaching it"))
+                        self._fail_locked(self._missing(rv, lane, f"{lane.label} returned without reaching it"))
                         return
                 self._check_stuck_locked()
 
@@ -194,15 +199,27 @@ class World:
 
     def device_table(self) -> str:
         """Every device's state as a table: where it is, the collective, axis, step and source line."""
-        header = ("device", "state", "collective", "axis", "step", "source line")
-        return format_table([header, *(lane.status_row() for lane in self.lanes)])
+        return format_table([TABLE_HEADER, *(lane.status_row() for lane in self.lanes)])
 
     def _deadlock(self, rv: Rendezvous, reason: str) -> CollectiveDeadlockError:
         return CollectiveDeadlockError(
-            f"{describe(rv.signature, _first(rv.apis))} (step {rv.seq}) can never complete: {reason}. On real "
-            f"hardware this program hangs.\n\n{self.device_table()}\n\nFix: make every device of the group call "
-            f"the same collectives in the same order (no collective inside a branch or loop that only some "
-            f"devices take).", self.state_table())
+            deadlock_text(f"{describe(rv.signature, _first(rv.apis))} (step {rv.seq})", reason, self.device_table()),
+            self.state_table())
+
+    def _missing(self, rv: Rendezvous, lane: Lane, reason: str) -> BaseException:
+        """``lane`` finished without reaching ``rv``: a mismatch when, at the position in its sequence of
+        collectives where a lane waiting in ``rv`` called it, ``lane`` called a collective of another
+        communicator (``psum`` over 'j' where the others of its 'i' group call ``psum`` over 'i'); otherwise a
+        deadlock."""
+        waiter = next(w for w in rv.lanes if w is not None)
+        index = next((k for k, comm, step, *_ in waiter.history if comm == rv.key_comm and step == rv.seq), None)
+        other = next((call for k, comm, _step, *call in lane.history or () if k == index and comm != rv.key_comm),
+                     None)
+        if other is None:
+            return self._deadlock(rv, reason)
+        return self._mismatch(rv, [(lane, *other)], f"at step {rv.seq} of {rv.signature.op} over "
+                                                    f"{', '.join(map(repr, rv.signature.names))} (the "
+                                                    f"{_ordinal(index + 1)} collective of each device)")
 
     def _check_stuck_locked(self) -> None:
         """No lane can make progress: every unfinished lane waits in a rendezvous that lacks someone. A
@@ -221,14 +238,10 @@ class World:
 
     def _mismatch(self, rv: Rendezvous, others: list, where: str) -> CollectiveMismatchError:
         """``others``: (lane, signature, site, api) of the lanes whose call differs from ``rv``'s."""
-        lines = [f"  {lane.label}: {describe(rv.signature, api)} at {site}"
+        lines = [f"{lane.label}: {describe(rv.signature, api)} at {site}"
                  for lane, site, api in zip(rv.lanes, rv.sites, rv.apis, strict=True) if lane is not None]
-        lines += [f"  {lane.label}: {describe(signature, api)} at {site}" for lane, signature, site, api in others]
-        return CollectiveMismatchError(
-            f"devices called different collectives {where}:\n" + "\n".join(lines)
-            + f"\nOn real hardware this hangs or exchanges garbage.\n\n{self.device_table()}\n\nFix: every device "
-            "of the group must make the same collective call (op, axis names, parameters, shapes, dtypes) in the "
-            "same order.", self.state_table())
+        lines += [f"{lane.label}: {describe(signature, api)} at {site}" for lane, signature, site, api in others]
+        return CollectiveMismatchError(mismatch_text(where, lines, self.device_table()), self.state_table())
 
     # -- the rendezvous ----------------------------------------------------------------------------------
 
@@ -251,11 +264,16 @@ class World:
             created = rv is None
             if created:
                 rv = self.open[at] = Rendezvous(chan.key, seq, signature, size)
+                rv.key_comm = chan.comm
             elif rv.signature != signature or rv.lanes[rank] is not None:
                 self._fail_locked(self._mismatch(rv, [(lane, signature, site, api)],
                                                  f"at step {rv.seq} of the same communicator"))
                 raise Aborted
             rv.blocks[rank], rv.lanes[rank], rv.sites[rank], rv.apis[rank] = leaves, lane, site, api
+            if lane.history is None:
+                lane.history = collections.deque(maxlen=HISTORY)
+            lane.history.append((lane.calls, chan.comm, seq, signature, site, api))
+            lane.calls += 1
             rv.arrived += 1
             if self.observers:
                 rv.arrivals[rank] = time.perf_counter()
@@ -267,7 +285,7 @@ class World:
                     key = chan.key
                     done = next((d for d in self.finished if membership(d.frames, key[0]) == key), None)
                     if done is not None:
-                        self._fail_locked(self._deadlock(rv, f"{done.label} {done.state} without reaching it"))
+                        self._fail_locked(self._missing(rv, done, f"{done.label} {done.state} without reaching it"))
                 if self.running == 0:
                     self._check_stuck_locked()
             else:  # the others become runnable now; they get their results after the rule has run
@@ -305,6 +323,10 @@ class World:
 def _call_of(rv: Rendezvous, rank: int) -> tuple:
     """(signature, site, api) of the lane of ``rank`` in ``rv``."""
     return rv.signature, rv.sites[rank], rv.apis[rank]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _first(apis: list) -> str | None:

@@ -25,7 +25,7 @@ from spmdsim import _output, _threads
 from spmdsim._axes import Channel, Frame, Unnamed, frames_label, resolve_axes
 from spmdsim._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCount, Lane, Rendezvous,  # noqa: F401
                                  World, observers, pause_hooks)
-from spmdsim._reports import describe  # noqa: F401  (re-exported for the debugger)
+from spmdsim._reports import describe, who  # noqa: F401  (describe: re-exported for the debugger)
 
 __all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "channel", "user_site",
            "frames_label", "observers", "pause_hooks"]
@@ -140,11 +140,7 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
 def _outcome(world: World, lanes: list[Lane], results: list, errors: list, parent: Lane | None) -> list:
     raised = [(lane, e) for lane, e in zip(lanes, errors, strict=True) if e is not None]
     if raised:
-        lane, first = raised[0]
-        if not hasattr(first, "device_errors"):
-            first.device_errors = {other.label: e for other, e in raised}
-            _explain(first, lane, raised[1:])
-        raise first.with_traceback(_filtered(first.__traceback__))
+        raise device_error([(lane.label, e) for lane, e in raised])
     if world.failure is not None:
         if parent is not None:
             raise Aborted
@@ -152,17 +148,27 @@ def _outcome(world: World, lanes: list[Lane], results: list, errors: list, paren
     return results
 
 
-def _explain(error: BaseException, lane: Lane, others: list) -> None:
+def device_error(raised: list[tuple[str, BaseException]]) -> BaseException:
+    """The error to raise when devices raised (``raised``: (device label, error) in device order): the first,
+    with ``device_errors`` (every device's error by label), notes naming the device and what the others raised,
+    and spmdsim's frames filtered from its traceback. Used by both executors."""
+    label, error = raised[0]
+    if not hasattr(error, "device_errors"):
+        error.device_errors = dict(raised)
+        _explain(error, label, raised[1:])
+    return error.with_traceback(_filtered(error.__traceback__))
+
+
+def _explain(error: BaseException, label: str, others: list) -> None:
     """Notes on a device error: where it was raised, which other devices raised what (identical errors in
     one line), and the fix for writing into a read-only device block."""
-    error.add_note(f"spmdsim: raised on {lane.label}.")
+    error.add_note(f"spmdsim: raised on {label}.")
     groups: dict = {}
     for other, e in others:
-        groups.setdefault((type(e).__name__, str(e)), []).append(other.label)
+        groups.setdefault((type(e).__name__, str(e)), []).append(other)
     for (kind, text), labels in groups.items():
         same = (kind, text) == (type(error).__name__, str(error))
-        who = labels[0] if len(labels) == 1 else f"{len(labels)} devices ({labels[0]} ... {labels[-1]})"
-        error.add_note(f"spmdsim: {who} also raised {'the same error' if same else f'{kind}: {text}'}.")
+        error.add_note(f"spmdsim: {who(labels)} also raised {'the same error' if same else f'{kind}: {text}'}.")
     if isinstance(error, ValueError) and "read-only" in str(error):
         error.add_note("spmdsim: a device's arguments are read-only views of the caller's arrays (JAX arrays are "
                        "immutable too). Write x = x + 1 instead of x += 1, or work on a copy: x = x.copy().")

@@ -89,7 +89,7 @@ def after_interrupt(interrupted: BaseException) -> dict:
     while any(t.ident in abandoned for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     deadline = time.monotonic() + 10
-    while spmdsim._threads.idle_thread_count() and time.monotonic() < deadline:
+    while any(t.name.startswith("spmdsim") for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return {"abandoned": len(abandoned), "reused_abandoned": bool(used & set(abandoned)),
             "abandoned_alive": [t.name for t in threading.enumerate() if t.ident in abandoned],

@@ -73,24 +73,24 @@ def test_parked_threads_end_at_interpreter_exit():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_forked_child_starts_with_no_parked_thread_and_its_calls_work():
-    f = spmdsim.pmap(lambda v: lax.psum(v, "i"), axis_name="i")
-    f(np.ones(8))
-    assert _threads.idle_thread_count() == 8
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report and leave at once, whatever happens
-        try:
-            before = _threads.idle_thread_count()
-            ok = f(np.ones(8)).tolist() == [8.0] * 8
-            os.write(write, f"{before} {ok} {_threads.idle_thread_count()}".encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        report = pipe.read()
-    os.waitpid(pid, 0)
-    assert report == "0 True 8"
-    assert _threads.idle_thread_count() == 8                    # the parent's threads are untouched
+    """In a fresh interpreter (forking a process that runs JAX's threads is unsafe)."""
+    program = (
+        "import os, numpy as np, spmdsim\n"
+        "f = spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), axis_name='i')\n"
+        "f(np.ones(8))\n"
+        "parked = spmdsim._threads.idle_thread_count()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    before = spmdsim._threads.idle_thread_count()\n"
+        "    ok = f(np.ones(8)).tolist() == [8.0] * 8\n"
+        "    print('child', before, ok, spmdsim._threads.idle_thread_count(), flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print('parent', parked, spmdsim._threads.idle_thread_count())\n")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child 0 True 8", "parent 8 8"], proc.stdout + proc.stderr
 
 
 def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls():

@@ -166,7 +166,11 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
         blocks = _sharding.split(x, ((),) + spec, axes)  # (inner, outer, *block)
         stacked.append(np.swapaxes(blocks, 0, 1).reshape(ex.n * inner, *blocks.shape[2:]))
     ids = None if outer.ids is None else (outer.ids[:, None] * inner + np.arange(inner)).ravel()
-    outs = Vectorized(_primitives.Batch(outer.axes + tuple(axes), ids)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
+    try:
+        outs = Vectorized(_primitives.Batch(outer.axes + tuple(axes), ids)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts,
+                                                                                       stacked)
+    except _primitives.Diverged as d:  # a collective over an outer axis: the outer devices, as the outer batch counts
+        raise _primitives.Diverged([(np.unique(group // inner), *call) for group, *call in d.calls]) from None
     result = []
     for o, spec in zip(outs, out_specs, strict=True):
         per_inner = np.swapaxes(o.reshape(ex.n, inner, *o.shape[1:]), 0, 1)
