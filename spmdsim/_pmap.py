@@ -37,11 +37,18 @@ def _check_axis_name(axis_name, api: str) -> None:
                         f"mean positional axes in psum, tuples mean several axes), got {axis_name!r}.")
 
 
-def _as_array(leaf, path, api: str) -> np.ndarray:
+def _as_array(leaf, path, api: str, what: str = "argument") -> np.ndarray:
+    """``leaf`` (an argument, or with ``what="output"`` a device's output) as a NumPy array; TypeError naming
+    ``path`` (formatted only then) for what is not a JAX value."""
+    if type(leaf) is np.ndarray and leaf.dtype.kind in "biufc":  # the common case, without formatting `path`
+        return leaf
     try:
-        return as_array(leaf, f"argument {path}", api)
+        return as_array(leaf, f"argument {path}" if what == "argument" else str(path), api)
     except TypeError:
-        if not isinstance(leaf, np.ndarray):
+        if not isinstance(leaf, (np.ndarray, np.generic)):
+            if what == "output":
+                raise TypeError(f"{api}: {path} of type {type(leaf).__name__} is not an array; the mapped function "
+                                f"must return arrays or numbers (in any pytree).") from None
             raise TypeError(f"{api}: argument {path} of type {type(leaf).__name__} is not an array; mapped "
                             f"function arguments must be arrays or numbers. Pass non-array values with "
                             f"static_broadcasted_argnums, or close over them.") from None
@@ -178,7 +185,7 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
     stacked = []
     for k, ax in enumerate(axes):
         path = LazyPath(outputs[0], k)
-        blocks = [_as_array(leaves[k], path, api) for leaves in per_lane]
+        blocks = [_as_array(leaves[k], path, api, "output") for leaves in per_lane]
         ref = blocks[0]
         for i, b in enumerate(blocks):
             if b.shape != ref.shape or b.dtype != ref.dtype:
