@@ -231,6 +231,8 @@ def _place(path: str, blocks, ax: int | None, api: str, lane_label: Callable[[in
                 raise cls(f"{api}: {path} has out_axes=None but is not the same everywhere: {', '.join(differ)} "
                           f"differ from {lane_label(0)}. Reduce it first (e.g. psum/pmean over the axis) or give "
                           f"it a mapped out_axes.")
+        if ref.flags.owndata and not ref.flags.writeable:
+            return ref  # a collective's result, shared by the devices and read-only (as a JAX array): no copy
         return np.array(ref)
     if not -(ref.ndim + 1) <= ax <= ref.ndim:
         raise ValueError(f"{api}: out_axes={ax} for {path} is out of bounds: per-"

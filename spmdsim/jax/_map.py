@@ -127,10 +127,16 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
         return body_ex.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, [b[i] for b in blocks])
 
     per_device = _runtime.run_mapped(body, axes, is_device=True)
-    stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))]
     if check_replicated:
+        stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))]
         _check_replicated(stacked, out_specs, axes, api)
-    return [_sharding.assemble(o, spec, axes) for o, spec in zip(stacked, out_specs, strict=True)]
+    outs = []
+    for k, spec in enumerate(out_specs):
+        if any(spec):  # split over some mesh axes: assembled from the stacked blocks
+            outs.append(_sharding.assemble(np.stack([device[k] for device in per_device]), spec, axes))
+        else:  # replicated: device 0's block (not a stack of every device's copy)
+            outs.append(per_device[0][k])
+    return outs
 
 
 def _check_replicated(stacked: list[np.ndarray], out_specs, axes, api: str) -> None:
