@@ -22,6 +22,9 @@ from spmdsim.errors import ReplicationError
 __all__ = ["pmap", "vmap"]
 
 
+_UNNAMED = {"pmap": Unnamed("pmap"), "vmap": Unnamed("vmap")}  # no user name matches these (one per API)
+
+
 def _check_axes_spec(spec, api: str, what: str, leaves: Callable = _tree.prefix_leaves) -> None:
     for leaf in leaves(spec):
         if leaf is not None and type(leaf) is not int:
@@ -291,7 +294,7 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
     n = _mapped_size(inputs, api, axis_size)
     if api == "pmap":
         check_device_count(n, devices)
-    name = axis_name if axis_name is not None else Unnamed(api)
+    name = axis_name if axis_name is not None else _UNNAMED[api]
 
     def body(i: int):
         dyn, kw = inputs.block(i)

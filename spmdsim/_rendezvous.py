@@ -69,7 +69,7 @@ class Lane:
     __slots__ = ("world", "frames", "call", "state", "where", "waiting", "steps", "channels", "nested_calls",
                  "wake", "label", "thread", "calls", "history")
 
-    def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount):
+    def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount, label: str | None = None):
         self.world, self.frames, self.call = world, frames, call
         self.state, self.where, self.waiting = RUNNING, "", None
         self.steps: dict = {}     # communicator id -> [next step number], shared by its channels
@@ -77,7 +77,7 @@ class Lane:
         self.nested_calls = 0
         self.wake = threading.Lock()
         self.wake.acquire()
-        self.label = frames_label(frames)
+        self.label = frames_label(frames) if label is None else label
         self.thread: threading.Thread | None = None
         self.calls = 0        # collectives called so far, over every communicator
         self.history = None   # the last HISTORY of them: (index, communicator, step, signature, site, api)

@@ -31,7 +31,6 @@ __all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", 
            "frames_label", "observers", "pause_hooks"]
 
 _local = threading.local()
-_call_ids = itertools.count()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_FILES = (_PACKAGE_DIR + os.sep, threading.__file__)
 INTERRUPT_GRACE_SECONDS = 0.5
@@ -84,17 +83,16 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     """
     parent = current_lane()
     if parent is None:
-        world, frames, instance = World(), (), (next(_call_ids),)
+        world = World()
+        placed = _top_level_frames(tuple(axes), is_device)
     else:
         world, frames = parent.world, parent.frames
         instance = frames[-1].instance + (parent.nested_calls,)
         parent.nested_calls += 1
-    sizes = [size for _, size in axes]
-    size = math.prod(sizes)
+        placed = _frames(frames, tuple(axes), is_device, instance)
+    size = len(placed)
     call = CallCount(parent, size)
-    lanes = [Lane(world, frames + tuple(Frame(name, n, c, instance, is_device)
-                                        for (name, n), c in zip(axes, coords, strict=True)), call)
-             for coords in itertools.product(*(range(n) for n in sizes))]
+    lanes = [Lane(world, frames, call, label) for frames, label in placed]
     results: list = [None] * size
     errors: list[BaseException | None] = [None] * size
 
@@ -135,6 +133,22 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     finally:
         _output.end(stream)
     return _outcome(world, lanes, results, errors, parent)
+
+
+def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple) -> list[tuple[tuple, str]]:
+    """Every lane's frames (``outer`` + one per mapped axis, row-major) and label."""
+    placed = []
+    for coords in itertools.product(*(range(n) for _, n in axes)):
+        frames = outer + tuple(Frame(name, n, c, instance, is_device) for (name, n), c in zip(axes, coords, strict=True))
+        placed.append((frames, frames_label(frames)))
+    return placed
+
+
+@functools.lru_cache(maxsize=64)
+def _top_level_frames(axes: tuple, is_device: bool) -> list[tuple[tuple, str]]:
+    """:func:`_frames` of a top-level call, made once per mesh: a top-level call has a world of its own, so its
+    frames need no instance that tells it from other calls."""
+    return _frames((), axes, is_device, (0,))
 
 
 def _outcome(world: World, lanes: list[Lane], results: list, errors: list, parent: Lane | None) -> list:
