@@ -25,7 +25,7 @@ import time
 from typing import Callable
 
 from spmdsim import _output
-from spmdsim._axes import Channel, Frame, axis_ids, frames_label, membership
+from spmdsim._axes import Channel, Frame, axis_ids, frames_label, membership, resolve_axes
 from spmdsim._reports import (TABLE_HEADER, Signature, deadlock_text, describe, format_table, mismatch_text,
                               shown_avals)
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
@@ -67,9 +67,10 @@ class Lane:
     blocks on it until the last arriver (or a failure of the world) releases it."""
 
     __slots__ = ("world", "frames", "call", "state", "where", "waiting", "steps", "channels", "nested_calls",
-                 "wake", "label", "thread", "calls", "history")
+                 "wake", "label", "thread", "calls", "history", "templates")
 
-    def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount, label: str | None = None):
+    def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount, label: str | None = None,
+                 templates: dict | None = None):
         self.world, self.frames, self.call = world, frames, call
         self.state, self.where, self.waiting = RUNNING, "", None
         self.steps: dict = {}     # communicator id -> [next step number], shared by its channels
@@ -79,15 +80,26 @@ class Lane:
         self.wake.acquire()
         self.label = frames_label(frames) if label is None else label
         self.thread: threading.Thread | None = None
+        self.templates = templates  # axis names -> (frames, key, communicator), shared across calls; or None
         self.calls = 0        # collectives called so far, over every communicator
         self.history = None   # the last HISTORY of them: (index, communicator, step, signature, site, api)
 
-    def channel(self, frames: list[Frame]) -> Channel:
-        """A new channel of this lane over ``frames`` (already resolved from axis names)."""
-        if not frames:
-            return Channel(frames)
-        key = membership(self.frames, axis_ids(frames))
-        comm = self.world.communicator_id(key)
+    def channel(self, axis_names: tuple, api: str) -> Channel:
+        """A new channel of this lane over ``axis_names`` (NameError for an unbound name). The lanes of a
+        top-level call resolve each tuple of names once per mesh (``templates``), and their communicators are
+        interned objects: equal keys, one object, hashed by identity, no world lock."""
+        template = None if self.templates is None else self.templates.get(axis_names)
+        if template is None:
+            frames = resolve_axes(self.frames, axis_names, api)
+            if not frames:
+                return Channel(frames)
+            key = membership(self.frames, axis_ids(frames))
+            template = (frames, key, None if self.templates is None else _interned(key))
+            if self.templates is not None:
+                self.templates[axis_names] = template
+        frames, key, comm = template
+        if comm is None:
+            comm = self.world.communicator_id(key)
         return Channel(frames, key, comm, self.steps.setdefault(comm, [0]))
 
     def status_row(self) -> tuple[str, ...]:
@@ -106,6 +118,31 @@ class Lane:
             return f"{self.label}: waiting in {describe(rv.signature, rv.apis[rank])} (step {rv.seq}) at " \
                    f"{rv.sites[rank]}"
         return f"{self.label}: {self.status_row()[1]}"
+
+
+class _Communicator:
+    """The communicator of a top-level call's lanes for one key (see :func:`spmdsim._axes.membership`),
+    interned: one object per key, hashed by identity."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple):
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"<communicator {self.key!r}>"
+
+
+_communicators: dict = {}
+_communicators_lock = threading.Lock()
+
+
+def _interned(key: tuple) -> _Communicator:
+    with _communicators_lock:
+        comm = _communicators.get(key)
+        if comm is None:
+            comm = _communicators[key] = _Communicator(key)
+        return comm
 
 
 class Rendezvous:

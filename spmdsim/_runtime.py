@@ -50,7 +50,7 @@ def channel(lane: Lane | None, axis_names: tuple, api: str) -> Channel:
         return Channel(resolve_axes((), axis_names, api))
     chan = lane.channels.get(axis_names)
     if chan is None:
-        chan = lane.channels[axis_names] = lane.channel(resolve_axes(lane.frames, axis_names, api))
+        chan = lane.channels[axis_names] = lane.channel(axis_names, api)
     return chan
 
 
@@ -89,10 +89,10 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
         world, frames = parent.world, parent.frames
         instance = frames[-1].instance + (parent.nested_calls,)
         parent.nested_calls += 1
-        placed = _frames(frames, tuple(axes), is_device, instance)
-    size = len(placed)
+        placed = _frames(frames, tuple(axes), is_device, instance, None)
+    size = len(placed.lanes)
     call = CallCount(parent, size)
-    lanes = [Lane(world, frames, call, label) for frames, label in placed]
+    lanes = [Lane(world, frames, call, label, templates) for frames, label, templates in placed.lanes]
     results: list = [None] * size
     errors: list[BaseException | None] = [None] * size
 
@@ -123,8 +123,7 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
     try:
-        threads = _threads.run_threads([functools.partial(target, i) for i in range(size)],
-                                       [f"spmdsim {lane.label}" for lane in lanes])
+        threads = _threads.run_threads(target, placed.names)
         try:
             threads.wait()
         except KeyboardInterrupt as e:
@@ -135,20 +134,29 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     return _outcome(world, lanes, results, errors, parent)
 
 
-def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple) -> list[tuple[tuple, str]]:
-    """Every lane's frames (``outer`` + one per mapped axis, row-major) and label."""
-    placed = []
+class _Placement:
+    """The lanes of one mapped call: per lane its frames (the enclosing ones, then one per mapped axis,
+    row-major), label and channel templates (top-level calls: a dict shared by the calls of that mesh, see
+    :meth:`Lane.channel`; None for nested calls), and the names of their threads."""
+
+    def __init__(self, lanes: list):
+        self.lanes = lanes
+        self.names = [f"spmdsim {label}" for _, label, _ in lanes]
+
+
+def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, templates) -> _Placement:
+    lanes = []
     for coords in itertools.product(*(range(n) for _, n in axes)):
         frames = outer + tuple(Frame(name, n, c, instance, is_device) for (name, n), c in zip(axes, coords, strict=True))
-        placed.append((frames, frames_label(frames)))
-    return placed
+        lanes.append((frames, frames_label(frames), None if templates is None else {}))
+    return _Placement(lanes)
 
 
 @functools.lru_cache(maxsize=64)
-def _top_level_frames(axes: tuple, is_device: bool) -> list[tuple[tuple, str]]:
-    """:func:`_frames` of a top-level call, made once per mesh: a top-level call has a world of its own, so its
-    frames need no instance that tells it from other calls."""
-    return _frames((), axes, is_device, (0,))
+def _top_level_frames(axes: tuple, is_device: bool) -> _Placement:
+    """The placement of a top-level call, made once per mesh: a top-level call has a world of its own, so its
+    frames need no instance that tells it from other calls, and its channels can be worked out once."""
+    return _frames((), axes, is_device, (0,), templates=True)
 
 
 def _outcome(world: World, lanes: list[Lane], results: list, errors: list, parent: Lane | None) -> list:

@@ -83,20 +83,23 @@ class Threads:
         self.returned = [False] * len(workers)
         self._lock = threading.Lock()
         self._remaining = len(workers)
-        self._done = threading.Event()
-        if not workers:
-            self._done.set()
+        self._done = threading.Lock()  # held until every body returned
+        if workers:
+            self._done.acquire()
 
     def _returned(self, i: int) -> None:
         with self._lock:
             self.returned[i] = True
             self._remaining -= 1
             if self._remaining == 0:
-                self._done.set()
+                self._done.release()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every body returned (True) or ``timeout`` seconds passed (False)."""
-        return self._done.wait(timeout)
+        if not self._done.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._done.release()
+        return True
 
     def running(self) -> list[int]:
         with self._lock:
@@ -148,8 +151,8 @@ class _Pool:
                 return
         worker.go.release()  # with no task: the thread returns
 
-    def run(self, bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Threads:
-        n = len(bodies)
+    def run(self, body: Callable[[int], None], names: Sequence[str]) -> Threads:
+        n = len(names)
         with self.lock:
             keep = max(0, len(self.idle) - n)
             taken, self.idle = self.idle[keep:], self.idle[:keep]
@@ -162,7 +165,7 @@ class _Pool:
                 if i + 1 < n:  # the start baton: each thread wakes the next (one wake-up each, no herd)
                     taken[i + 1].go.release()
                 try:
-                    bodies[i]()
+                    body(i)
                 finally:
                     try:
                         self.park(taken[i])  # before the count: the next call finds every thread idle
@@ -196,12 +199,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_pool.after_fork)
 
 
-def run_threads(bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Threads:
-    """Start ``bodies[i]`` in its own thread named ``names[i]`` (a parked one when there is one).
-
-    The bodies must not raise (lanes record their own errors).
-    """
-    return _pool.run(bodies, names)
+def run_threads(body: Callable[[int], None], names: Sequence[str]) -> Threads:
+    """Start ``body(i)`` for each ``i`` in ``range(len(names))``, each in its own thread named ``names[i]``
+    (a parked one when there is one). ``body`` must not raise (lanes record their own errors)."""
+    return _pool.run(body, names)
 
 
 def interrupt(thread: threading.Thread, exc_type: type) -> None:
