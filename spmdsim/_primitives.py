@@ -436,7 +436,7 @@ def _prepare(prim: Collective, n: int, avals: tuple, groups, params: dict, epilo
     return found
 
 
-def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, site: str | None = None,
+def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, site: str | Callable | None = None,
          epilogue: Callable | None = None, **params) -> list[np.ndarray]:
     """Apply collective primitive ``name`` to this device's ``operands`` (one rendezvous for all of them) and
     return this device's results, one per operand.
@@ -446,7 +446,8 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
       operands: NumPy arrays, all under the same parameters. Under the vectorized executor each carries the
         leading device axis of the current :class:`Batch`.
       api: the public function the user called, for reports (``"pmean"`` binds ``"psum"``).
-      site: the user's ``file:line`` (found on the stack when not given).
+      site: the user's ``file:line`` (found on the stack when not given), or a function returning it (called
+        only when needed: the vectorized executor needs it only for an error).
       epilogue: ``epilogue(result, group_size)`` applied once to each distinct result (pmean's division).
       **params: the primitive's parameters under JAX's names, e.g. ``axes`` and ``axis_index_groups`` for
         ``psum``, ``axis_name``, ``all_gather_dimension``, ``tiled`` for ``all_gather``.
@@ -471,6 +472,8 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
     avals = tuple([(x.shape, x.dtype) for x in operands])
     prepared = _prepare(prim, chan.size if groups is None else len(groups[0]), avals, groups, params, epilogue)
     signature = Signature(name, chan.names, chan.sizes, prepared.params, avals)
+    if callable(site):
+        site = site()
     return lane.world.rendezvous(lane, chan, signature, site or _runtime.user_site(2), api, operands,
                                  prepared.combine)
 
@@ -573,7 +576,7 @@ class Batch:
         return results
 
     def collective(self, prim: Collective, named: tuple, operands: list, params: dict, api: str,
-                   site: str | None, epilogue) -> list:
+                   site: str | Callable | None, epilogue) -> list:
         if len(set(named)) != len(named):
             raise ValueError(f"{api}: repeated axis in `source` argument: {named!r}. Name each axis once.")
         positions = [self.position(n, api) for n in named]
@@ -585,7 +588,7 @@ class Batch:
             if not self._whole_communicators(positions, n):
                 signature = Signature(prim.name, tuple(named), tuple(self.sizes[p] for p in positions),
                                       (("axis_index_groups", groups), *sorted(rule_params.items())), avals)
-                raise Diverged([(self.ids, signature, site or "<unknown>", api)])
+                raise Diverged([(self.ids, signature, (site() if callable(site) else site) or "<unknown>", api)])
             # Every communicator here is complete (e.g. a cond split along another axis): compute on the full
             # device axis, the absent devices' blocks zero, and keep the present devices' results.
             full = [np.zeros((self.count, *x.shape[1:]), x.dtype) for x in operands]
