@@ -4,7 +4,7 @@
 threads (:mod:`spmdsim._threads`), joins them to the caller's world when called from inside a lane (a nested
 map), and turns what the lanes did into one outcome: the results in index order, the first device error with
 the others attached, or the world's CollectiveMismatchError / CollectiveDeadlockError. One Ctrl-C ends the
-call within a second, whatever the devices are doing (:func:`_interrupted`).
+call within half a second, whatever the devices are doing (:func:`_interrupted`).
 
 Collectives reach the other lanes through :func:`channel` and the world's rendezvous
 (:mod:`spmdsim._rendezvous`); :mod:`spmdsim._primitives` binds them.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import os
 import sys
 import threading
@@ -147,7 +146,8 @@ class _Placement:
 def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, templates) -> _Placement:
     lanes = []
     for coords in itertools.product(*(range(n) for _, n in axes)):
-        frames = outer + tuple(Frame(name, n, c, instance, is_device) for (name, n), c in zip(axes, coords, strict=True))
+        frames = outer + tuple(Frame(name, n, c, instance, is_device)
+                               for (name, n), c in zip(axes, coords, strict=True))
         lanes.append((frames, frames_label(frames), None if templates is None else {}))
     return _Placement(lanes)
 

@@ -6,7 +6,6 @@ import inspect
 import numpy as np
 import pytest
 
-import spmdsim
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
