@@ -631,9 +631,10 @@ class Batch:
     def diverged(self, calls: list, went_on: list[tuple[np.ndarray, str]], where: str) -> None:
         """Report devices that split at a ``cond`` or ``while`` (``where``) and reached collectives apart.
         ``calls``: the groups waiting in a collective (see :class:`Diverged`); ``went_on``: ``(device ids, what
-        they did)`` for the groups that reached none. Raises CollectiveMismatchError when the waiting groups called different
-        collectives, CollectiveDeadlockError when some devices went on without them; when every group called the
-        same collective, :class:`Diverged` for an enclosing split, or NotImplementedError at the top."""
+        they did)`` for the groups that reached none. Raises CollectiveMismatchError when the waiting groups
+        called different collectives, CollectiveDeadlockError when some devices went on without them; when every
+        group called the same collective, :class:`Diverged` for an enclosing split, or NotImplementedError at
+        the top."""
         signatures = {signature for _, signature, _, _ in calls}
         rows, lines = {}, {}
         for ids, signature, site, api in calls:
