@@ -50,11 +50,14 @@ def _cond(ex: Executor, index, *operands, branches, **_params):
                 raise
             waiting += d.calls
             continue
-        which = f"branch {branch}" + (f" ({'true' if branch else 'false'}_fun)" if len(branches) == 2 else "")
-        went_on.append((selection, f"took {which} of the cond at {current_site()} and went on"))
+        went_on.append((selection, branch))
         outs = ex.merge(outs, part, selection)
     if waiting:
-        ex.diverged(waiting, went_on, f"in the branches of the cond at {current_site()}")
+        site = current_site()
+        names = [f"branch {b}" + (f" ({'true' if b else 'false'}_fun)" if len(branches) == 2 else "")
+                 for b in range(len(branches))]
+        ex.diverged(waiting, [(selection, f"took {names[b]} of the cond at {site} and went on")
+                              for selection, b in went_on], f"in the branches of the cond at {site}")
     return outs
 
 
