@@ -93,11 +93,13 @@ def test_a_forked_child_starts_with_no_parked_thread_and_its_calls_work():
     assert proc.stdout.splitlines() == ["child 0 True 8", "parent 8 8"], proc.stdout + proc.stderr
 
 
-def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls():
+def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypatch):
     """Threads and Python objects counted over 10,000 calls; bytes held by spmdsim's code (tracemalloc, which
     slows JAX's array conversion tenfold) over the last 1,000, after 500 traced calls that fill NumPy's and
-    JAX's own caches (a leak of one small object per call would show as ~50 KiB)."""
+    JAX's own caches (a leak of one small object per call would show as ~50 KiB). Afterwards the parked
+    threads end after the idle time."""
     jax = pytest.importorskip("jax")
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.5)
     import spmdsim.jax as sjax
 
     f = sjax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")
@@ -124,3 +126,4 @@ def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls():
     assert threading.active_count() == threads
     assert spmdsim_threads() == ["spmdsim idle thread"] * 8
     assert grown < 16 * 1024, f"spmdsim kept {grown} bytes over 1,000 calls"
+    assert until(lambda: not spmdsim_threads()) and _threads.idle_thread_count() == 0
