@@ -88,7 +88,7 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
         world, frames = parent.world, parent.frames
         instance = frames[-1].instance + (parent.nested_calls,)
         parent.nested_calls += 1
-        placed = _frames(frames, tuple(axes), is_device, instance, None)
+        placed = _frames(frames, tuple(axes), is_device, instance, shared_channels=False)
     size = len(placed.lanes)
     call = CallCount(parent, size)
     lanes = [Lane(world, frames, call, label, templates) for frames, label, templates in placed.lanes]
@@ -143,12 +143,14 @@ class _Placement:
         self.names = [f"spmdsim {label}" for _, label, _ in lanes]
 
 
-def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, templates) -> _Placement:
+def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, *, shared_channels: bool) -> _Placement:
+    """The placement of the lanes of a call over ``axes`` inside ``outer`` frames (``instance``: the call's);
+    ``shared_channels``: give each lane a dict of channel templates (for placements reused across calls)."""
     lanes = []
     for coords in itertools.product(*(range(n) for _, n in axes)):
         frames = outer + tuple(Frame(name, n, c, instance, is_device)
                                for (name, n), c in zip(axes, coords, strict=True))
-        lanes.append((frames, frames_label(frames), None if templates is None else {}))
+        lanes.append((frames, frames_label(frames), {} if shared_channels else None))
     return _Placement(lanes)
 
 
@@ -156,7 +158,7 @@ def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, templat
 def _top_level_frames(axes: tuple, is_device: bool) -> _Placement:
     """The placement of a top-level call, made once per mesh: a top-level call has a world of its own, so its
     frames need no instance that tells it from other calls, and its channels can be worked out once."""
-    return _frames((), axes, is_device, (0,), templates=True)
+    return _frames((), axes, is_device, (0,), shared_channels=True)
 
 
 def _outcome(world: World, lanes: list[Lane], results: list, errors: list, parent: Lane | None) -> list:
