@@ -12,7 +12,8 @@
   device 3 then sleeps 1.5 s only.
 
 Device 3 waits until the 7 others wait in the psum, then writes ``stalling`` to fd 1 and stalls: the test
-sends SIGINT when it reads that line. With AFTER only the first call stalls.
+sends SIGINT when it reads that line. With AFTER only the first call stalls. When the KeyboardInterrupt reaches
+the program it writes ``interrupted at <time.monotonic()>``.
 """
 import contextlib
 import json
@@ -98,10 +99,10 @@ def after_interrupt(interrupted: BaseException) -> dict:
 
 
 with spmdsim.reuse_threads() if SCOPE == "reuse" else contextlib.nullcontext():
-    if not AFTER:
+    try:
         mapped(x)
-    else:
-        try:
-            mapped(x)
-        except KeyboardInterrupt as e:
-            print(json.dumps(after_interrupt(e)), flush=True)
+    except KeyboardInterrupt as e:
+        os.write(1, f"interrupted at {time.monotonic()}\n".encode())  # one clock for every process on Linux
+        if not AFTER:
+            raise
+        print(json.dumps(after_interrupt(e)), flush=True)

@@ -2,8 +2,9 @@
 
 Each case runs tests/_interrupt_program.py in a subprocess, sends SIGINT when device 3 starts to stall (it
 says so on stdout) while the other devices wait in a psum, and checks what the process did. The cases run
-concurrently (one module fixture starts them all), so the file costs a few seconds. The only time bound is a
-generous one (the process ends within 5 s of the signal; spmdsim's grace period is 0.5 s).
+concurrently (one module fixture runs them, six at a time), so the file costs a few seconds. The only time
+bound is a generous one: the KeyboardInterrupt reaches the program within 5 s of the signal (spmdsim's grace
+period is 0.5 s; the program reports the time, so a slow interpreter exit on a loaded machine does not count).
 """
 import concurrent.futures
 import json
@@ -48,17 +49,19 @@ def interrupt(args: tuple) -> dict:
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     try:
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-    return {"rc": proc.returncode, "first": first, "out": out, "err": err, "seconds": time.monotonic() - sent}
+    arrived = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("interrupted at ")]
+    return {"rc": proc.returncode, "first": first, "out": out, "err": err,
+            "seconds": arrived[0] - sent if arrived else float("inf")}
 
 
 @pytest.fixture(scope="module")
 def runs():
     cases = [c for c in CASES + AFTER_CASES if HAVE_JAX or c[0] != "jax"]
-    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
         return dict(zip(cases, pool.map(interrupt, cases)))
 
 
@@ -74,7 +77,7 @@ def test_one_sigint_ends_the_call_with_keyboard_interrupt_and_the_device_table(c
     front, stall, scope, nested = case
     assert run["first"] == "stalling\n", run["err"]
     assert run["rc"] == -signal.SIGINT, run["err"]
-    assert run["seconds"] < 5, f"the process took {run['seconds']:.1f} s to end after SIGINT"
+    assert run["seconds"] < 5, f"KeyboardInterrupt came {run['seconds']:.1f} s after SIGINT:\n{run['err']}"
     err = run["err"]
     assert "KeyboardInterrupt" in err and "spmdsim: interrupted; where every device was:" in err, err
     table = err[err.index("where every device was:"):]
