@@ -30,7 +30,7 @@ def jax_side(bench: str, n: int, repeats: int, timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     try:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.jax_side", bench, str(n), str(repeats),
-                               str(_warmup(n))],
+                               str(0 if bench == "steps" else _warmup(n))],
                               capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"did not finish within {timeout:.0f} s (compile + {repeats} calls)"}
@@ -85,6 +85,29 @@ def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
     raise ValueError(bench)
 
 
+def spmdsim_small_calls(bench: str, n: int, variant: str, repeats: int) -> dict:
+    """The benchmarks of what users feel (issue 15), at default settings: "call" is one psum of an (n, 4)
+    float32 array per call; "steps" is a 1000-step training loop calling the mapped step each step."""
+    import jax
+
+    import spmdsim.jax as sjax
+    executor = "vectorized" if variant == "jax-vectorized" else "threads"
+    with spmdsim.set_device_count(max(n, 8)):
+        if bench == "call":
+            x = np.ones((n, 4), np.float32)
+            f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i") if variant == "numpy"
+                 else sjax.pmap(lambda v: jax.lax.psum(v, "i"), "i", executor=executor))
+            return measure(lambda: f(x), repeats, _warmup(n))
+        x, y = programs.train_data(n)
+        if variant == "numpy":
+            step = spmdsim.pmap(programs.numpy_train_step(spmdsim.lax), "i", in_axes=(None, 0, 0), out_axes=None)
+            params = (np.zeros(x.shape[-1], np.float32), np.zeros((), np.float32))
+        else:
+            step = sjax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None, executor=executor)
+            params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
+        return measure(lambda: programs.training_loop(step, params, x, y), repeats, 0, min_time=0)
+
+
 def numpy_bound(repeats: int) -> dict:
     """One add-reduce over the same 8 x 16 MiB float32 data, in a single thread."""
     x = np.ones((8, programs.BIG), np.float32)
@@ -98,7 +121,10 @@ PLAN = {  # benchmark -> device counts; every benchmark runs every variant
     "grad": [8],
     "jit": [8],
     "scale": [4096],
+    "call": [8, 64],
+    "steps": [8, 64],
 }
+SMALL_CALLS = ("call", "steps")  # run by spmdsim_small_calls; "steps" times 1000 calls per measurement
 VARIANTS = ["numpy", "jax-threads", "jax-vectorized"]
 
 
@@ -118,24 +144,31 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results.json"))
     parser.add_argument("--markdown", metavar="JSON", help="print the Markdown table of an earlier run and exit")
     parser.add_argument("--fresh-threads", action="store_true",
-                        help="start new device threads for every call (spmdsim's default outside "
-                             "spmdsim.reuse_threads(); the benchmarks otherwise reuse them)")
+                        help="start new device threads for every call (spmdsim._threads.REUSE = False, as "
+                             "SPMDSIM_REUSE_THREADS=0; by default device threads are parked between calls)")
     args = parser.parse_args(argv)
     if args.markdown:
         with open(args.markdown) as f:
             print(markdown(json.load(f)))
         return 0
+    if args.fresh_threads:
+        spmdsim._threads.REUSE = False
     plan = {k: ([8] if args.quick else v) for k, v in PLAN.items() if not args.only or k in args.only}
     repeats = 2 if args.quick else args.repeats
     rows = []
     for bench, sizes in plan.items():
         for n in sizes:
             reps = min(repeats, 3) if n >= 1024 else repeats
+            if bench == "steps":
+                reps = 2 if args.quick else 3
             jx = jax_side(bench, n, reps, args.jax_timeout)
             row = {"benchmark": bench, "devices": n, "jax": jx}
             for variant in VARIANTS:
                 if variant == "jax-threads" and bench == "latency" and n > 256:
                     row[variant] = {"error": "skipped: 100 rendezvous x 1024 threads"}
+                    continue
+                if bench in SMALL_CALLS:  # default settings: no reuse_threads() block
+                    row[variant] = spmdsim_small_calls(bench, n, variant, reps)
                     continue
                 with (contextlib.nullcontext() if args.fresh_threads else spmdsim.reuse_threads()):
                     row[variant] = spmdsim_side(bench, n, variant, reps)

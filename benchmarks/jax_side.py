@@ -35,6 +35,15 @@ def main():
         else:
             f = jax.pmap(lambda v: jax.lax.psum(v, "i"), "i")
             args = (np.ones((n, 4), np.float32),)
+    elif bench == "call":
+        f = jax.pmap(lambda v: jax.lax.psum(v, "i"), "i")
+        args = (np.ones((n, 4), np.float32),)
+    elif bench == "steps":
+        step = jax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None)
+        x, y = programs.train_data(n)
+        params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
+        # Blocked every step: with 1000 steps dispatched asynchronously XLA:CPU's all-reduce rendezvous hangs.
+        f, args = (lambda *a: programs.training_loop(step, *a, block=jax.block_until_ready)), (params, x, y)
     else:
         raise SystemExit(f"unknown benchmark {bench}")
     result = measure(lambda: jax.block_until_ready(f(*args)), repeats, warmup)  # as on spmdsim's side

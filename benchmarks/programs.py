@@ -71,3 +71,16 @@ def grad_of_pmap(jax, pmap):
 def jit_of_pmap(jax, pmap):
     """``jax.jit(jax.pmap(step))`` of the training step."""
     return jax.jit(pmap(jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None))
+
+
+STEPS = 1000  # steps of the "many small calls" training loop
+
+
+def training_loop(step, params, x, y, steps: int = STEPS, block=lambda value: value):
+    """``steps`` calls of the mapped training ``step``, each on the previous step's parameters (what a user's
+    loop does); returns the last loss. ``block(loss)`` after each step (jax.pmap: jax.block_until_ready)."""
+    loss = None
+    for _ in range(steps):
+        params, loss = step(params, x, y)
+        block(loss)
+    return loss

@@ -22,6 +22,9 @@ from spmdsim.errors import ReplicationError
 __all__ = ["pmap", "vmap"]
 
 
+_UNNAMED = {"pmap": Unnamed("pmap"), "vmap": Unnamed("vmap")}  # no user name matches these (one per API)
+
+
 def _check_axes_spec(spec, api: str, what: str, leaves: Callable = _tree.prefix_leaves) -> None:
     for leaf in leaves(spec):
         if leaf is not None and type(leaf) is not int:
@@ -37,11 +40,18 @@ def _check_axis_name(axis_name, api: str) -> None:
                         f"mean positional axes in psum, tuples mean several axes), got {axis_name!r}.")
 
 
-def _as_array(leaf, path, api: str) -> np.ndarray:
+def _as_array(leaf, path, api: str, what: str = "argument") -> np.ndarray:
+    """``leaf`` (an argument, or with ``what="output"`` a device's output) as a NumPy array; TypeError naming
+    ``path`` (formatted only then) for what is not a JAX value."""
+    if type(leaf) is np.ndarray and leaf.dtype.kind in "biufc":  # the common case, without formatting `path`
+        return leaf
     try:
-        return as_array(leaf, f"argument {path}", api)
+        return as_array(leaf, f"argument {path}" if what == "argument" else str(path), api)
     except TypeError:
-        if not isinstance(leaf, np.ndarray):
+        if not isinstance(leaf, (np.ndarray, np.generic)):
+            if what == "output":
+                raise TypeError(f"{api}: {path} of type {type(leaf).__name__} is not an array; the mapped function "
+                                f"must return arrays or numbers (in any pytree).") from None
             raise TypeError(f"{api}: argument {path} of type {type(leaf).__name__} is not an array; mapped "
                             f"function arguments must be arrays or numbers. Pass non-array values with "
                             f"static_broadcasted_argnums, or close over them.") from None
@@ -178,7 +188,7 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
     stacked = []
     for k, ax in enumerate(axes):
         path = LazyPath(outputs[0], k)
-        blocks = [_as_array(leaves[k], path, api) for leaves in per_lane]
+        blocks = [_as_array(leaves[k], path, api, "output") for leaves in per_lane]
         ref = blocks[0]
         for i, b in enumerate(blocks):
             if b.shape != ref.shape or b.dtype != ref.dtype:
@@ -224,6 +234,8 @@ def _place(path: str, blocks, ax: int | None, api: str, lane_label: Callable[[in
                 raise cls(f"{api}: {path} has out_axes=None but is not the same everywhere: {', '.join(differ)} "
                           f"differ from {lane_label(0)}. Reduce it first (e.g. psum/pmean over the axis) or give "
                           f"it a mapped out_axes.")
+        if ref.flags.owndata and not ref.flags.writeable:
+            return ref  # a collective's result, shared by the devices and read-only (as a JAX array): no copy
         return np.array(ref)
     if not -(ref.ndim + 1) <= ax <= ref.ndim:
         raise ValueError(f"{api}: out_axes={ax} for {path} is out of bounds: per-"
@@ -282,7 +294,7 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
     n = _mapped_size(inputs, api, axis_size)
     if api == "pmap":
         check_device_count(n, devices)
-    name = axis_name if axis_name is not None else Unnamed(api)
+    name = axis_name if axis_name is not None else _UNNAMED[api]
 
     def body(i: int):
         dyn, kw = inputs.block(i)

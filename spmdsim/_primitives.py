@@ -39,12 +39,13 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from spmdsim import _runtime
-from spmdsim._axes import resolve_axes
+from spmdsim._axes import Frame, frames_label, resolve_axes
 from spmdsim._reduction import fold
-from spmdsim._reports import Signature
+from spmdsim._reports import TABLE_HEADER, Signature, deadlock_text, describe, format_table, mismatch_text, who
+from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
 __all__ = ["PRIMITIVES", "Collective", "bind", "axis_index", "axis_size", "psend", "precv", "TOKEN", "apply_grouped",
-           "split_axis_names", "check_groups", "Batch", "vectorized_batch", "AxisError"]
+           "split_axis_names", "check_groups", "Batch", "vectorized_batch", "current_batch", "Diverged", "AxisError"]
 
 AxisError = np.exceptions.AxisError  # a ValueError and an IndexError, like the errors JAX raises here
 
@@ -527,7 +528,7 @@ def _prepare(prim: Collective, n: int, avals: tuple, groups, params: dict, epilo
     return found
 
 
-def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, site: str | None = None,
+def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, site: str | Callable | None = None,
          epilogue: Callable | None = None, **params) -> list[np.ndarray]:
     """Apply collective primitive ``name`` to this device's ``operands`` (one rendezvous for all of them) and
     return this device's results, one per operand.
@@ -537,7 +538,8 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
       operands: NumPy arrays, all under the same parameters. Under the vectorized executor each carries the
         leading device axis of the current :class:`Batch`.
       api: the public function the user called, for reports (``"pmean"`` binds ``"psum"``).
-      site: the user's ``file:line`` (found on the stack when not given).
+      site: the user's ``file:line`` (found on the stack when not given), or a function returning it (called
+        only when needed: the vectorized executor needs it only for an error).
       epilogue: ``epilogue(result, group_size)`` applied once to each distinct result (pmean's division).
       **params: the primitive's parameters under JAX's names, e.g. ``axes`` and ``axis_index_groups`` for
         ``psum``, ``axis_name``, ``all_gather_dimension``, ``tiled`` for ``all_gather``.
@@ -564,6 +566,8 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
     avals = tuple([(x.shape, x.dtype) for x in operands])
     prepared = _prepare(prim, chan.size if groups is None else len(groups[0]), avals, groups, params, epilogue)
     signature = Signature(name, chan.names, chan.sizes, prepared.params, avals)
+    if callable(site):
+        site = site()
     return lane.world.rendezvous(lane, chan, signature, site or _runtime.user_site(2), api, operands,
                                  prepared.combine)
 
@@ -642,6 +646,18 @@ def axis_size(axis_name, api: str = "axis_size") -> int:
 _local = threading.local()
 
 
+class Diverged(Exception):
+    """Raised by a collective that devices of a :class:`Batch` subset reach while other members of their
+    communicators are elsewhere (another ``cond`` branch, out of a ``while`` loop). ``calls`` holds, per group of
+    devices waiting in a collective, ``(device ids, Signature, site, api)``. The ``cond``/``while`` rule that
+    split the devices catches it and reports (:meth:`Batch.diverged`): the vectorized executor cannot suspend a
+    branch, so this is where it finds out what the thread executor's rendezvous would."""
+
+    def __init__(self, calls: list):
+        super().__init__(calls)
+        self.calls = calls
+
+
 class Batch:
     """The devices the vectorized executor computes at once: the mesh ``axes`` ((name, size) pairs, row-major),
     and ``ids``, the indices (into the row-major device order) of the devices present, ``None`` for all.
@@ -656,20 +672,28 @@ class Batch:
         self.mailboxes: dict = {}  # psend -> precv transfers, per axis names
 
     def subset(self, mask: np.ndarray) -> "Batch":
-        ids = np.arange(self.count) if self.ids is None else self.ids
-        return Batch(self.axes, ids[mask])
+        return Batch(self.axes, self.present()[mask])
+
+    def present(self) -> np.ndarray:
+        """The row-major indices of the devices present."""
+        return np.arange(self.count) if self.ids is None else self.ids
+
+    def label(self, device: int) -> str:
+        """``device 5 [i=1, j=1]`` for row-major device index ``device``, as the thread executor names it."""
+        coords = np.unravel_index(device, self.sizes) if self.axes else ()
+        return frames_label([Frame(name, size, int(c), (), True)
+                             for (name, size), c in zip(self.axes, coords, strict=True)])
 
     def position(self, name, api: str) -> int:
         for k in range(len(self.names) - 1, -1, -1):
             if self.names[k] == name:
                 return k
-        from spmdsim._axes import Frame
         resolve_axes([Frame(n, s, 0, (), True) for n, s in self.axes], (name,), api)  # raises NameError
         raise AssertionError("unreachable")
 
     def coordinates(self) -> np.ndarray:
         """The mesh coordinates of the devices present: shape ``(devices, len(axes))``."""
-        ids = np.arange(self.count) if self.ids is None else self.ids
+        ids = self.present()
         return np.stack(np.unravel_index(ids, self.sizes), axis=-1) if self.axes else np.zeros((len(ids), 0), int)
 
     def axis_index(self, names: tuple, api: str) -> np.ndarray:
@@ -680,21 +704,42 @@ class Batch:
             index = index * self.sizes[p] + coords[:, p]
         return index.astype(np.int32)
 
+    def per_device(self, fn: Callable[[int], object]) -> list:
+        """``[fn(k) for k in range(devices present)]``, as the thread executor would run them: every device runs,
+        and when some raise, the first in device order is raised, naming its device, with every device's error
+        in ``device_errors`` (see :func:`spmdsim._runtime.device_error`). For rules that run user code per
+        device (``jax.debug.callback``) and rules without a vectorized form."""
+        results, raised = [], []
+        for k, device in enumerate(self.present()):
+            try:
+                results.append(fn(k))
+            except Exception as e:  # noqa: BLE001 - reported below, as the thread executor reports it
+                raised.append((self.label(int(device)), e))
+                results.append(None)
+        if raised:
+            raise _runtime.device_error(raised)
+        return results
+
     def collective(self, prim: Collective, named: tuple, operands: list, params: dict, api: str,
-                   site: str | None, epilogue) -> list:
+                   site: str | Callable | None, epilogue) -> list:
         if len(set(named)) != len(named):
             raise ValueError(f"{api}: repeated axis in `source` argument: {named!r}. Name each axis once.")
         positions = [self.position(n, api) for n in named]
-        if self.ids is not None:
-            from spmdsim.errors import CollectiveDeadlockError
-            raise CollectiveDeadlockError(
-                f"{api} over {named!r} at {site or '<unknown>'} is reached by devices "
-                f"{', '.join(map(str, self.ids))} only (of {self.count}): the others took another branch of a "
-                f"cond or left a while loop. On real hardware this program hangs.")
         n = math.prod(self.sizes[p] for p in positions)
         groups = check_groups(params.get("axis_index_groups"), n, prim)
         avals = tuple((x.shape[1:], x.dtype) for x in operands)
         rule_params = prim.check(avals, n if groups is None else len(groups[0]), groups, **params)
+        if self.ids is not None:
+            if not self._whole_communicators(positions, n):
+                signature = Signature(prim.name, tuple(named), tuple(self.sizes[p] for p in positions),
+                                      (("axis_index_groups", groups), *sorted(rule_params.items())), avals)
+                raise Diverged([(self.ids, signature, (site() if callable(site) else site) or "<unknown>", api)])
+            # Every communicator here is complete (e.g. a cond split along another axis): compute on the full
+            # device axis, the absent devices' blocks zero, and keep the present devices' results.
+            full = [np.zeros((self.count, *x.shape[1:]), x.dtype) for x in operands]
+            for f, x in zip(full, operands, strict=True):
+                f[self.ids] = x
+            return [y[self.ids] for y in Batch(self.axes).collective(prim, named, full, params, api, site, epilogue)]
         if prim.joint:  # the operands form one block per device
             grouped = [self._to_groups(x, positions) for x in operands]
             if groups is None:
@@ -705,6 +750,16 @@ class Batch:
             return [self._from_groups(out, positions)]
         return [self._from_groups(_vectorized_grouped(prim, self._to_groups(x, positions), groups, rule_params,
                                                       epilogue), positions) for x in operands]
+
+    def _whole_communicators(self, positions: list[int], n: int) -> bool:
+        """Whether the devices present make up whole communicators of the axes at ``positions`` (every member
+        of each communicator that one of them belongs to is present)."""
+        coords = self.coordinates()
+        others = [p for p in range(len(self.axes)) if p not in positions]
+        key = np.ravel_multi_index(tuple(coords[:, p] for p in others), [self.sizes[p] for p in others]) \
+            if others else np.zeros(len(coords), np.int64)
+        counts = np.bincount(key)
+        return bool(np.all(counts[key] == n))
 
     def _layout(self, positions: list[int]) -> list[int]:
         return [p for p in range(len(self.axes)) if p not in positions] + positions
@@ -726,6 +781,45 @@ class Batch:
         grid = np.transpose(grid, (*inverse, *range(k, grid.ndim)))
         return grid.reshape(self.count, *y.shape[2:])
 
+    def diverged(self, calls: list, went_on: list[tuple[np.ndarray, str]], where: str) -> None:
+        """Report devices that split at a ``cond`` or ``while`` (``where``) and reached collectives apart.
+        ``calls``: the groups waiting in a collective (see :class:`Diverged`); ``went_on``: ``(device ids, what
+        they did)`` for the groups that reached none. Raises CollectiveMismatchError when the waiting groups
+        called different collectives, CollectiveDeadlockError when some devices went on without them; when every
+        group called the same collective, :class:`Diverged` for an enclosing split, or NotImplementedError at
+        the top."""
+        signatures = {signature for _, signature, _, _ in calls}
+        rows, lines = {}, {}
+        for ids, signature, site, api in calls:
+            collective = f"{api or signature.op}({', '.join(f'{d}{list(s)}' for s, d in signature.avals)})"
+            for d in ids:
+                label = self.label(int(d))
+                rows[int(d)] = (label, "waiting", collective, ", ".join(map(repr, signature.names)), "", site)
+                lines[int(d)] = f"{label}: waiting in {describe(signature, api)} at {site}"
+        for ids, state in went_on:
+            for d in ids:
+                rows[int(d)] = (self.label(int(d)), state, "", "", "", "")
+                lines[int(d)] = f"{self.label(int(d))}: {state}"
+        elsewhere = "in another branch of an enclosing cond or while"
+        table = format_table([TABLE_HEADER, *(rows.get(d, (self.label(d), elsewhere, "", "", "", ""))
+                                              for d in range(self.count))])
+        states = [lines.get(d, f"{self.label(d)}: {elsewhere}") for d in range(self.count)]
+        if len(signatures) > 1:
+            groups = [f"{who([self.label(int(d)) for d in ids])}: {describe(signature, api)} at {site}"
+                      for ids, signature, site, api in calls]
+            raise CollectiveMismatchError(mismatch_text(where, groups, table), states)
+        ids, signature, site, api = calls[0]
+        if went_on:
+            reason = "; ".join(f"{who([self.label(int(d)) for d in others])} {state}" for others, state in went_on)
+            raise CollectiveDeadlockError(deadlock_text(describe(signature, api), reason, table), states)
+        if self.ids is not None:
+            raise Diverged(calls)
+        sites = sorted({site for _, _, site, _ in calls})
+        raise NotImplementedError(
+            f"the devices took different paths {where}, and then all called {describe(signature, api)} (at "
+            f"{', '.join(sites)}). The thread executor runs this program (the devices meet in one collective "
+            f"from different lines); the vectorized executor cannot suspend one branch while another runs. Use "
+            f"executor='threads', or move the collective out of the branches.")
 
 def _vectorized_grouped(prim: Collective, x: np.ndarray, groups, params: dict, epilogue) -> np.ndarray:
     if groups is None:
@@ -740,6 +834,11 @@ def _vectorized_grouped(prim: Collective, x: np.ndarray, groups, params: dict, e
             out = np.empty((x.shape[0], x.shape[1], *part.shape[2:]), part.dtype)
         out[:, list(group)] = part
     return out
+
+
+def current_batch() -> Batch | None:
+    """The vectorized executor's devices in this thread (see :class:`vectorized_batch`), or None."""
+    return getattr(_local, "batch", None)
 
 
 class vectorized_batch:

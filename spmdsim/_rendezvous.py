@@ -19,20 +19,24 @@ lanes still computing unwind at their next collective or when they finish.
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Callable
 
 from spmdsim import _output
-from spmdsim._axes import Channel, Frame, axis_ids, frames_label, membership
-from spmdsim._reports import Signature, describe, format_table, shown_avals
+from spmdsim._axes import Channel, Frame, axis_ids, frames_label, membership, resolve_axes
+from spmdsim._reports import (TABLE_HEADER, Signature, deadlock_text, describe, format_table, mismatch_text,
+                              shown_avals)
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
 __all__ = ["Lane", "World", "Rendezvous", "Aborted", "CallCount", "observers", "pause_hooks", "failure_hooks", "RUNNING", "WAITING", "JOINING",
            "DONE", "RAISED", "ABORTED"]
 
 # Objects with ``record(rendezvous, released_at)``, called once per completed collective, and
-# ``lane(label, start, end, outcome)``, once per device call (see spmdsim._trace).
+# ``lane(label, start, end, outcome)``, once per device call (see spmdsim._trace), and ``thread``: the ident of
+# the thread whose top-level mapped calls they observe (nested calls included), or None for every thread. A
+# world takes its observers when it starts, so each sees whole calls only.
 observers: list = []
 # Callables ``hook(rendezvous)`` run by the last arriver after the rule, before anyone is released (the
 # stepping debugger pauses every device of the group there; see spmdsim.debug).
@@ -42,6 +46,7 @@ pause_hooks: list = []
 # inspected (the stepping debugger stops there). A hook must neither raise nor take the world's lock.
 failure_hooks: list = []
 
+HISTORY = 32  # collectives a lane remembers, to tell a mismatch from a deadlock (see World._missing)
 RUNNING, WAITING, JOINING, DONE, RAISED, ABORTED = "running", "waiting", "joining", "done", "raised", "aborted"
 _STATE_TEXT = {RUNNING: "running", JOINING: "in nested call", DONE: "returned", ABORTED: "stopped"}
 
@@ -66,9 +71,10 @@ class Lane:
     blocks on it until the last arriver (or a failure of the world) releases it."""
 
     __slots__ = ("world", "frames", "call", "state", "where", "waiting", "steps", "channels", "nested_calls",
-                 "wake", "label", "thread")
+                 "wake", "label", "thread", "calls", "history", "templates")
 
-    def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount):
+    def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount, label: str | None = None,
+                 templates: dict | None = None):
         self.world, self.frames, self.call = world, frames, call
         self.state, self.where, self.waiting = RUNNING, "", None
         self.steps: dict = {}     # communicator id -> [next step number], shared by its channels
@@ -76,15 +82,28 @@ class Lane:
         self.nested_calls = 0
         self.wake = threading.Lock()
         self.wake.acquire()
-        self.label = frames_label(frames)
+        self.label = frames_label(frames) if label is None else label
         self.thread: threading.Thread | None = None
+        self.templates = templates  # axis names -> (frames, key, communicator), shared across calls; or None
+        self.calls = 0        # collectives called so far, over every communicator
+        self.history = None   # the last HISTORY of them: (index, communicator, step, signature, site, api)
 
-    def channel(self, frames: list[Frame]) -> Channel:
-        """A new channel of this lane over ``frames`` (already resolved from axis names)."""
-        if not frames:
-            return Channel(frames)
-        key = membership(self.frames, axis_ids(frames))
-        comm = self.world.communicator_id(key)
+    def channel(self, axis_names: tuple, api: str) -> Channel:
+        """A new channel of this lane over ``axis_names`` (NameError for an unbound name). The lanes of a
+        top-level call resolve each tuple of names once per mesh (``templates``), and their communicators are
+        interned objects: equal keys, one object, hashed by identity, no world lock."""
+        template = None if self.templates is None else self.templates.get(axis_names)
+        if template is None:
+            frames = resolve_axes(self.frames, axis_names, api)
+            if not frames:
+                return Channel(frames)
+            key = membership(self.frames, axis_ids(frames))
+            template = (frames, key, None if self.templates is None else _interned(key))
+            if self.templates is not None:
+                self.templates[axis_names] = template
+        frames, key, comm = template
+        if comm is None:
+            comm = self.world.communicator_id(key)
         return Channel(frames, key, comm, self.steps.setdefault(comm, [0]))
 
     def status_row(self) -> tuple[str, ...]:
@@ -105,12 +124,37 @@ class Lane:
         return f"{self.label}: {self.status_row()[1]}"
 
 
+class _Communicator:
+    """The communicator of a top-level call's lanes for one key (see :func:`spmdsim._axes.membership`),
+    interned: one object per key, hashed by identity."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple):
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"<communicator {self.key!r}>"
+
+
+_communicators: dict = {}
+_communicators_lock = threading.Lock()
+
+
+def _interned(key: tuple) -> _Communicator:
+    with _communicators_lock:
+        comm = _communicators.get(key)
+        if comm is None:
+            comm = _communicators[key] = _Communicator(key)
+        return comm
+
+
 class Rendezvous:
     """One collective step of one communicator: the blocks, lanes, sites and public API names by rank (the
     rank within the communicator), then the results."""
 
-    __slots__ = ("key", "seq", "signature", "size", "blocks", "lanes", "sites", "apis", "arrived", "results",
-                 "error", "arrivals", "successor")
+    __slots__ = ("key", "key_comm", "seq", "signature", "size", "blocks", "lanes", "sites", "apis", "arrived",
+                 "results", "error", "arrivals", "successor")
 
     def __init__(self, key, seq: int, signature: Signature, size: int):
         self.key, self.seq, self.signature, self.size = key, seq, signature, size
@@ -121,14 +165,17 @@ class Rendezvous:
         self.arrived = 0
         self.results = None
         self.error: BaseException | None = None
-        self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled while observed
+        self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled when observed
         self.successor: dict = {}  # the wake-up baton: lane -> the next waiting lane to wake
 
 
 class World:
-    """Every lane of one top-level mapped call, and the open rendezvous, behind one lock."""
+    """Every lane of one top-level mapped call, and the open rendezvous, behind one lock. ``observers``: those
+    of :data:`observers` that watch the calling thread."""
 
     def __init__(self):
+        me = threading.get_ident()
+        self.observers = [o for o in observers if getattr(o, "thread", None) in (None, me)]
         self.lock = threading.Lock()
         self.lanes: list[Lane] = []
         self.finished: list[Lane] = []
@@ -166,7 +213,7 @@ class World:
             if self.failure is None and state == DONE:
                 for rv in list(self.open.values()):
                     if membership(lane.frames, rv.key[0]) == rv.key:
-                        self._fail_locked(self._deadlock(rv, f"{lane.label} returned without reaching it"))
+                        self._fail_locked(self._missing(rv, lane, f"{lane.label} returned without reaching it"))
                         return
                 self._check_stuck_locked()
 
@@ -195,15 +242,27 @@ class World:
 
     def device_table(self) -> str:
         """Every device's state as a table: where it is, the collective, axis, step and source line."""
-        header = ("device", "state", "collective", "axis", "step", "source line")
-        return format_table([header, *(lane.status_row() for lane in self.lanes)])
+        return format_table([TABLE_HEADER, *(lane.status_row() for lane in self.lanes)])
 
     def _deadlock(self, rv: Rendezvous, reason: str) -> CollectiveDeadlockError:
         return CollectiveDeadlockError(
-            f"{describe(rv.signature, _first(rv.apis))} (step {rv.seq}) can never complete: {reason}. On real "
-            f"hardware this program hangs.\n\n{self.device_table()}\n\nFix: make every device of the group call "
-            f"the same collectives in the same order (no collective inside a branch or loop that only some "
-            f"devices take).", self.state_table())
+            deadlock_text(f"{describe(rv.signature, _first(rv.apis))} (step {rv.seq})", reason, self.device_table()),
+            self.state_table())
+
+    def _missing(self, rv: Rendezvous, lane: Lane, reason: str) -> BaseException:
+        """``lane`` finished without reaching ``rv``: a mismatch when, at the position in its sequence of
+        collectives where a lane waiting in ``rv`` called it, ``lane`` called a collective of another
+        communicator (``psum`` over 'j' where the others of its 'i' group call ``psum`` over 'i'); otherwise a
+        deadlock."""
+        waiter = next(w for w in rv.lanes if w is not None)
+        index = next((k for k, comm, step, *_ in waiter.history if comm == rv.key_comm and step == rv.seq), None)
+        other = next((call for k, comm, _step, *call in lane.history or () if k == index and comm != rv.key_comm),
+                     None)
+        if other is None:
+            return self._deadlock(rv, reason)
+        return self._mismatch(rv, [(lane, *other)], f"at step {rv.seq} of {rv.signature.op} over "
+                                                    f"{', '.join(map(repr, rv.signature.names))} (the "
+                                                    f"{_ordinal(index + 1)} collective of each device)")
 
     def _check_stuck_locked(self) -> None:
         """No lane can make progress: every unfinished lane waits in a rendezvous that lacks someone. A
@@ -222,14 +281,10 @@ class World:
 
     def _mismatch(self, rv: Rendezvous, others: list, where: str) -> CollectiveMismatchError:
         """``others``: (lane, signature, site, api) of the lanes whose call differs from ``rv``'s."""
-        lines = [f"  {lane.label}: {describe(rv.signature, api)} at {site}"
+        lines = [f"{lane.label}: {describe(rv.signature, api)} at {site}"
                  for lane, site, api in zip(rv.lanes, rv.sites, rv.apis, strict=True) if lane is not None]
-        lines += [f"  {lane.label}: {describe(signature, api)} at {site}" for lane, signature, site, api in others]
-        return CollectiveMismatchError(
-            f"devices called different collectives {where}:\n" + "\n".join(lines)
-            + f"\nOn real hardware this hangs or exchanges garbage.\n\n{self.device_table()}\n\nFix: every device "
-            "of the group must make the same collective call (op, axis names, parameters, shapes, dtypes) in the "
-            "same order.", self.state_table())
+        lines += [f"{lane.label}: {describe(signature, api)} at {site}" for lane, signature, site, api in others]
+        return CollectiveMismatchError(mismatch_text(where, lines, self.device_table()), self.state_table())
 
     # -- the rendezvous ----------------------------------------------------------------------------------
 
@@ -252,13 +307,18 @@ class World:
             created = rv is None
             if created:
                 rv = self.open[at] = Rendezvous(chan.key, seq, signature, size)
+                rv.key_comm = chan.comm
             elif rv.signature != signature or rv.lanes[rank] is not None:
                 self._fail_locked(self._mismatch(rv, [(lane, signature, site, api)],
                                                  f"at step {rv.seq} of the same communicator"))
                 raise Aborted
             rv.blocks[rank], rv.lanes[rank], rv.sites[rank], rv.apis[rank] = leaves, lane, site, api
+            if lane.history is None:
+                lane.history = collections.deque(maxlen=HISTORY)
+            lane.history.append((lane.calls, chan.comm, seq, signature, site, api))
+            lane.calls += 1
             rv.arrived += 1
-            if observers:
+            if self.observers:
                 rv.arrivals[rank] = time.perf_counter()
             last = rv.arrived == size
             if not last:
@@ -268,7 +328,7 @@ class World:
                     key = chan.key
                     done = next((d for d in self.finished if membership(d.frames, key[0]) == key), None)
                     if done is not None:
-                        self._fail_locked(self._deadlock(rv, f"{done.label} {done.state} without reaching it"))
+                        self._fail_locked(self._missing(rv, done, f"{done.label} {done.state} without reaching it"))
                 if self.running == 0:
                     self._check_stuck_locked()
             else:  # the others become runnable now; they get their results after the rule has run
@@ -293,12 +353,12 @@ class World:
             rv.error = e
             raise
         finally:
-            released = time.perf_counter() if observers else 0.0
+            released = time.perf_counter() if self.observers else 0.0
             waiting = [other for other in rv.lanes if other is not lane]
             rv.successor = dict(zip(waiting, waiting[1:]))
             if waiting:
                 waiting[0].wake.release()
-        for observer in observers:
+        for observer in self.observers:
             observer.record(rv, released)
         return rv.results[rank]
 
@@ -306,6 +366,10 @@ class World:
 def _call_of(rv: Rendezvous, rank: int) -> tuple:
     """(signature, site, api) of the lane of ``rank`` in ``rv``."""
     return rv.signature, rv.sites[rank], rv.apis[rank]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _first(apis: list) -> str | None:

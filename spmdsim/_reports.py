@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-__all__ = ["Signature", "describe", "shown_avals", "format_table"]
+__all__ = ["Signature", "describe", "shown_avals", "format_table", "TABLE_HEADER", "deadlock_text", "mismatch_text",
+           "who"]
+
+TABLE_HEADER = ("device", "state", "collective", "axis", "step", "source line")
 
 
 class Signature(NamedTuple):
@@ -38,3 +41,22 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def deadlock_text(call: str, reason: str, table: str) -> str:
+    """The text of a CollectiveDeadlockError: ``call`` (the collective, described) can never complete."""
+    return (f"{call} can never complete: {reason}. On real hardware this program hangs.\n\n{table}\n\nFix: make "
+            f"every device of the group call the same collectives in the same order (no collective inside a branch "
+            f"or loop that only some devices take).")
+
+
+def mismatch_text(where: str, calls: Sequence[str], table: str) -> str:
+    """The text of a CollectiveMismatchError: ``calls`` lists who called what, one line each."""
+    return (f"devices called different collectives {where}:\n" + "\n".join(f"  {c}" for c in calls)
+            + f"\nOn real hardware this hangs or exchanges garbage.\n\n{table}\n\nFix: every device of the group "
+            f"must make the same collective call (op, axis names, parameters, shapes, dtypes) in the same order.")
+
+
+def who(labels: Sequence[str]) -> str:
+    """``device 3 [i=3]``, or ``5 devices (device 1 [i=1] ... device 7 [i=7])``."""
+    return labels[0] if len(labels) == 1 else f"{len(labels)} devices ({labels[0]} ... {labels[-1]})"

@@ -4,17 +4,15 @@
 threads (:mod:`spmdsim._threads`), joins them to the caller's world when called from inside a lane (a nested
 map), and turns what the lanes did into one outcome: the results in index order, the first device error with
 the others attached, or the world's CollectiveMismatchError / CollectiveDeadlockError. One Ctrl-C ends the
-call within a second, whatever the devices are doing (:func:`_interrupted`).
+call within half a second, whatever the devices are doing (:func:`_interrupted`).
 
 Collectives reach the other lanes through :func:`channel` and the world's rendezvous
 (:mod:`spmdsim._rendezvous`); :mod:`spmdsim._primitives` binds them.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import itertools
-import math
 import os
 import sys
 import threading
@@ -26,16 +24,15 @@ from spmdsim import _output, _threads
 from spmdsim._axes import Channel, Frame, Unnamed, frames_label, resolve_axes
 from spmdsim._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCount, Lane, Rendezvous,  # noqa: F401
                                  World, failure_hooks, observers, pause_hooks)
-from spmdsim._reports import describe, format_table  # noqa: F401  (re-exported for the debugger)
+from spmdsim._reports import describe, format_table, who  # noqa: F401  (describe, format_table: for the debugger)
 
 __all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "channel", "user_site",
            "frames_label", "observers", "pause_hooks"]
 
 _local = threading.local()
-_call_ids = itertools.count()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_FILES = (_PACKAGE_DIR + os.sep, threading.__file__)
-INTERRUPT_GRACE_SECONDS = 1.0
+INTERRUPT_GRACE_SECONDS = 0.5
 _FILTER_TRACEBACKS = os.environ.get("SPMDSIM_TRACEBACK_FILTERING", "on") != "off"
 
 
@@ -52,7 +49,7 @@ def channel(lane: Lane | None, axis_names: tuple, api: str) -> Channel:
         return Channel(resolve_axes((), axis_names, api))
     chan = lane.channels.get(axis_names)
     if chan is None:
-        chan = lane.channels[axis_names] = lane.channel(resolve_axes(lane.frames, axis_names, api))
+        chan = lane.channels[axis_names] = lane.channel(axis_names, api)
     return chan
 
 
@@ -85,17 +82,16 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     """
     parent = current_lane()
     if parent is None:
-        world, frames, instance = World(), (), (next(_call_ids),)
+        world = World()
+        placed = _top_level_frames(tuple(axes), is_device)
     else:
         world, frames = parent.world, parent.frames
         instance = frames[-1].instance + (parent.nested_calls,)
         parent.nested_calls += 1
-    sizes = [size for _, size in axes]
-    size = math.prod(sizes)
+        placed = _frames(frames, tuple(axes), is_device, instance, shared_channels=False)
+    size = len(placed.lanes)
     call = CallCount(parent, size)
-    lanes = [Lane(world, frames + tuple(Frame(name, n, c, instance, is_device)
-                                        for (name, n), c in zip(axes, coords, strict=True)), call)
-             for coords in itertools.product(*(range(n) for n in sizes))]
+    lanes = [Lane(world, frames, call, label, templates) for frames, label, templates in placed.lanes]
     results: list = [None] * size
     errors: list[BaseException | None] = [None] * size
 
@@ -105,6 +101,8 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
         _local.lane = lane
         start, outcome = time.perf_counter(), "returned"
         try:
+            if isinstance(world.failure, KeyboardInterrupt):  # Ctrl-C before this device started
+                raise Aborted
             results[i] = body(i)
         except Aborted:
             outcome = "stopped"
@@ -118,14 +116,13 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
             world.finish(lane, DONE)
         finally:
             _local.lane = None  # a reused thread must not keep this call's lane (and its world) alive
-        for observer in observers:
+        for observer in world.observers:
             observer.lane(lane.label, start, time.perf_counter(), outcome)
 
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
     try:
-        threads = _threads.run_threads([functools.partial(target, i) for i in range(size)],
-                                       [f"spmdsim {lane.label}" for lane in lanes])
+        threads = _threads.run_threads(target, placed.names)
         try:
             threads.wait()
         except KeyboardInterrupt as e:
@@ -136,14 +133,38 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     return _outcome(world, lanes, results, errors, parent)
 
 
+class _Placement:
+    """The lanes of one mapped call: per lane its frames (the enclosing ones, then one per mapped axis,
+    row-major), label and channel templates (top-level calls: a dict shared by the calls of that mesh, see
+    :meth:`Lane.channel`; None for nested calls), and the names of their threads."""
+
+    def __init__(self, lanes: list):
+        self.lanes = lanes
+        self.names = [f"spmdsim {label}" for _, label, _ in lanes]
+
+
+def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, *, shared_channels: bool) -> _Placement:
+    """The placement of the lanes of a call over ``axes`` inside ``outer`` frames (``instance``: the call's);
+    ``shared_channels``: give each lane a dict of channel templates (for placements reused across calls)."""
+    lanes = []
+    for coords in itertools.product(*(range(n) for _, n in axes)):
+        frames = outer + tuple(Frame(name, n, c, instance, is_device)
+                               for (name, n), c in zip(axes, coords, strict=True))
+        lanes.append((frames, frames_label(frames), {} if shared_channels else None))
+    return _Placement(lanes)
+
+
+@functools.lru_cache(maxsize=64)
+def _top_level_frames(axes: tuple, is_device: bool) -> _Placement:
+    """The placement of a top-level call, made once per mesh: a top-level call has a world of its own, so its
+    frames need no instance that tells it from other calls, and its channels can be worked out once."""
+    return _frames((), axes, is_device, (0,), shared_channels=True)
+
+
 def _outcome(world: World, lanes: list[Lane], results: list, errors: list, parent: Lane | None) -> list:
     raised = [(lane, e) for lane, e in zip(lanes, errors, strict=True) if e is not None]
     if raised:
-        lane, first = raised[0]
-        if not hasattr(first, "device_errors"):
-            first.device_errors = {other.label: e for other, e in raised}
-            _explain(first, lane, raised[1:])
-        raise first.with_traceback(_filtered(first.__traceback__))
+        raise device_error([(lane.label, e) for lane, e in raised])
     if world.failure is not None:
         if parent is not None:
             raise Aborted
@@ -151,17 +172,27 @@ def _outcome(world: World, lanes: list[Lane], results: list, errors: list, paren
     return results
 
 
-def _explain(error: BaseException, lane: Lane, others: list) -> None:
+def device_error(raised: list[tuple[str, BaseException]]) -> BaseException:
+    """The error to raise when devices raised (``raised``: (device label, error) in device order): the first,
+    with ``device_errors`` (every device's error by label), notes naming the device and what the others raised,
+    and spmdsim's frames filtered from its traceback. Used by both executors."""
+    label, error = raised[0]
+    if not hasattr(error, "device_errors"):
+        error.device_errors = dict(raised)
+        _explain(error, label, raised[1:])
+    return error.with_traceback(_filtered(error.__traceback__))
+
+
+def _explain(error: BaseException, label: str, others: list) -> None:
     """Notes on a device error: where it was raised, which other devices raised what (identical errors in
     one line), and the fix for writing into a read-only device block."""
-    error.add_note(f"spmdsim: raised on {lane.label}.")
+    error.add_note(f"spmdsim: raised on {label}.")
     groups: dict = {}
     for other, e in others:
-        groups.setdefault((type(e).__name__, str(e)), []).append(other.label)
+        groups.setdefault((type(e).__name__, str(e)), []).append(other)
     for (kind, text), labels in groups.items():
         same = (kind, text) == (type(error).__name__, str(error))
-        who = labels[0] if len(labels) == 1 else f"{len(labels)} devices ({labels[0]} ... {labels[-1]})"
-        error.add_note(f"spmdsim: {who} also raised {'the same error' if same else f'{kind}: {text}'}.")
+        error.add_note(f"spmdsim: {who(labels)} also raised {'the same error' if same else f'{kind}: {text}'}.")
     if isinstance(error, ValueError) and "read-only" in str(error):
         error.add_note("spmdsim: a device's arguments are read-only views of the caller's arrays (JAX arrays are "
                        "immutable too). Write x = x + 1 instead of x += 1, or work on a copy: x = x.copy().")
@@ -184,27 +215,28 @@ def _filtered(tb: types.TracebackType | None) -> types.TracebackType | None:
 
 
 def _interrupted(error: KeyboardInterrupt, world: World, lanes: list[Lane], threads: _threads.Threads) -> None:
-    """Ctrl-C while the devices run: note where every device was, stop them (waiting devices at once, running
-    ones at their next collective or by an exception injected into their thread), and give up on those still
-    busy after a grace period (they end when their current computation returns, never running user code for
-    a later call)."""
+    """Ctrl-C while the devices run: note where every device was and stop them within
+    INTERRUPT_GRACE_SECONDS. Waiting devices unwind at once (the world fails); a device still running after
+    a tenth of the grace gets an :class:`Aborted` raised in its thread (at its next Python instruction, or
+    when the C call it is in returns); devices still busy at the end of the grace are given up on (they stop
+    when that C call returns, never running user code again). A second Ctrl-C skips the grace."""
     table = world.device_table()
     world.fail(error)
-    if not threads.wait(INTERRUPT_GRACE_SECONDS / 2):
-        for lane in world.lanes:
-            if lane.state not in (DONE, RAISED, ABORTED) and lane.thread is not None:
-                _raise_in_thread(lane.thread, Aborted)
-        threads.wait(INTERRUPT_GRACE_SECONDS / 2)
+    try:
+        if not threads.wait(INTERRUPT_GRACE_SECONDS / 10):
+            with world.lock:  # a lane's state changes under this lock: a finished lane is never interrupted
+                for lane in world.lanes:
+                    if lane.state not in (DONE, RAISED, ABORTED) and lane.thread is not None:
+                        _threads.interrupt(lane.thread, Aborted)
+            threads.wait(INTERRUPT_GRACE_SECONDS * 9 / 10)
+    except KeyboardInterrupt:
+        pass
     stuck = threads.running()
     threads.abandon(stuck)
     error.add_note(f"spmdsim: interrupted; where every device was:\n{table}")
     if stuck:
         error.add_note(f"spmdsim: {', '.join(lanes[i].label for i in stuck)} did not stop within "
                        f"{INTERRUPT_GRACE_SECONDS:g} s (busy outside Python, e.g. in time.sleep or a long NumPy "
-                       f"call) and were abandoned: they stop when that returns and never run user code again.")
-
-
-def _raise_in_thread(thread: threading.Thread, exc_type: type) -> None:
-    """Raise ``exc_type`` in ``thread`` at its next Python instruction (CPython's async exception)."""
-    if thread.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))
+                       f"call) and {'was' if len(stuck) == 1 else 'were'} abandoned: "
+                       f"{'it stops' if len(stuck) == 1 else 'they stop'} when that call returns, and never run "
+                       f"user code again.")

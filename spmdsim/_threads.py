@@ -15,15 +15,19 @@ switch and the call around it cheap:
   it does not exist (the child starts with no parked thread). Inside ``with spmdsim.reuse_threads():`` parked
   threads wait without a time limit, and the end of the outermost block stops and joins them.
   ``SPMDSIM_REUSE_THREADS=0`` gives every call fresh threads that end with it.
+- **Interrupts.** :func:`interrupt` raises an exception in a device thread (Ctrl-C: see
+  :mod:`spmdsim._runtime`). An interrupted thread is never parked again: it ends when its task returns, and
+  an interrupt that arrives after the task's body returned ends the thread silently.
 """
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import threading
 from typing import Callable, Sequence
 
-__all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads"]
+__all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads", "interrupt"]
 
 IDLE_SECONDS = float(os.environ.get("SPMDSIM_IDLE_THREAD_SECONDS", "2"))
 REUSE = os.environ.get("SPMDSIM_REUSE_THREADS", "1") != "0"
@@ -66,6 +70,7 @@ class _Worker:
         self.task: Callable[[], None] | None = None
         self.abandoned = False
         self.thread = threading.Thread(target=pool.serve, args=(self,), name="spmdsim idle thread", daemon=True)
+        self.thread._spmdsim_worker = self
         self.thread.start()
 
 
@@ -78,20 +83,23 @@ class Threads:
         self.returned = [False] * len(workers)
         self._lock = threading.Lock()
         self._remaining = len(workers)
-        self._done = threading.Event()
-        if not workers:
-            self._done.set()
+        self._done = threading.Lock()  # held until every body returned
+        if workers:
+            self._done.acquire()
 
     def _returned(self, i: int) -> None:
         with self._lock:
             self.returned[i] = True
             self._remaining -= 1
             if self._remaining == 0:
-                self._done.set()
+                self._done.release()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every body returned (True) or ``timeout`` seconds passed (False)."""
-        return self._done.wait(timeout)
+        if not self._done.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._done.release()
+        return True
 
     def running(self) -> list[int]:
         with self._lock:
@@ -109,6 +117,14 @@ class _Pool:
         self.idle: list[_Worker] = []
 
     def serve(self, worker: _Worker) -> None:
+        try:
+            self._serve(worker)
+        except BaseException:
+            if not worker.abandoned:
+                raise
+            # An interrupt (see `interrupt`) that arrived after the device's body had returned: the thread ends.
+
+    def _serve(self, worker: _Worker) -> None:
         _pin()
         while True:
             if not worker.go.acquire(timeout=IDLE_SECONDS):
@@ -135,8 +151,8 @@ class _Pool:
                 return
         worker.go.release()  # with no task: the thread returns
 
-    def run(self, bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Threads:
-        n = len(bodies)
+    def run(self, body: Callable[[int], None], names: Sequence[str]) -> Threads:
+        n = len(names)
         with self.lock:
             keep = max(0, len(self.idle) - n)
             taken, self.idle = self.idle[keep:], self.idle[:keep]
@@ -149,10 +165,12 @@ class _Pool:
                 if i + 1 < n:  # the start baton: each thread wakes the next (one wake-up each, no herd)
                     taken[i + 1].go.release()
                 try:
-                    bodies[i]()
+                    body(i)
                 finally:
-                    self.park(taken[i])  # before the count: the next call finds every thread idle
-                    threads._returned(i)
+                    try:
+                        self.park(taken[i])  # before the count: the next call finds every thread idle
+                    finally:
+                        threads._returned(i)
             return run
 
         for i, worker in enumerate(taken):
@@ -181,12 +199,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_pool.after_fork)
 
 
-def run_threads(bodies: Sequence[Callable[[], None]], names: Sequence[str]) -> Threads:
-    """Start ``bodies[i]`` in its own thread named ``names[i]`` (a parked one when there is one).
+def run_threads(body: Callable[[int], None], names: Sequence[str]) -> Threads:
+    """Start ``body(i)`` for each ``i`` in ``range(len(names))``, each in its own thread named ``names[i]``
+    (a parked one when there is one). ``body`` must not raise (lanes record their own errors)."""
+    return _pool.run(body, names)
 
-    The bodies must not raise (lanes record their own errors).
-    """
-    return _pool.run(bodies, names)
+
+def interrupt(thread: threading.Thread, exc_type: type) -> None:
+    """Raise ``exc_type`` in device thread ``thread`` at its next Python instruction (CPython's asynchronous
+    exception; a thread blocked in C, e.g. ``time.sleep``, gets it when that returns). The thread is never
+    parked again. The caller makes sure ``thread`` still runs the body it means to stop."""
+    worker = getattr(thread, "_spmdsim_worker", None)
+    if worker is None or thread.ident is None:
+        return
+    worker.abandoned = True
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))
 
 
 def idle_thread_count() -> int:

@@ -84,10 +84,11 @@ def _summarize(a) -> dict:
 class Trace:
     """The calls and collectives recorded while the ``trace()`` block ran."""
 
-    def __init__(self, values: str | None = None):
+    def __init__(self, values: str | None = None, thread: int | None = None):
         if values not in (None, "summary", "full"):
             raise ValueError(f"trace(values=...) must be None, 'summary' or 'full', got {values!r}.")
         self.values = values
+        self.thread = thread  # the ident of the thread whose calls are recorded; None: every thread
         self.events: list[CollectiveEvent] = []
         self.calls: list[CallEvent] = []
         self._lock = threading.Lock()
@@ -301,13 +302,16 @@ def _device_sort_key(label: str):
 
 
 @contextlib.contextmanager
-def trace(values: str | None = None):
-    """Record every device call and collective completed inside the block, from any thread.
+def trace(values: str | None = None, *, all_threads: bool = False):
+    """Record the mapped calls made inside the block by the thread that opened it: every device call and
+    collective, nested calls included.
 
     ``values``: None (shapes and times only), ``"summary"`` (min/max/mean of every device's operand and
-    result) or ``"full"`` (copies of the arrays). Yields a :class:`Trace`.
+    result) or ``"full"`` (copies of the arrays). ``all_threads=True`` records the calls that any thread
+    starts inside the block. A call already running when the block opens is not recorded (events are whole:
+    every one has its arrival and release times). Yields a :class:`Trace`.
     """
-    tr = Trace(values)
+    tr = Trace(values, None if all_threads else threading.get_ident())
     _runtime.observers.append(tr)
     try:
         yield tr

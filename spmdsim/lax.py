@@ -144,9 +144,15 @@ def pmin(x, axis_name, *, axis_index_groups=None):
 
 def _mean_of(total: np.ndarray, count: int) -> np.ndarray:
     """``total / count`` with JAX's dtypes (integer and bool sums give float32, floats keep theirs), read-only
-    so that the devices can share it."""
-    out = np.asarray(total.astype(np.float32) / np.float32(count) if total.dtype.kind in "biu" else
-                     total / np.asarray(count, total.dtype))
+    so that the devices can share it. A floating sum is divided in place (it is the psum's own fresh result,
+    not yet given to any device): no second array of the operand's size."""
+    if total.dtype.kind in "biu":
+        out = np.asarray(total.astype(np.float32) / np.float32(count))
+    elif total.flags.owndata:
+        total.flags.writeable = True
+        out = np.divide(total, np.asarray(count, total.dtype), out=total)
+    else:
+        out = np.asarray(total / np.asarray(count, total.dtype))
     out.flags.writeable = False
     return out
 

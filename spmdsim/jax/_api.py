@@ -15,11 +15,13 @@ import threading
 from typing import Callable, Hashable, Sequence
 
 import jax
+import numpy as np
 from jax._src import api_util, core
 from jax.extend import core as ext_core
 
 from spmdsim import _pmap, _runtime
 from spmdsim._axes import Unnamed
+from spmdsim._values import check_array_dtype
 from spmdsim.jax._map import global_avals, map_params, simulate, spmdsim_map_p, to_jax, to_numpy
 
 __all__ = ["pmap"]
@@ -37,6 +39,8 @@ def _aval(leaf, path: str):
     try:
         aval = core.shaped_abstractify(leaf)
     except TypeError:
+        if isinstance(getattr(leaf, "dtype", None), np.dtype):  # strings, objects, datetimes
+            check_array_dtype(np.asarray(leaf), f"argument {path}", "pmap")
         raise TypeError(f"pmap: argument {path} of type {type(leaf).__name__} is not an array; mapped function "
                         f"arguments must be arrays or numbers. Pass non-array values with "
                         f"static_broadcasted_argnums, or close over them.") from None

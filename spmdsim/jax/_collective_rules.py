@@ -10,7 +10,7 @@ from spmdsim.jax._registry import per_device, vectorized
 
 def _collective(name: str):
     def rule(x, **params):
-        return _primitives.bind(name, [x], site=current_site(), **params)[0]
+        return _primitives.bind(name, [x], site=current_site, **params)[0]  # called only if needed
     rule.__name__ = rule.__qualname__ = f"bind_{name}"
     return rule
 

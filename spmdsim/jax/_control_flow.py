@@ -4,11 +4,14 @@ scan. Each rule receives the :class:`~spmdsim.jax._interpreter.Executor` and eva
 ``cond`` and ``while`` follow each device's own predicate, so devices may take different branches or iterate
 a different number of times (the thread executor runs each device's branch; the vectorized executor splits
 the devices by branch). A collective inside such a branch is exactly the program that hangs on real hardware:
-both executors report it.
+both executors report it. The thread executor's rendezvous sees it; in the vectorized executor a collective
+that a subset of devices reaches raises :class:`~spmdsim._primitives.Diverged`, and the rule that split the
+devices reports it with what the other devices did (:meth:`Executor.diverged`).
 """
 from __future__ import annotations
 
-from spmdsim.jax._interpreter import Executor, higher_order
+from spmdsim._primitives import Diverged
+from spmdsim.jax._interpreter import Executor, current_site, higher_order
 
 
 @higher_order("pjit", "jit")
@@ -38,10 +41,23 @@ def _custom_vjp_call(ex: Executor, *args, **params):
 
 @higher_order("cond")
 def _cond(ex: Executor, index, *operands, branches, **_params):
-    outs = None
+    outs, waiting, went_on = None, [], []
     for branch, selection in ex.partition(index, len(branches)):
-        part = ex.subset(selection).eval_closed(branches[branch], [ex.select(x, selection) for x in operands])
+        try:
+            part = ex.subset(selection).eval_closed(branches[branch], [ex.select(x, selection) for x in operands])
+        except Diverged as d:
+            if selection is None:  # every device here took this branch: the split is further out
+                raise
+            waiting += d.calls
+            continue
+        went_on.append((selection, branch))
         outs = ex.merge(outs, part, selection)
+    if waiting:
+        site = current_site()
+        names = [f"branch {b}" + (f" ({'true' if b else 'false'}_fun)" if len(branches) == 2 else "")
+                 for b in range(len(branches))]
+        ex.diverged(waiting, [(selection, f"took {names[b]} of the cond at {site} and went on")
+                              for selection, b in went_on], f"in the branches of the cond at {site}")
     return outs
 
 
@@ -50,13 +66,19 @@ def _while(ex: Executor, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
     cond_consts, body_consts = args[:cond_nconsts], args[cond_nconsts:cond_nconsts + body_nconsts]
     carry = list(args[cond_nconsts + body_nconsts:])
     while True:
-        going = [selection for keep, selection in ex.partition(ex.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0],
-                                                              2) if keep]
+        parts = ex.partition(ex.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0], 2)
+        going = [selection for keep, selection in parts if keep]
         if not going:
             return carry
         selection = going[0]
         sub = ex.subset(selection)
-        new = sub.eval_closed(body_jaxpr, [ex.select(x, selection) for x in (*body_consts, *carry)])
+        try:
+            new = sub.eval_closed(body_jaxpr, [ex.select(x, selection) for x in (*body_consts, *carry)])
+        except Diverged as d:
+            if selection is None:
+                raise
+            ex.diverged(d.calls, [(stopped, f"left the while loop at {current_site()}") for keep, stopped in parts
+                                  if not keep], f"in the while loop at {current_site()}")
         carry = ex.merge(carry, new, selection)
 
 

@@ -135,6 +135,12 @@ class Executor:
     def missing(self, eqn, operands):
         missing_rule(eqn, self)
 
+    def diverged(self, calls: list, went_on: list, where: str) -> None:
+        """Devices that this executor split (``cond``, ``while``) reached collectives apart: ``calls`` as in
+        :class:`~spmdsim._primitives.Diverged`, ``went_on``: ``(selection, what they did)`` for the others,
+        ``where``: the construct that split them. Raises (only the vectorized executor gets here)."""
+        raise AssertionError("unreachable: only the vectorized executor splits devices")
+
     # -- control flow: a selection is None (every device) or what :meth:`partition` returned ------------
 
     def partition(self, index, count: int) -> list[tuple[int, object]]:
@@ -222,14 +228,18 @@ class Vectorized(Executor):
                               *args, executor=self)
 
     def missing(self, eqn, operands):
-        # TODO(spmdsim): removed once every primitive has a vectorized rule (the rules helper's branch).
+        """A primitive without a vectorized rule: its per-device rule, device by device (a device that raises is
+        named, as in the thread executor)."""
         rule = _registry.PER_DEVICE.get(eqn.primitive.name)
         if rule is None:
             missing_rule(eqn, self)
-        outs = [rule(*(x[d] for x in operands), **eqn.params) for d in range(self.n)]
+        outs = self.batch.per_device(lambda d: rule(*(x[d] for x in operands), **eqn.params))
         if eqn.primitive.multiple_results:
             return [np.stack([np.asarray(o[k]) for o in outs]) for k in range(len(eqn.outvars))]
         return np.stack([np.asarray(o) for o in outs])
+
+    def diverged(self, calls, went_on, where):
+        self.batch.diverged(calls, [(self.batch.subset(selection).ids, what) for selection, what in went_on], where)
 
     def partition(self, index, count):
         index = np.clip(np.asarray(index).astype(np.int64), 0, count - 1)

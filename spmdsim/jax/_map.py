@@ -115,22 +115,51 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
     devices at once (vectorized), assemble the outputs. ``ex`` is the evaluating executor when the map is an
     equation of an outer body (a nested map), None at top level. ``check_replicated``: raise ReplicationError
     when an output replicated along some mesh axes differs between the devices along them."""
-    in_avals, out_avals = jaxpr.in_avals, jaxpr.out_avals
-    in_specs = [_numpy_spec(s, a) for s, a in zip(in_specs, in_avals, strict=True)]
-    out_specs = [_numpy_spec(s, a) for s, a in zip(out_specs, out_avals, strict=True)]
+    in_specs, out_specs = _numpy_specs(jaxpr, in_specs, out_specs)
     if isinstance(ex, Vectorized) or (ex is None and executor == "vectorized"):
         return _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex)
     body_ex = REFERENCE if executor == "reference" else PER_DEVICE
-    blocks = [_read_only(_sharding.split(x, spec, axes)) for x, spec in zip(args, in_specs, strict=True)]
+    blocks = [_split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
+    inner, consts = jaxpr.jaxpr, jaxpr.consts
 
     def body(i: int) -> list:
-        return body_ex.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, [b[i] for b in blocks])
+        return body_ex.eval_jaxpr(inner, consts, [b[i] for b in blocks])
 
     per_device = _runtime.run_mapped(body, axes, is_device=True)
-    stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))]
     if check_replicated:
+        stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))]
         _check_replicated(stacked, out_specs, axes, api)
-    return [_sharding.assemble(o, spec, axes) for o, spec in zip(stacked, out_specs, strict=True)]
+    return [_assemble([device[k] for device in per_device], spec, axes) for k, spec in enumerate(out_specs)]
+
+
+@weakref_lru_cache
+def _numpy_specs(jaxpr, in_specs: tuple, out_specs: tuple) -> tuple[list, list]:
+    """The specs of the NumPy forms of the map's inputs and outputs (see :func:`_numpy_spec`), once per body."""
+    return ([_numpy_spec(s, a) for s, a in zip(in_specs, jaxpr.in_avals, strict=True)],
+            [_numpy_spec(s, a) for s, a in zip(out_specs, jaxpr.out_avals, strict=True)])
+
+
+def _split(x: np.ndarray, spec: tuple, axes) -> np.ndarray:
+    """Every device's block of ``x``, stacked and read-only (:func:`spmdsim._sharding.split`); for one mesh axis
+    and a spec that splits the leading dimension or nothing (pmap's layouts), one reshape or broadcast."""
+    if len(axes) == 1 and not any(spec[1:]):
+        n = axes[0][1]
+        if not spec or not spec[0]:
+            return np.broadcast_to(x, (n, *x.shape))
+        if spec[0] == (axes[0][0],):
+            return _read_only(x.reshape(n, x.shape[0] // n, *x.shape[1:]))
+    return _read_only(_sharding.split(x, spec, axes))
+
+
+def _assemble(blocks: list, spec: tuple, axes) -> np.ndarray:
+    """The output of the devices' ``blocks`` by ``spec`` (:func:`spmdsim._sharding.assemble`): replicated,
+    device 0's block (not a stack of every device's copy); one mesh axis splitting the leading dimension, one
+    concatenation."""
+    if not any(spec):
+        return blocks[0]
+    if len(axes) == 1 and spec[0] == (axes[0][0],) and not any(spec[1:]):
+        return np.concatenate(blocks)
+    return _sharding.assemble(np.stack(blocks), spec, axes)
 
 
 def _check_replicated(stacked: list[np.ndarray], out_specs, axes, api: str) -> None:
@@ -166,7 +195,11 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
         blocks = _sharding.split(x, ((),) + spec, axes)  # (inner, outer, *block)
         stacked.append(np.swapaxes(blocks, 0, 1).reshape(ex.n * inner, *blocks.shape[2:]))
     ids = None if outer.ids is None else (outer.ids[:, None] * inner + np.arange(inner)).ravel()
-    outs = Vectorized(_primitives.Batch(outer.axes + tuple(axes), ids)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
+    try:
+        outs = Vectorized(_primitives.Batch(outer.axes + tuple(axes), ids)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts,
+                                                                                       stacked)
+    except _primitives.Diverged as d:  # a collective over an outer axis: the outer devices, as the outer batch counts
+        raise _primitives.Diverged([(np.unique(group // inner), *call) for group, *call in d.calls]) from None
     result = []
     for o, spec in zip(outs, out_specs, strict=True):
         per_inner = np.swapaxes(o.reshape(ex.n, inner, *o.shape[1:]), 0, 1)
@@ -189,8 +222,12 @@ def _impl(*args, **params):
 
 def global_avals(params) -> list:
     """The map's output avals: the body's, assembled by the out_specs (plain arrays, no varying axes)."""
-    return [_unshard(aval, spec, params["axes"]) for aval, spec in
-            zip(params["jaxpr"].out_avals, params["out_specs"], strict=True)]
+    return _global_avals(params["jaxpr"], params["out_specs"], params["axes"])
+
+
+@weakref_lru_cache
+def _global_avals(jaxpr, out_specs: tuple, axes: tuple) -> list:
+    return [_unshard(aval, spec, axes) for aval, spec in zip(jaxpr.out_avals, out_specs, strict=True)]
 
 
 def _unshard(aval, spec, axes):

@@ -1,0 +1,129 @@
+"""What reused device threads guarantee (spmdsim/_threads.py): when a call returns or raises, no device thread
+runs user code or holds a reference to the call's data; parked threads end after the idle time, at
+interpreter exit and in a forked child; thread count and memory do not grow over many calls. (After Ctrl-C:
+tests/test_interrupt.py.)"""
+import gc
+import os
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+import weakref
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import _threads, lax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(spmdsim.__file__)))
+
+
+def spmdsim_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("spmdsim"))
+
+
+def until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def call_that_raises(x: np.ndarray) -> None:
+    def f(v):
+        if lax.axis_index("i") == 2:
+            raise ValueError("device 2 fails")
+        return lax.psum(v, "i")   # the others wait here and are released by the failure
+
+    with pytest.raises(ValueError, match="device 2 fails"):
+        spmdsim.pmap(f, axis_name="i")(x)
+
+
+def test_after_a_call_that_raised_the_threads_are_parked_and_hold_nothing_of_the_call(monkeypatch):
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.2)
+    x = np.arange(8.0)
+    data = weakref.ref(x)
+    call_that_raises(x)
+    assert spmdsim_threads() == ["spmdsim idle thread"] * 8     # parked at once, no user code running
+    del x
+    gc.collect()
+    assert data() is None, "a parked device thread still holds the call's argument"
+    assert until(lambda: not spmdsim_threads())                 # and they end after the idle time
+    assert _threads.idle_thread_count() == 0
+
+
+def test_parked_threads_end_at_interpreter_exit():
+    """The program's own exit hook, registered before spmdsim's (exit hooks run last registered first), runs
+    after spmdsim's and finds no spmdsim thread, with a 60 s idle time."""
+    program = (
+        "import atexit, threading\n"
+        "atexit.register(lambda: print('left at exit:', sorted(t.name for t in threading.enumerate() "
+        "if t.name.startswith('spmdsim'))))\n"
+        "import numpy as np, spmdsim\n"
+        "f = spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), axis_name='i')\n"
+        "for _ in range(3): f(np.ones(8))\n"
+        "print('parked:', spmdsim._threads.idle_thread_count())\n")
+    env = {**os.environ, "PYTHONPATH": ROOT, "SPMDSIM_IDLE_THREAD_SECONDS": "60"}
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["parked: 8", "left at exit: []"], proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_starts_with_no_parked_thread_and_its_calls_work():
+    """In a fresh interpreter (forking a process that runs JAX's threads is unsafe)."""
+    program = (
+        "import os, numpy as np, spmdsim\n"
+        "f = spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), axis_name='i')\n"
+        "f(np.ones(8))\n"
+        "parked = spmdsim._threads.idle_thread_count()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    before = spmdsim._threads.idle_thread_count()\n"
+        "    ok = f(np.ones(8)).tolist() == [8.0] * 8\n"
+        "    print('child', before, ok, spmdsim._threads.idle_thread_count(), flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print('parent', parked, spmdsim._threads.idle_thread_count())\n")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child 0 True 8", "parent 8 8"], proc.stdout + proc.stderr
+
+
+def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypatch):
+    """Threads and Python objects counted over 10,000 calls; bytes held by spmdsim's code (tracemalloc, which
+    slows JAX's array conversion tenfold) over the last 1,000, after 500 traced calls that fill NumPy's and
+    JAX's own caches (a leak of one small object per call would show as ~50 KiB). Afterwards the parked
+    threads end after the idle time."""
+    jax = pytest.importorskip("jax")
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.5)
+    import spmdsim.jax as sjax
+
+    f = sjax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")
+    x = np.ones((8, 4), np.float32)
+    for _ in range(200):  # warm the caches
+        f(x)
+    gc.collect()
+    threads, objects = threading.active_count(), len(gc.get_objects())
+    for _ in range(8_500):
+        f(x)
+    gc.collect()
+    assert len(gc.get_objects()) - objects < 100, "Python objects accumulate over the calls"
+    tracemalloc.start()
+    for _ in range(500):
+        f(x)
+    gc.collect()
+    before = tracemalloc.take_snapshot()
+    for _ in range(1_000):
+        f(x)
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename") if "spmdsim" in str(stat))
+    assert threading.active_count() == threads
+    assert spmdsim_threads() == ["spmdsim idle thread"] * 8
+    assert grown < 16 * 1024, f"spmdsim kept {grown} bytes over 1,000 calls"
+    assert until(lambda: not spmdsim_threads()) and _threads.idle_thread_count() == 0
