@@ -51,14 +51,14 @@ def _fmt(a) -> str:
 
 
 def _show(echo: bool, title: str, header: list[str], rows: list[list[str]]) -> str:
-    """The table's text, printed when ``echo``: a title of several lines above the table, not in it (rich would
-    wrap it to the table's width)."""
+    """The table's text, printed when ``echo``, its title as lines above the table (rich would wrap a title to
+    the table's width)."""
     if not echo:
         return text_table(title, header, rows)
-    if "\n" in title:
+    if title:
         print(title)
-        return "\n".join([title, print_table("", header, rows)])
-    return print_table(title, header, rows)
+    table = print_table("", header, rows)
+    return f"{title}\n{table}" if title else table
 
 
 def sharding(x, in_axes: int | None = 0, *, axis_size: int | None = None, mesh=None, spec=None,
@@ -563,7 +563,7 @@ def _grid_svg(x0: float, y0: float, labels, owners, cell_w: float, n_devices: in
         for b, (label, owner) in enumerate(zip(label_row, owner_row, strict=True)):
             cx, cy = x0 + b * cell_w, y0 + a * CELL_H
             colour = "white" if owner is None else _svg.device_colour(owner, n_devices)
-            out.append(f'<g class="cell"><rect x="{cx:.1f}" y="{cy:.1f}" width="{cell_w - 2}" height="{CELL_H - 2}" '
+            out.append(f'<g class="cell"><rect x="{cx:.1f}" y="{cy:g}" width="{cell_w - 2}" height="{CELL_H - 2}" '
                        f'fill="{colour}" fill-opacity="0.75"/>'
                        + _svg.text(cx + (cell_w - 2) / 2, cy + CELL_H / 2 + 3, label, anchor="middle") + "</g>")
     return out

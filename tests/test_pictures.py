@@ -1,7 +1,11 @@
 """Teaching pictures and the timeline, checked by their SVG geometry: every label fits its cell, large
 blocks are elided to a bounded width, panels sit side by side without gaps, a legend names the colours;
-pictures show inline in Jupyter; rich tables are not cut when the output is not a terminal."""
+pictures show inline in Jupyter; rich tables are not cut when the output is not a terminal. The mesh forms
+(show.sharding with mesh= and spec=, show.blocks inside a mapped function, show.collective with mesh=) are
+checked against NumPy's reasoning about the layout: device 5 [x=2, y=1] of a (4, 2) mesh with P('x', 'y')
+holds x[4:6, 2:4] of an (8, 4) array."""
 import io
+import os
 import re
 import xml.etree.ElementTree as ET
 
@@ -187,7 +191,7 @@ def test_mesh_sharding_table_is_numpys_layout():
         assert numbers(line.split("(2, 2)")[1]) == x[2 * i:2 * i + 2, 2 * j:2 * j + 2].ravel().tolist()
     assert "Mesh('x': 4, 'y': 2)" in pic.text and "every device holds a different block" in pic.text
     assert "copies" not in pic.text
-    assert re.search(r"^mesh\s+y=0\s+y=1\nx=0\s+0\s+1\nx=1\s+2\s+3\nx=2\s+4\s+5\nx=3\s+6\s+7$", pic.text, re.M)
+    assert re.search(r"^mesh\s+y=0\s+y=1\nx=0\s+0\s+1\nx=1\s+2\s+3\nx=2\s+4\s+5\nx=3\s+6\s+7$", pic.text, re.MULTILINE)
 
 
 def test_mesh_sharding_says_which_devices_hold_copies():
@@ -270,16 +274,17 @@ def test_mesh_sharding_misuse():
         spmdsim.pmap(lambda b: spmdsim.show.sharding(b, mesh=mesh, spec=spmdsim.P()) and b, "i")(np.zeros(2))
 
 
-def run_blocks(axis_name, spec=spmdsim.P("x", "y"), x=np.arange(32).reshape(8, 4), echo=False):
-    """show.blocks(b, axis_name) on every device of a (4, 2) mesh: the pictures, by device."""
+def run_blocks(axis_name, echo=False):
+    """show.blocks(b, axis_name) on every device of a (4, 2) mesh, x = arange(32).reshape(8, 4) laid out by
+    P('x', 'y'): the pictures, by device."""
     pictures = {}
 
     def f(b):
         pictures[int(lax.axis_index(("x", "y")))] = spmdsim.show.blocks(b, axis_name, echo=echo)
         return b
 
-    mesh = spmdsim.make_mesh((4, 2), ("x", "y"))
-    spmdsim.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec)(x)
+    mesh, spec = spmdsim.make_mesh((4, 2), ("x", "y")), spmdsim.P("x", "y")
+    spmdsim.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec)(np.arange(32).reshape(8, 4))
     return pictures
 
 
@@ -349,7 +354,7 @@ def test_blocks_under_pmap_with_many_devices_is_elided():
     assert width <= 1400 and len(cells(root)) == 6 * 9      # devices 0, 1, 2, …, 13, 14, 15; 4 + … + 4 cells
     assert legend(root) == [f"device {d} [i={d}]" for d in (0, 1, 2, 13, 14, 15)]
     assert_every_text_fits(root, width)
-    assert len(re.findall(r"^device \d+ \[i=\d+\]", pictures[7].text, re.M)) == 16     # the table: every device
+    assert len(re.findall(r"^device \d+ \[i=\d+\]", pictures[7].text, re.MULTILINE)) == 16     # the table: every device
 
 
 def test_mesh_collective_groups_and_values():
@@ -414,3 +419,21 @@ def test_mesh_collective_of_large_blocks_is_bounded_and_checked():
         spmdsim.show.collective("psum", x, mesh=mesh, axis_name="x")
     with pytest.raises(ValueError, match="not divisible"):
         spmdsim.show.collective("psum", x[:6], mesh=mesh, spec=spmdsim.P("x"), axis_name="x")
+
+
+def test_readme_mesh_example_runs_and_its_figure_is_current(capsys):
+    root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root_dir, "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("**Pictures of a mesh.**"):]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start:section.index("\n```", start)]
+    exec(code, {"np": np, "spmdsim": spmdsim})
+    printed = capsys.readouterr().out
+    assert re.search(r"device 5 \[x=2, y=1\]\W+x\[2:3, 2:4\]", printed)        # plain or rich
+    assert re.search(r"device 1 \[x=0, y=1\] \|.*device 7 \[x=3, y=1\]", printed)   # group y=1, printed by its x=0
+    mesh = spmdsim.make_mesh((4, 2), ("x", "y"))
+    drawn = spmdsim.show.collective("all_gather", np.arange(16).reshape(4, 4), mesh=mesh, spec=spmdsim.P("x", "y"),
+                                    axis_name="x", axis=1, tiled=True, echo=False)
+    with open(os.path.join(root_dir, "docs", "all_gather_mesh.svg")) as f:
+        assert f.read() == drawn.svg, "python docs/make_figures.py redraws docs/all_gather_mesh.svg"
