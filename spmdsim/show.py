@@ -44,6 +44,7 @@ TITLE_MAX = 100  # characters of a title line in a drawing
 
 _MOVES = {"all_gather", "all_to_all", "pswapaxes", "ppermute", "pshuffle", "pbroadcast"}
 _REDUCTIONS = {"psum", "pmean", "pmax", "pmin", "psum_scatter"}
+_MESH_ORDER = {"ppermute", "pshuffle"}  # rank a tuple of axes in mesh order (as XLA); the others in the order given
 
 
 def _fmt(a) -> str:
@@ -235,7 +236,8 @@ def collective(op: str, blocks, *, mesh=None, spec=None, axis_name=None, svg: st
     The mesh form shows a collective over one mesh axis (or a tuple) of a multi-axis mesh: its rows are
     grouped by communicator (the devices that differ only along ``axis_name``, which exchange data with each
     other), a bracket and the ``group`` column naming each group by its coordinates along the other axes,
-    and ``rank`` giving each device's position in its group (what ``perm=`` and ``source=`` refer to).
+    and ``rank`` giving each device's position in its group (what ``perm=`` and ``source=`` refer to; over a
+    tuple of axes row-major in the order named, but in mesh order for ppermute and pshuffle, as XLA ranks them).
 
     Args:
         op: a collective of :mod:`spmdsim.lax` (``"psum"``, ``"all_gather"``, ``"ppermute"``, ...).
@@ -302,7 +304,12 @@ def collective(op: str, blocks, *, mesh=None, spec=None, axis_name=None, svg: st
 # -- the mesh forms ------------------------------------------------------------------------------------------
 
 def _mesh_sharding(x: np.ndarray, mesh, spec, echo: bool) -> Picture:
+    """show.sharding's mesh form: the layout from spmdsim.shard_map (:func:`_layout`), each distinct block
+    coloured as the lowest device holding it (grey when every device holds all of x)."""
     held = _layout(x.shape, mesh, spec)
+    if x.size == 0:
+        raise ValueError(f"show.sharding: x of shape {x.shape} has no elements, so no device holds any; give an "
+                         f"array with elements to see how {spec} lays it over the mesh.")
     n = held.shape[0]
     slices = [_slice(held[d], x.shape) for d in range(n)]
     holders: dict[str, list[int]] = {}  # each distinct block (by its slice): the devices holding it
@@ -344,6 +351,8 @@ def _mesh_sharding(x: np.ndarray, mesh, spec, echo: bool) -> Picture:
 
 
 def _mesh_collective(op: str, x: np.ndarray, mesh, spec, axis_name, params: dict, echo: bool) -> Picture:
+    """show.collective's mesh form: one spmdsim.shard_map returns every device's block before and after (and,
+    for data that moves, the same collective applied to device numbers: the origins); rows by communicator."""
     moves = op in _MOVES
 
     def body(b):
@@ -358,8 +367,9 @@ def _mesh_collective(op: str, x: np.ndarray, mesh, spec, axis_name, params: dict
     before, after = outs[0], outs[1]
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     n, axes = mesh.size, mesh.axis_names
+    ranked = sorted(names, key=axes.index) if op in _MESH_ORDER else names
     coords = np.array(np.unravel_index(np.arange(n), mesh.axis_sizes)).T
-    rank = np.ravel_multi_index(tuple(coords[:, axes.index(m)] for m in names), [mesh.shape[m] for m in names])
+    rank = np.ravel_multi_index(tuple(coords[:, axes.index(m)] for m in ranked), [mesh.shape[m] for m in ranked])
     fixed = [k for k, m in enumerate(axes) if m not in names]
     index_groups = [list(g) for g in params.get("axis_index_groups") or ()]
     within = [_position(int(r), index_groups) for r in rank]  # (index group, position in it)
@@ -421,11 +431,13 @@ def _layout(shape: tuple, mesh, spec) -> np.ndarray:
 
 def _slice(held: np.ndarray, shape: tuple) -> str:
     """``x[0:2, :]``: the slice of x a device holds, from the flat indices it holds (a block)."""
+    if not shape:
+        return "x"
     parts = []
     for c, size in zip(np.unravel_index(held.reshape(-1), shape), shape, strict=True):
-        lo, hi = (int(c.min()), int(c.max()) + 1) if c.size else (0, 0)
+        lo, hi = int(c.min()), int(c.max()) + 1
         parts.append(":" if (lo, hi) == (0, size) else f"{lo}:{hi}")
-    return f"x[{', '.join(parts)}]" if parts else "x"
+    return f"x[{', '.join(parts)}]"
 
 
 def _some(devices: list[int]) -> str:
@@ -520,7 +532,7 @@ def _as_grid(block) -> np.ndarray:
     block = np.asarray(block)
     if block.ndim <= 1:
         return block.reshape(1, -1)
-    return block.reshape(block.shape[0], -1)
+    return block.reshape(block.shape[0], math.prod(block.shape[1:]))
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -550,6 +562,11 @@ def _cells(grid: np.ndarray, owner: np.ndarray) -> tuple[list[list[str]], list[l
     return labels, owners
 
 
+def _width(labels: list[list[str]]) -> int:
+    """The number of cells across a grid's labels (0 for a grid without rows)."""
+    return len(labels[0]) if labels else 0
+
+
 def _cell_width(*labels: list[list[str]]) -> int:
     longest = max((len(s) for cells in labels for row in cells for s in row), default=1)
     return max(MIN_CELL, math.ceil(_svg.text_width("x" * longest)) + 2 * PAD)
@@ -577,7 +594,7 @@ def _draw(rows, *, headers: list[str], title: str, n_devices: int, grey: str, gr
     labelled brackets left of the row labels."""
     cells = [[_cells(grid, owner) for grid, owner in row] for _, row in rows]
     cell_w = _cell_width(*(labels for row in cells for labels, _ in row))
-    col_w = [max(_svg.text_width(h), *(len(row[c][0][0]) * cell_w for row in cells)) for c, h in enumerate(headers)]
+    col_w = [max(_svg.text_width(h), *(_width(row[c][0]) * cell_w for row in cells)) for c, h in enumerate(headers)]
     group_w = max((_svg.text_width(g) + 14 for g, _ in groups or ()), default=0)
     left = GAP + group_w + max((_svg.text_width(label) + GAP for label, _ in rows if label), default=0)
     titles = _title_lines(title)
@@ -618,7 +635,7 @@ def _draw_sharding(grid, owner, mesh, device_colour: np.ndarray, *, header: str,
     mesh_grid, row_heads, col_heads = _mesh_grid(mesh)
     mesh_labels, mesh_owners = _cells(mesh_grid, device_colour.reshape(mesh_grid.shape))
     mesh_w = max(_cell_width(mesh_labels), *(_svg.text_width(h or "…") + 2 * PAD for h in col_heads))
-    panel_w = max(_svg.text_width(header), len(labels[0]) * x_w)
+    panel_w = max(_svg.text_width(header), _width(labels) * x_w)
     mesh_x = GAP + panel_w + 2 * GAP
     heads_w = max(_svg.text_width(h or "…") for h in row_heads) + 2 * PAD
     titles = _title_lines(title)
@@ -643,7 +660,7 @@ def _draw_panels(panels, *, title: str, n_devices: int, items) -> str:
     drawn = [[None if p is None else (p[0], *_cells(p[1], p[2])) for p in row] for row in panels]
     cell_w = _cell_width(*(p[1] for row in drawn for p in row if p is not None))
     n_cols = len(drawn[0])
-    col_w = [max((max(_svg.text_width(p[0]), len(p[1][0]) * cell_w) for row in drawn if (p := row[c]) is not None),
+    col_w = [max((max(_svg.text_width(p[0]), _width(p[1]) * cell_w) for row in drawn if (p := row[c]) is not None),
                  default=_svg.text_width("…")) for c in range(n_cols)]
     body, y = [], 30 + 20 * len(titles)
     for row in drawn:

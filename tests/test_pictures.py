@@ -272,6 +272,10 @@ def test_mesh_sharding_misuse():
         spmdsim.show.sharding(np.zeros(8), 1, mesh=mesh, spec=spmdsim.P("x"))
     with pytest.raises(ValueError, match=r"inside a mapped function, show every device's block with spmdsim.show.bl"):
         spmdsim.pmap(lambda b: spmdsim.show.sharding(b, mesh=mesh, spec=spmdsim.P()) and b, "i")(np.zeros(2))
+    with pytest.raises(ValueError, match=r"x of shape \(0, 4\) has no elements"):
+        spmdsim.show.sharding(np.zeros((0, 4)), mesh=mesh, spec=spmdsim.P("x"))
+    pic = spmdsim.show.sharding(np.float32(3.5), mesh=mesh, spec=spmdsim.P(), echo=False)    # a scalar: one cell
+    assert "device 7 [x=3, y=1]  x      ()           3.5" in pic.text and len(cells(parse(pic)[0])) == 1 + 8
 
 
 def run_blocks(axis_name, echo=False):
@@ -334,7 +338,7 @@ def test_blocks_is_a_collective():
             spmdsim.show.blocks(b, "x")
         return b
 
-    with pytest.raises(spmdsim.CollectiveDeadlockError, match=r"can never complete: device 0 \[x=0, y=0\] done without"):
+    with pytest.raises(spmdsim.CollectiveDeadlockError, match=r"never complete: device 0 \[x=0, y=0\] done without"):
         spmdsim.shard_map(some_devices, mesh=mesh, in_specs=spmdsim.P("x"), out_specs=spmdsim.P("x"))(np.zeros(8))
     with pytest.raises(spmdsim.CollectiveMismatchError, match="test_pictures.py"):
         spmdsim.shard_map(lambda b: spmdsim.show.blocks(b[:int(lax.axis_index("x")) + 1], "x") and b, mesh=mesh,
@@ -399,6 +403,14 @@ def test_mesh_collective_colours_data_by_the_device_it_came_from():
     assert dict(zip(rows, fills[0::2]))[5] == swatch["device 5 [x=2, y=1]"]
     assert_every_text_fits(root, width)
     assert re.search(r"device 7 \[x=3, y=1\]  y=1\s+3\s+\[7\.\]\s+\[5\.\]", pic.text)
+    # over a tuple of axes, ppermute ranks the devices in mesh order (as XLA), all_gather in the order named
+    x = np.arange(1.0, 9.0)
+    pic = spmdsim.show.collective("ppermute", x, mesh=mesh, spec=spmdsim.P(("x", "y")), axis_name=("y", "x"),
+                                  perm=[(0, 1)], echo=False)
+    assert re.search(r"device 1 \[x=0, y=1\]  all\s+1\s+\[2\.\]\s+\[1\.\]", pic.text)   # rank 1 got rank 0's
+    pic = spmdsim.show.collective("all_gather", x, mesh=mesh, spec=spmdsim.P(("x", "y")), axis_name=("y", "x"),
+                                  echo=False)
+    assert re.search(r"device 2 \[x=1, y=0\]  all\s+1\s+\[3\.\]\s+\[\[1\.\], \[3\.\], \[5\.\]", pic.text)
 
 
 def test_mesh_collective_of_large_blocks_is_bounded_and_checked():
