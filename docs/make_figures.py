@@ -17,9 +17,13 @@ def figures() -> None:
     x = np.arange(16.0).reshape(4, 4)
     spmdsim.show.sharding(np.arange(12).reshape(3, 4), in_axes=1, echo=False).save(f"{DOCS}/sharding_in_axes_1.svg")
     spmdsim.show.collective("all_to_all", x, split_axis=0, concat_axis=0, echo=False).save(f"{DOCS}/all_to_all.svg")
+    mesh = spmdsim.make_mesh((4, 2), ("x", "y"))
+    spmdsim.show.collective("all_gather", np.arange(16).reshape(4, 4), mesh=mesh, spec=spmdsim.P("x", "y"),
+                            axis_name="x", axis=1, tiled=True, echo=False).save(f"{DOCS}/all_gather_mesh.svg")
     sys.path.insert(0, os.path.join(DOCS, "..", "examples"))
     runpy.run_path(os.path.join(DOCS, "..", "examples", "debugging_tour.py"))["main"](DOCS)  # ring_timeline.svg
-    print(f"redrew sharding_in_axes_1.svg, all_to_all.svg, ring_timeline.svg and ring_trace.json in {DOCS}")
+    print(f"redrew sharding_in_axes_1.svg, all_to_all.svg, all_gather_mesh.svg, ring_timeline.svg and "
+          f"ring_trace.json in {DOCS}")
 
 
 def notebooks() -> list[str]:
