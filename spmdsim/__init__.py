@@ -8,17 +8,19 @@ from spmdsim import debug, errors, lax, show
 from spmdsim._reduction import ReductionOrder, current_reduction_order, set_reduction_order
 from spmdsim._output import set_ordered_output
 from spmdsim._devices import VirtualDevice, device_count, devices, local_device_count, set_device_count
+from spmdsim._hosts import local_devices, process_count, process_index, run_hosts
 from spmdsim._pmap import pmap, vmap
 from spmdsim._shard_map import Mesh, P, PartitionSpec, make_mesh, shard_map
 from spmdsim._threads import reuse_threads
 from spmdsim._trace import trace
 from spmdsim._tree import register_pytree_node
-from spmdsim.errors import (CollectiveDeadlockError, CollectiveError, CollectiveMismatchError, ReplicationError,
-                            SpmdSimError)
+from spmdsim.errors import (CollectiveDeadlockError, CollectiveError, CollectiveMismatchError, HostLostError,
+                            ReplicationError, SpmdSimError)
 
 __version__ = "0.1.0"
 
 __all__ = ["pmap", "vmap", "shard_map", "Mesh", "make_mesh", "PartitionSpec", "P", "reuse_threads", "lax", "trace", "debug", "show", "register_pytree_node", "devices",
-           "device_count", "local_device_count", "set_device_count", "VirtualDevice", "set_reduction_order",
+           "device_count", "local_device_count", "set_device_count", "local_devices", "process_index", "process_count",
+           "run_hosts", "VirtualDevice", "set_reduction_order",
            "set_ordered_output", "current_reduction_order", "ReductionOrder", "errors", "SpmdSimError",
-           "CollectiveError", "CollectiveMismatchError", "CollectiveDeadlockError", "ReplicationError"]
+           "CollectiveError", "CollectiveMismatchError", "CollectiveDeadlockError", "ReplicationError", "HostLostError"]

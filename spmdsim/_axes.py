@@ -44,7 +44,7 @@ class Unnamed:
 
 def frames_label(frames: Sequence[Frame]) -> str:
     """``device 5 [i=1, j=1]``: the virtual device (row-major over the device frames) and the coordinate along
-    every named axis; ``lane [j=2]`` under vmap only."""
+    every named axis (``host 1 device 5 [i=5]`` in a multi-host run); ``lane [j=2]`` under vmap only."""
     coords = ", ".join(f"{f.name}={f.index}" for f in frames if not isinstance(f.name, Unnamed))
     coords = f" [{coords}]" if coords else ""
     device_frames = [f for f in frames if f.is_device]
@@ -53,7 +53,23 @@ def frames_label(frames: Sequence[Frame]) -> str:
     device = 0
     for f in device_frames:
         device = device * f.size + f.index
-    return f"device {device}{coords}"
+    return f"{_host_prefix(device_frames)}device {device}{coords}"
+
+
+def _host_prefix(device_frames: Sequence[Frame]) -> str:
+    """``host 1 `` in a multi-host run: the host of the top-level call's device (nested calls run on it)."""
+    from spmdsim import _hosts  # here: _hosts needs the runtime, which needs this module
+
+    found = _hosts.layout()
+    if found is None:
+        return ""
+    top = [f for f in device_frames if len(f.instance) <= 1]
+    if math.prod(f.size for f in top) != found[0] * found[1]:
+        return ""
+    device = 0
+    for f in top:
+        device = device * f.size + f.index
+    return f"host {device // found[1]} "
 
 
 def axis_ids(frames: Sequence[Frame]) -> frozenset:

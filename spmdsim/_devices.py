@@ -28,7 +28,8 @@ class VirtualDevice:
     process_index: int = 0
 
     def __repr__(self) -> str:
-        return f"VirtualDevice(id={self.id})"
+        return f"VirtualDevice(id={self.id})" if not self.process_index else \
+            f"VirtualDevice(id={self.id}, process_index={self.process_index})"
 
 
 def _check_count(n, source: str) -> int:
@@ -51,22 +52,34 @@ def _count_from_env() -> int:
 _count = _count_from_env()
 
 
+def _layout() -> tuple[int, int] | None:
+    from spmdsim import _hosts  # local: _hosts needs the runtime, which imports this module
+    return _hosts.layout()
+
+
 def device_count() -> int:
-    """The number of virtual devices (like ``jax.device_count()``); one process, so also the local count."""
-    return _count
+    """The number of virtual devices (like ``jax.device_count()``): in a multi-host run, every host's (see
+    :mod:`spmdsim._hosts`)."""
+    found = _layout()
+    return _count if found is None else found[0] * found[1]
 
 
 def local_device_count() -> int:
-    """Same as :func:`device_count`: spmdsim simulates one process (``jax.process_count() == 1``)."""
-    return _count
+    """This host's virtual devices (like ``jax.local_device_count()``): all of them with one host."""
+    found = _layout()
+    return _count if found is None else found[1]
 
 
 def devices(backend=None) -> list[VirtualDevice]:
-    """The virtual devices, ``[VirtualDevice(id=0), ..., VirtualDevice(id=n-1)]`` (like ``jax.devices()``).
+    """The virtual devices, ``[VirtualDevice(id=0), ..., VirtualDevice(id=n-1)]`` (like ``jax.devices()``): in a
+    multi-host run every host's, host-major, each with its ``process_index``.
 
     ``backend`` is accepted for signature compatibility and ignored: every backend is simulated.
     """
-    return [VirtualDevice(i) for i in range(_count)]
+    found = _layout()
+    if found is None:
+        return [VirtualDevice(i) for i in range(_count)]
+    return [VirtualDevice(i, process_index=i // found[1]) for i in range(found[0] * found[1])]
 
 
 class set_device_count:
@@ -88,6 +101,9 @@ class set_device_count:
 
         if _runtime.current_lane() is not None:
             raise ValueError("set_device_count cannot be called inside a mapped function; call it before pmap.")
+        if _layout() is not None:
+            raise ValueError("set_device_count cannot be called in a multi-host run: the hosts' devices are fixed "
+                             "when it starts (spmdsim.run_hosts, spmdsim run --hosts).")
         self.previous = _count
         _count = _check_count(n, "set_device_count")
 

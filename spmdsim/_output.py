@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 
-__all__ = ["DeviceStream", "set_ordered_output", "ordered_output_enabled"]
+__all__ = ["DeviceStream", "set_ordered_output", "ordered_output_enabled", "take", "emit"]
 
 _enabled = True
 
@@ -93,10 +93,13 @@ def begin(current_lane) -> DeviceStream | None:
         return stream
 
 
-def end(stream: DeviceStream | None) -> None:
+def end(stream: DeviceStream | None, release: bool = True) -> None:
+    """The end of a top-level call: release what its devices printed (``release=False``: a host whose devices'
+    text goes to another host, see :func:`take`), and put the terminal stream back after the last call."""
     if stream is None:
         return
-    stream.release()
+    if release:
+        stream.release()
     with _install_lock:
         stream.users -= 1
         if stream.users == 0:
@@ -117,6 +120,29 @@ def _breakpoint(stream: DeviceStream, *args, **kwargs):
     debugger = pdb.Pdb(stdout=stream.stream)
     debugger.prompt = f"(Pdb {lane.label}) "
     debugger.set_trace(sys._getframe().f_back)
+
+
+def take(lane) -> str:
+    """What ``lane`` printed and has not been released yet, taken out of the device stream (a host passes its
+    devices' text to the host that orders every host's output; see :mod:`spmdsim._host_world`)."""
+    stream = sys.stdout
+    if not isinstance(stream, DeviceStream):
+        return ""
+    with stream._lock:
+        return "".join(stream._buffers.pop(lane, ()))
+
+
+def emit(lane, text: str) -> None:
+    """Buffer ``text`` as printed by ``lane`` (released with the others, in device order); written at once when
+    ordered output is off."""
+    if not text:
+        return
+    stream = sys.stdout
+    if isinstance(stream, DeviceStream):
+        with stream._lock:
+            stream._buffers.setdefault(lane, []).append(text)
+    else:
+        stream.write(text)
 
 
 def release_all() -> None:

@@ -173,6 +173,22 @@ def check_device_count(n: int, devices: Sequence | None, outer: int = 1) -> None
                      f"SPMDSIM_NUM_DEVICES={n * outer}.")
 
 
+def multi_host_size(n: int) -> tuple[int, int]:
+    """For a top-level pmap whose mapped axis has size ``n`` here: ``(global index of this host's first device,
+    global size)``. In a multi-host run each host maps its local devices (``n`` must be the local device count,
+    as in JAX) and the axis spans every host's; otherwise ``(0, n)``."""
+    from spmdsim import _hosts
+    host = _hosts.current() if _runtime.current_lane() is None else None
+    if host is None:
+        return 0, n
+    if n != host.local:
+        raise ValueError(f"On multi-host platforms, the input to pmapped functions must have leading axis size "
+                         f"equal to the number of local devices if no `devices` argument is specified. Got "
+                         f"axis_size={n}, num_local_devices={host.local} (host {host.index} of {host.count}). "
+                         f"Pass each host's own part of the data: its mapped axis has the local device count.")
+    return host.index * n, host.count * n
+
+
 def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int], str],
                    check_replicated: bool):
     """Stack per-lane output pytrees along ``out_axes``; ``None`` takes lane 0's value."""
@@ -292,20 +308,22 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
                  "each is mapped over its leading axis.")
     inputs = _flatten_inputs(tuple(args), kwargs, in_axes, api, hint)
     n = _mapped_size(inputs, api, axis_size)
+    first, n_global = 0, n
     if api == "pmap":
         check_device_count(n, devices)
+        first, n_global = multi_host_size(n)
     name = axis_name if axis_name is not None else _UNNAMED[api]
 
     def body(i: int):
         dyn, kw = inputs.block(i)
         return fun(*merge_static(statics, dyn), **kw)
 
-    outputs = _runtime.run_mapped(body, [(name, n)], is_device=(api == "pmap"))
+    outputs = _runtime.run_mapped(body, [(name, n_global)], is_device=(api == "pmap"))
     parent = _runtime.current_lane()
     frames = parent.frames if parent is not None else ()
 
     def lane_label(i: int) -> str:
-        return frames_label(frames + (Frame(name, n, i, (), api == "pmap"),))
+        return frames_label(frames + (Frame(name, n_global, first + i, (), api == "pmap"),))
 
     return _stack_outputs(outputs, out_axes, api, lane_label, check_replicated)
 

@@ -171,11 +171,15 @@ class Rendezvous:
 
 class World:
     """Every lane of one top-level mapped call, and the open rendezvous, behind one lock. ``observers``: those
-    of :data:`observers` that watch the calling thread."""
+    of :data:`observers` that watch the calling thread. ``host``: the host that made the call in a multi-host
+    run (see :mod:`spmdsim._hosts`), else None; ``failure_callbacks``: ``callback(error)`` run once, under the
+    lock, when the world fails (they must only wake someone)."""
 
-    def __init__(self):
-        me = threading.get_ident()
+    def __init__(self, host=None, thread: int | None = None):
+        me = threading.get_ident() if thread is None else thread
         self.observers = [o for o in observers if getattr(o, "thread", None) in (None, me)]
+        self.host = host
+        self.failure_callbacks: list = []
         self.lock = threading.Lock()
         self.lanes: list[Lane] = []
         self.finished: list[Lane] = []
@@ -228,6 +232,8 @@ class World:
         self.failure = error
         for hook in failure_hooks:
             hook(self, error)
+        for callback in self.failure_callbacks:
+            callback(error)
         for rv in self.open.values():
             for lane in rv.lanes:
                 if lane is not None and lane.state == WAITING:

@@ -26,7 +26,7 @@ from spmdsim._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCo
                                  World, failure_hooks, observers, pause_hooks)
 from spmdsim._reports import describe, format_table, who  # noqa: F401  (describe, format_table: for the debugger)
 
-__all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "channel", "user_site",
+__all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "run_lanes", "outcome", "top_level_placement", "channel", "user_site",
            "frames_label", "observers", "pause_hooks"]
 
 _local = threading.local()
@@ -76,22 +76,34 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     """Run ``body(i)`` for every index ``i`` of the mapped ``axes`` ((name, size) pairs; several for a mesh,
     row-major), each in its own thread with the axes bound; return the results in index order.
 
-    Called from inside a lane, the new lanes join that lane's world (a nested map). Raises the first error in
-    index order with the lane named in a note and the other lanes' errors attached (``device_errors``), or
-    the world's CollectiveMismatchError/CollectiveDeadlockError; KeyboardInterrupt with the device table.
+    Called from inside a lane, the new lanes join that lane's world (a nested map). A top-level call over devices
+    made by a host of a multi-host run (:mod:`spmdsim._hosts`) is one global call: ``axes`` is the global mesh,
+    ``body(j)`` runs this host's j-th device, and the results are this host's devices'. Raises the first error in
+    index order with the lane named in a note and the other lanes' errors attached (``device_errors``), or the
+    world's CollectiveMismatchError/CollectiveDeadlockError; KeyboardInterrupt with the device table.
     """
     parent = current_lane()
     if parent is None:
-        world = World()
-        placed = _top_level_frames(tuple(axes), is_device)
+        from spmdsim import _hosts
+        host = _hosts.current()
+        if host is not None and is_device:
+            return host.run(body, tuple(axes))
+        world = World(host)
+        lanes = top_level_placement(tuple(axes), is_device).lanes_in(world)
     else:
         world, frames = parent.world, parent.frames
         instance = frames[-1].instance + (parent.nested_calls,)
         parent.nested_calls += 1
         placed = _frames(frames, tuple(axes), is_device, instance, shared_channels=False)
-    size = len(placed.lanes)
-    call = CallCount(parent, size)
-    lanes = [Lane(world, frames, call, label, templates) for frames, label, templates in placed.lanes]
+        lanes = placed.lanes_in(world, CallCount(parent, len(placed.lanes)))
+    results, errors = run_lanes(world, lanes, body, parent)
+    return outcome(world, lanes, results, errors, parent)
+
+
+def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane | None) -> tuple[list, list]:
+    """Run ``body(i)`` as ``lanes[i]`` of ``world``, each in its own thread; return every lane's result and error
+    (None where it had none). KeyboardInterrupt (with the device table, every lane stopped) on Ctrl-C."""
+    size = len(lanes)
     results: list = [None] * size
     errors: list[BaseException | None] = [None] * size
 
@@ -99,16 +111,16 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
         lane = lanes[i]
         lane.thread = threading.current_thread()
         _local.lane = lane
-        start, outcome = time.perf_counter(), "returned"
+        start, how = time.perf_counter(), "returned"
         try:
             if isinstance(world.failure, KeyboardInterrupt):  # Ctrl-C before this device started
                 raise Aborted
             results[i] = body(i)
         except Aborted:
-            outcome = "stopped"
+            how = "stopped"
             world.finish(lane, ABORTED)
         except BaseException as e:
-            outcome = "raised"
+            how = "raised"
             errors[i] = e
             world.fail(e)
             world.finish(lane, RAISED, f"{type(e).__name__}: {e}")
@@ -117,30 +129,36 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
         finally:
             _local.lane = None  # a reused thread must not keep this call's lane (and its world) alive
         for observer in world.observers:
-            observer.lane(lane.label, start, time.perf_counter(), outcome)
+            observer.lane(lane.label, start, time.perf_counter(), how)
 
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
     try:
-        threads = _threads.run_threads(target, placed.names)
+        threads = _threads.run_threads(target, [f"spmdsim {lane.label}" for lane in lanes])
         try:
             threads.wait()
         except KeyboardInterrupt as e:
             _interrupted(e, world, lanes, threads)
             raise
     finally:
-        _output.end(stream)
-    return _outcome(world, lanes, results, errors, parent)
+        _output.end(stream, release=getattr(world, "orders_output", True))
+    return results, errors
 
 
 class _Placement:
     """The lanes of one mapped call: per lane its frames (the enclosing ones, then one per mapped axis,
     row-major), label and channel templates (top-level calls: a dict shared by the calls of that mesh, see
-    :meth:`Lane.channel`; None for nested calls), and the names of their threads."""
+    :meth:`Lane.channel`; None for nested calls)."""
 
     def __init__(self, lanes: list):
         self.lanes = lanes
-        self.names = [f"spmdsim {label}" for _, label, _ in lanes]
+
+    def lanes_in(self, world, call: CallCount | None = None, indices: Sequence[int] | None = None) -> list[Lane]:
+        """New lanes of ``world`` for the placement's lanes (those at ``indices``, default all), counted by
+        ``call`` (default: a new top-level count)."""
+        chosen = [self.lanes[i] for i in indices] if indices is not None else self.lanes
+        call = call if call is not None else CallCount(None, len(chosen))
+        return [Lane(world, frames, call, label, templates) for frames, label, templates in chosen]
 
 
 def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, *, shared_channels: bool) -> _Placement:
@@ -154,14 +172,22 @@ def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, *, shar
     return _Placement(lanes)
 
 
+def top_level_placement(axes: tuple, is_device: bool = True) -> _Placement:
+    """The placement of a top-level call, made once per mesh (and host layout, which the labels name)."""
+    from spmdsim import _hosts
+    return _top_level_frames(axes, is_device, _hosts.layout())
+
+
 @functools.lru_cache(maxsize=64)
-def _top_level_frames(axes: tuple, is_device: bool) -> _Placement:
-    """The placement of a top-level call, made once per mesh: a top-level call has a world of its own, so its
-    frames need no instance that tells it from other calls, and its channels can be worked out once."""
+def _top_level_frames(axes: tuple, is_device: bool, layout) -> _Placement:
+    """The placement of a top-level call: a top-level call has a world of its own, so its frames need no
+    instance that tells it from other calls, and its channels can be worked out once."""
     return _frames((), axes, is_device, (0,), shared_channels=True)
 
 
-def _outcome(world: World, lanes: list[Lane], results: list, errors: list, parent: Lane | None) -> list:
+def outcome(world: World, lanes: list[Lane], results: list, errors: list, parent: Lane | None) -> list:
+    """The results of a call whose lanes ran (:func:`run_lanes`), or what it raises: the first device error in
+    device order (see :func:`device_error`), else the world's failure (Aborted inside a nested call)."""
     raised = [(lane, e) for lane, e in zip(lanes, errors, strict=True) if e is not None]
     if raised:
         raise device_error([(lane.label, e) for lane, e in raised])

@@ -15,7 +15,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from spmdsim import _devices, _runtime, _sharding, _tree
+from spmdsim import _devices, _hosts, _runtime, _sharding, _tree
 from spmdsim._axes import Frame, frames_label
 from spmdsim._values import as_array
 
@@ -222,6 +222,9 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
 
     @functools.wraps(f)
     def mapped(*args):
+        # In a multi-host run each host passes, and gets back, its process-local data: the part of each global
+        # array its devices hold, laid over its box of the mesh (the same names, smaller extents).
+        local = _hosts.local_mesh(axes, "shard_map's mesh") if _runtime.current_lane() is None else axes
         in_spec_leaves = _tree.broadcast_prefix(in_specs, args, name="shard_map in_specs", is_prefix_leaf=_is_spec,
                                                 hint=" in_specs must be a PartitionSpec or a tree prefix of the "
                                                      "tuple of arguments.")
@@ -233,8 +236,8 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
                 continue
             arr = as_array(leaf, f"argument leaf {k}", "shard_map")
             dims = _dims(spec, arr.ndim, manual, f"in_specs for argument leaf {k}")
-            _check_divisible(arr.shape, dims, axes, f"argument leaf {k}", spec)
-            blocks = _sharding.split(arr, dims, axes)
+            _check_divisible(arr.shape, dims, local, f"argument leaf {k}", spec)
+            blocks = _sharding.split(arr, dims, local)
             blocks.flags.writeable = False
             stacked.append(blocks)
 
@@ -246,7 +249,7 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
                 _context.mesh = previous
 
         outputs = _runtime.run_mapped(body, axes, is_device=True)
-        return _assemble(outputs, out_specs, axes, manual, check_vma)
+        return _assemble(outputs, out_specs, local, manual, check_vma, axes)
 
     return mapped
 
@@ -275,7 +278,8 @@ def _manual_axes() -> set:
     return {f.name for f in lane.frames} if lane is not None else set()
 
 
-def _assemble(outputs: list, out_specs, axes, manual, check_vma: bool):
+def _assemble(outputs: list, out_specs, axes, manual, check_vma: bool, mesh_axes):
+    """The outputs (this host's part of them, laid over its box ``axes`` of the mesh ``mesh_axes``)."""
     first, treedef = _tree.flatten(outputs[0])
     spec_leaves = _tree.broadcast_prefix(out_specs, outputs[0], name="shard_map out_specs", is_prefix_leaf=_is_spec,
                                          hint=" out_specs must be a PartitionSpec or a tree prefix of the output.")
@@ -295,7 +299,7 @@ def _assemble(outputs: list, out_specs, axes, manual, check_vma: bool):
                 raise ValueError(
                     f"shard_map: out_specs {spec} for output leaf {k} says it is replicated along mesh axes "
                     f"{[n for n, _ in axes if n not in {m for d in dims for m in d}]}, but the devices hold "
-                    f"different values: {', '.join(_label(d, axes) for d in differ[:8])}"
+                    f"different values: {', '.join(_label(d, mesh_axes) for d in differ[:8])}"
                     f"{' ...' if len(differ) > 8 else ''} differ from the device at coordinate 0. Reduce it first "
                     f"(psum/pmean/all_gather over those axes), name them in the spec, or pass check_vma=False to "
                     f"take coordinate 0's block unchecked.")
@@ -304,5 +308,9 @@ def _assemble(outputs: list, out_specs, axes, manual, check_vma: bool):
 
 
 def _label(device: int, axes) -> str:
+    """The label of this host's ``device``-th device of the mesh ``axes`` (with several hosts, the devices of
+    this host are its box of the mesh, a run of global devices)."""
+    host = _hosts.current()
+    device += 0 if host is None else host.index * host.local
     coords = np.unravel_index(device, [s for _, s in axes])
     return frames_label([Frame(n, s, int(c), (), True) for (n, s), c in zip(axes, coords, strict=True)])

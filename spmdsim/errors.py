@@ -7,7 +7,7 @@ does not report as an error at all: it hangs, or silently computes garbage.
 from __future__ import annotations
 
 __all__ = ["SpmdSimError", "CollectiveError", "CollectiveMismatchError", "CollectiveDeadlockError",
-           "ReplicationError", "UnboundAxisError"]
+           "ReplicationError", "UnboundAxisError", "HostLostError", "RemoteError"]
 
 
 class SpmdSimError(Exception):
@@ -42,3 +42,13 @@ class UnboundAxisError(NameError, AssertionError):
     under shard_map; also an AssertionError, the class JAX 0.10's shard_map raises (``check_vma=True``) for
     psum, pmean, pmax, pmin, ppermute and pcast over such a name, so one ``except`` clause written for JAX
     catches it either way."""
+
+
+class HostLostError(SpmdSimError, RuntimeError):
+    """A host of a multi-host run is gone: its process died (or, on another machine, fell silent). Every other
+    host ends its run with this error, naming the host. Real JAX waits for its heartbeat timeout instead."""
+
+
+class RemoteError(SpmdSimError, RuntimeError):
+    """An exception raised on another host that could not be sent as itself (it does not pickle): its class
+    name and message, and its notes."""

@@ -1,0 +1,682 @@
+"""The protocol that makes the hosts' mapped calls one global call (see :mod:`spmdsim._hosts`).
+
+Host 0 is the **coordinator**. For each top-level mapped call (the k-th of every host):
+
+1. **Meeting.** Every other host sends ``("call", k, desc)``; the coordinator, at its own k-th call, waits until
+   every host has either sent it or finished its program (or died): a host that finished is a
+   CollectiveDeadlockError, calls over different meshes a CollectiveMismatchError, both naming the hosts; all
+   hosts get the answer. No timeout: a host that has neither called nor finished is still computing.
+2. **One World.** The coordinator runs the call's :class:`~spmdsim._rendezvous.World` with a lane for every
+   global device: its own devices run the function; every other device has a *stand-in* lane there (a thread
+   serving that device's messages). A device of another host runs the function on its host, in a
+   :class:`RemoteWorld`, and each of its collectives is a message to its stand-in, which meets the other lanes
+   in the World's rendezvous and sends back the device's results. So the rule runs once, on the coordinator, on
+   every device's block in global rank order: the numbers are those of one process, bit for bit. Deadlocks
+   and mismatches are found by the one World, which knows every device's state exactly (a device of another
+   host counts as running until its message arrives), so they are certain, never timed out.
+3. **Outcome.** When every lane (stand-ins included) has finished, the coordinator sends the call's outcome (
+   nothing, or the error to raise: the first device error in global device order, or the World's failure) to
+   every host, and each host returns its own devices' outputs or raises it.
+
+What a device prints travels with its messages and is printed by the coordinator, in global device order at each
+rendezvous. A device that raises, a failure of the World, a lost host: the coordinator's stand-ins tell their
+hosts to stop (``abort``); devices waiting there unwind at once, running ones at their next collective.
+
+The vectorized executor (one thread per host, all its devices at once) needs no World: see
+:class:`VectorCall`. The end of a host's program is the last message (``exit``); the coordinator answers
+late callers (a deadlock: host 0 finished) and, once every host has finished, sends everyone every host's
+result (``bye``).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import pickle
+import threading
+import traceback
+from typing import Any, Callable, NamedTuple
+
+from spmdsim import _output, _primitives, _runtime
+from spmdsim._axes import Unnamed
+from spmdsim._reports import describe, format_table
+from spmdsim._rendezvous import (ABORTED, DONE, JOINING, RAISED, RUNNING, WAITING, Aborted, World)
+from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError, HostLostError, RemoteError
+
+__all__ = ["Host", "RemoteWorld", "CallDesc", "run_spoofed", "portable"]
+
+COORDINATOR = 0
+
+
+class CallDesc(NamedTuple):
+    """A host's k-th top-level mapped call, as the hosts compare it: the global mesh, the executor, and where."""
+
+    axes: tuple      # ((name, size), ...), unnamed axes written as text
+    executor: str    # "threads" or "vectorized"
+    site: str
+
+    def same_call(self, other: "CallDesc") -> bool:
+        return (self.axes, self.executor) == (other.axes, other.executor)
+
+    def text(self) -> str:
+        mesh = ", ".join(f"{n}={s}" if isinstance(n, str) else f"{n!r}={s}" for n, s in self.axes)
+        return f"map over [{mesh}] ({self.executor})"
+
+
+def describe_call(axes, executor: str) -> CallDesc:
+    names = tuple((f"<unnamed {n.api} axis>" if isinstance(n, Unnamed) else n, s) for n, s in axes)
+    return CallDesc(names, executor, _runtime.user_site())
+
+
+def portable(error: BaseException | None) -> BaseException | None:
+    """``error`` as another host will receive it: a copy made by pickling (the class, message, notes and
+    ``device_errors``; no traceback), or a :class:`~spmdsim.errors.RemoteError` with its text when it does not
+    pickle."""
+    if error is None:
+        return None
+    try:
+        return pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any failure to pickle or unpickle
+        copy = RemoteError(f"{type(error).__name__}: {error}")
+        for note in getattr(error, "__notes__", ()):
+            copy.add_note(note)
+        return copy
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _shipped(error: BaseException | None, label: str) -> BaseException | None:
+    """A device's error as the coordinator receives it (see :func:`portable`), with a note holding the user's
+    frames of its traceback (a traceback does not travel)."""
+    shipped = portable(error)
+    if shipped is not None:
+        frames = [f for f in traceback.extract_tb(error.__traceback__)
+                  if not f.filename.startswith(_runtime._PACKAGE_DIR)]
+        if frames:
+            text = "".join(traceback.format_list(frames)).rstrip()
+            shipped.add_note(f"spmdsim: traceback on {label}:\n{text}")
+    return shipped
+
+
+class _Mailbox:
+    """Messages for one stand-in lane, in arrival order."""
+
+    def __init__(self):
+        self.items: collections.deque = collections.deque()
+        self.ready = threading.Semaphore(0)
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self.ready.release()
+
+    def get(self):
+        self.ready.acquire()
+        return self.items.popleft()
+
+
+class _Waiting:
+    """Where a device of a :class:`RemoteWorld` waits, shaped like a rendezvous for its status row."""
+
+    __slots__ = ("signature", "seq", "sites", "apis")
+
+    def __init__(self, signature, seq: int, site: str, api):
+        self.signature, self.seq, self.sites, self.apis = signature, seq, (site,), (api,)
+
+
+class Host:
+    """One host of a multi-host run: ``index`` of ``count`` hosts, ``local`` devices, and its end of the
+    ``transport`` to the others. Its host thread (spoofed) or main thread (MPI) makes the mapped calls."""
+
+    def __init__(self, index: int, count: int, local: int, transport):
+        self.index, self.count, self.local = index, count, local
+        self.transport = transport
+        self.cond = threading.Condition()
+        self.calls = 0
+        self.call = None              # the global call in progress here: _CoordinatorCall, RemoteWorld, VectorCall
+        self.meeting: dict = {}       # coordinator: call -> {host: CallDesc}
+        self.exited: dict = {}        # coordinator: host -> (calls made, how its program ended, its result)
+        self.answers: dict = {}       # call -> None (go) or the error the meeting ended with
+        self.outcomes: dict = {}      # call -> None or the error every host raises
+        self.vector: dict = {}        # call -> messages of a vectorized call (see VectorCall)
+        self.lost: dict = {}          # host -> what happened to it
+        self.farewell = None          # every host's result, from the coordinator's "bye"
+        self.main_thread: threading.Thread | None = None
+        self.waiting_main = 0         # > 0 while the main thread waits for another host (it sees a loss there)
+        transport.start(self._deliver, self._lose)
+
+    # -- messages ---------------------------------------------------------------------------------------
+
+    def send(self, dest: int, message: tuple) -> None:
+        self.transport.send(dest, message)
+
+    def _deliver(self, source: int, message: tuple) -> None:
+        """File a message from host ``source`` and wake whoever waits for it (never blocks, never sends)."""
+        kind = message[0]
+        if kind in ("arrive", "nested", "done", "result", "abort"):
+            call = self.call
+            if call is not None and call.k == message[1]:
+                call.deliver(source, message)
+            return
+        with self.cond:
+            if kind == "call":
+                self.meeting.setdefault(message[1], {})[source] = message[2]
+            elif kind == "answer":
+                self.answers[message[1]] = message[2]
+            elif kind == "outcome":
+                self.outcomes[message[1]] = message[2]
+            elif kind in ("vx", "vdone"):
+                self.vector.setdefault(message[1], {}).setdefault(kind, {})[message[2:4]] = message[4:]
+            elif kind == "exit":
+                self.exited[source] = message[1:]
+                self.transport.departed(source)
+            elif kind == "bye":
+                self.farewell = message[1]
+            else:
+                raise AssertionError(f"spmdsim bug: unknown host message {kind!r}")
+            self.cond.notify_all()
+
+    def _lose(self, host: int, reason: str) -> None:
+        """Host ``host`` is gone: every wait for it ends with a HostLostError naming it."""
+        error = HostLostError(f"{reason}; every host stops. On real hardware the others would wait for it "
+                              f"(JAX: until its heartbeat times out).")
+        with self.cond:
+            if host in self.lost or host in self.exited:
+                return
+            self.lost[host] = error
+            call = self.call
+            self.cond.notify_all()
+        if call is not None:
+            call.lose(error)
+        if self.main_thread is not None:
+            _interrupt_main(self, error)
+
+    def lost_error(self, hosts=None) -> HostLostError | None:
+        """A copy of the error of a lost host among ``hosts`` (default: any), or None."""
+        for h, error in sorted(self.lost.items()):
+            if hosts is None or h in hosts:
+                return portable(error)
+        return None
+
+    def wait_for(self, ready: Callable[[], Any], hosts=None):
+        """Wait (holding ``cond``) until ``ready()`` returns something other than None and return it; a lost host
+        among ``hosts`` (default: any) raises its HostLostError."""
+        self.waiting_main += threading.current_thread() is self.main_thread
+        try:
+            while True:
+                found = ready()
+                if found is not None:
+                    return found
+                error = self.lost_error(hosts)
+                if error is not None:
+                    raise error
+                self.cond.wait()
+        finally:
+            self.waiting_main -= threading.current_thread() is self.main_thread
+
+    # -- a host's program --------------------------------------------------------------------------------
+
+    def run_program(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, *, gather: bool = False):
+        """Run ``fn`` as this host's program; at its end say goodbye (see :meth:`finish`). Returns ``fn``'s
+        result, or with ``gather`` every host's result in host order (raising the first host's error)."""
+        how, value, error = "returned", None, None
+        try:
+            value = fn(*args, **(kwargs or {}))
+        except BaseException as e:  # noqa: BLE001 - reported to the other hosts, then raised
+            how, error = f"raised {type(e).__name__}: {e}", e
+        results = self.finish(how, ("error", error) if error is not None else ("value", value))
+        if error is not None:
+            raise error
+        if not gather:
+            return value
+        for h, (kind, item) in enumerate(results):
+            if kind == "error":
+                item.add_note(f"spmdsim: raised by the program of host {h}.")
+                raise item
+        return [item for _, item in results]
+
+    def finish(self, how: str, result: tuple) -> list:
+        """The end of this host's program (``how``: "returned", "raised ..."; ``result``: ("value", v) or
+        ("error", e)). The coordinator answers every call made after its end with a deadlock report, waits
+        for every host's end, and sends everyone every host's result; the others wait for that."""
+        if self.index != COORDINATOR:
+            self.send(COORDINATOR, ("exit", self.calls, how, self._portable_result(result)))
+            with self.cond:
+                try:
+                    return self.wait_for(lambda: self.farewell, hosts=(COORDINATOR,))
+                except HostLostError as e:
+                    return [("error", e)] * self.count
+        answered: set = set()
+        with self.cond:
+            self.exited[COORDINATOR] = (self.calls, how, result)
+        while True:
+            with self.cond:
+                late = [(k, h, desc) for k, hosts in self.meeting.items() for h, desc in hosts.items()
+                        if (k, h) not in answered]
+                done = all(h in self.exited or h in self.lost for h in range(self.count))
+                if not late and not done:
+                    self.cond.wait()
+                    continue
+            for k, h, desc in late:
+                answered.add((k, h))
+                self.send(h, ("answer", k, self._finished_error(k, desc, h)))
+            if done and not late:
+                break
+        with self.cond:
+            results = [self.exited[h][2] if h in self.exited else ("error", portable(self.lost[h]))
+                       for h in range(self.count)]
+        for h in range(1, self.count):
+            if h in self.exited:
+                self.send(h, ("bye", results))
+        return results
+
+    @staticmethod
+    def _portable_result(result: tuple) -> tuple:
+        kind, item = result
+        if kind == "error":
+            return kind, portable(item)
+        try:
+            pickle.dumps(item)
+        except Exception as e:  # noqa: BLE001
+            return "error", RemoteError(f"the program's result ({type(item).__name__}) does not pickle: {e}")
+        return result
+
+    def _finished_error(self, k: int, desc: CallDesc, caller: int) -> CollectiveDeadlockError:
+        calls, how, _ = self.exited[COORDINATOR]
+        rows = [("host 0", f"finished after {calls} mapped calls ({how})", "", "")]
+        rows += [(f"host {h}", f"waiting in its {_ordinal(k + 1)} mapped call", d.text(), d.site)
+                 for h, d in sorted(self.meeting.get(k, {}).items())]
+        text = (f"the {_ordinal(k + 1)} mapped call of the hosts ({desc.text()}, at {desc.site} on host {caller}) "
+                f"can never complete: host 0 finished its program without making it. On real hardware this "
+                f"program hangs.\n\n" + format_table([("host", "state", "mapped call", "source line"), *rows])
+                + "\n\nFix: every host must make the same mapped calls in the same order.")
+        return CollectiveDeadlockError(text, [" ".join(r).strip() for r in rows])
+
+    # -- a mapped call -----------------------------------------------------------------------------------
+
+    def begin(self, executor: str, axes) -> tuple[int, CallDesc]:
+        """Number this host's next top-level mapped call over ``axes`` and describe it."""
+        k = self.calls
+        self.calls += 1
+        return k, describe_call(axes, executor)
+
+    def meet(self, k: int, desc: CallDesc) -> None:
+        """Step 1 of the module docstring: return when every host makes the same k-th call, else raise."""
+        if self.index != COORDINATOR:
+            self.send(COORDINATOR, ("call", k, desc))
+            with self.cond:
+                error = self.wait_for(lambda: (self.answers.pop(k),) if k in self.answers else None,
+                                      hosts=(COORDINATOR,))[0]
+            if error is not None:
+                raise error
+            return
+        others = range(1, self.count)
+        with self.cond:
+            def settled():
+                arrived = self.meeting.get(k, {})
+                missing = [h for h in others if h not in arrived]
+                if any(h in self.lost for h in missing):
+                    return ("lost", self.lost_error(missing))
+                if any(h in self.exited for h in missing):
+                    return ("exited", missing)
+                return None if missing else ("all", None)
+            state, detail = self.wait_for(settled, hosts=())
+            arrived = self.meeting.pop(k, {})
+        descs = {COORDINATOR: desc, **arrived}
+        if state == "lost":
+            error = detail
+        elif state == "exited":
+            error = self._meeting_deadlock(k, descs, detail)
+        elif any(not d.same_call(desc) for d in descs.values()):
+            error = self._meeting_mismatch(k, descs)
+        else:
+            error = None
+        for h in arrived:
+            self.send(h, ("answer", k, portable(error)))
+        if error is not None:
+            raise error
+
+    def _meeting_table(self, k: int, descs: dict) -> list[tuple]:
+        rows = []
+        for h in range(self.count):
+            if h in descs:
+                rows.append((f"host {h}", f"waiting in its {_ordinal(k + 1)} mapped call", descs[h].text(),
+                             descs[h].site))
+            else:
+                calls, how, _ = self.exited[h]
+                rows.append((f"host {h}", f"finished after {calls} mapped calls ({how})", "", ""))
+        return rows
+
+    def _meeting_deadlock(self, k: int, descs: dict, missing: list) -> CollectiveDeadlockError:
+        rows = self._meeting_table(k, descs)
+        desc = descs[COORDINATOR]
+        gone = ", ".join(f"host {h}" for h in missing)
+        text = (f"the {_ordinal(k + 1)} mapped call of the hosts ({desc.text()}, at {desc.site}) can never "
+                f"complete: {gone} finished {'its program' if len(missing) == 1 else 'their programs'} without "
+                f"making it. On real hardware this program hangs.\n\n"
+                + format_table([("host", "state", "mapped call", "source line"), *rows])
+                + "\n\nFix: every host must make the same mapped calls in the same order.")
+        return CollectiveDeadlockError(text, [" ".join(r).strip() for r in rows])
+
+    def _meeting_mismatch(self, k: int, descs: dict) -> CollectiveMismatchError:
+        rows = self._meeting_table(k, descs)
+        lines = "\n".join(f"  host {h}: {d.text()} at {d.site}" for h, d in sorted(descs.items()))
+        text = (f"hosts made different mapped calls as their {_ordinal(k + 1)}:\n{lines}\nOn real hardware this "
+                f"hangs or exchanges garbage.\n\n" + format_table([("host", "state", "mapped call", "source line"),
+                                                                    *rows])
+                + "\n\nFix: every host must make the same mapped calls (the same mesh) in the same order.")
+        return CollectiveMismatchError(text, [" ".join(r).strip() for r in rows])
+
+    def run(self, body: Callable[[int], Any], axes: tuple) -> list:
+        """A top-level mapped call over the global mesh ``axes`` on the thread executor: ``body(j)`` runs this
+        host's j-th device; returns this host's devices' results (see the module docstring)."""
+        k, desc = self.begin("threads", axes)
+        if self.index == COORDINATOR:
+            self.meet(k, desc)
+            return self._coordinate(k, body, axes)
+        world = RemoteWorld(self, k)
+        with self.cond:
+            self.call = world
+        try:
+            self.meet(k, desc)
+            return self._follow(k, body, axes, world)
+        finally:
+            with self.cond:
+                self.call = None
+
+    def _coordinate(self, k: int, body: Callable, axes: tuple) -> list:
+        world = World(self, self.main_thread_ident())
+        call = _CoordinatorCall(self, k, world)
+        lanes = _runtime.top_level_placement(axes).lanes_in(world)
+        L = self.local
+
+        def lane_body(i: int):
+            return body(i) if i < L else call.serve((i,), i // L)
+
+        with self.cond:
+            self.call = call
+        error = None
+        try:
+            results, errors = _runtime.run_lanes(world, lanes, lane_body, None)
+            results = _runtime.outcome(world, lanes, results, errors, None)
+        except BaseException as e:  # noqa: BLE001 - every host raises it
+            error = e
+        finally:
+            with self.cond:
+                self.call = None
+        shipped = portable(error)
+        for h in range(1, self.count):
+            self.send(h, ("outcome", k, shipped))
+        if error is not None:
+            raise error
+        return results[:L]
+
+    def _follow(self, k: int, body: Callable, axes: tuple, world: "RemoteWorld") -> list:
+        first = self.index * self.local
+        lanes = _runtime.top_level_placement(axes).lanes_in(world, indices=range(first, first + self.local))
+        for j, lane in enumerate(lanes):
+            world.keys[lane], world.by_key[(first + j,)] = (first + j,), lane
+        results, _ = _runtime.run_lanes(world, lanes, body, None)
+        with self.cond:
+            error = self.wait_for(lambda: (self.outcomes.pop(k),) if k in self.outcomes else None,
+                                  hosts=(COORDINATOR,))[0]
+        if error is not None:
+            raise world.localized(error)
+        return results
+
+    def main_thread_ident(self) -> int | None:
+        return None if self.main_thread is None else self.main_thread.ident
+
+    def watch_main_thread(self) -> None:
+        """MPI: this process's main thread runs the host's program; a lost host interrupts it (see
+        :func:`_interrupt_main`)."""
+        self.main_thread = threading.main_thread()
+
+
+class _CoordinatorCall:
+    """The coordinator's side of one global call: the World, and the mailboxes of the stand-in lanes."""
+
+    def __init__(self, host: Host, k: int, world: World):
+        self.host, self.k, self.world = host, k, world
+        self.lock = threading.Lock()
+        self.boxes: dict = {}
+        self.aborted: set = set()
+        world.failure_callbacks.append(self._wake_all)
+
+    def box(self, key: tuple) -> _Mailbox:
+        with self.lock:
+            box = self.boxes.get(key)
+            if box is None:
+                box = self.boxes[key] = _Mailbox()
+            return box
+
+    def deliver(self, source: int, message: tuple) -> None:
+        self.box(message[2]).put(message)
+
+    def _wake_all(self, error) -> None:
+        with self.lock:
+            boxes = list(self.boxes.values())
+        for box in boxes:
+            box.put(None)
+
+    def lose(self, error: HostLostError) -> None:
+        self.world.fail(error)
+
+    def serve(self, key: tuple, owner: int):
+        """The stand-in for device ``key`` of host ``owner`` (run as that device's lane here): meet the others
+        in each collective it reaches, start its nested calls, end as it ends."""
+        lane = _runtime.current_lane()
+        box = self.box(key)
+        try:
+            while True:
+                if self.world.failure is not None and not box.items:
+                    raise Aborted
+                message = box.get()
+                if message is None:
+                    continue
+                kind = message[0]
+                _output.emit(lane, message[-1])
+                if kind == "arrive":
+                    _, _, _, names, signature, site, api, leaves, epilogue, _ = message
+                    chan = _runtime.channel(lane, names, api)
+                    results = self.world.rendezvous(lane, chan, signature, site, api, leaves,
+                                                    _combine(signature, epilogue))
+                    self.host.send(owner, ("result", self.k, key, results))
+                elif kind == "nested":
+                    _, _, _, axes, is_device, _ = message
+                    nested = lane.nested_calls
+                    try:
+                        _runtime.run_mapped(lambda j: self.serve(key + (nested, j), owner), axes,
+                                            is_device=is_device)
+                    except Exception:  # noqa: BLE001 - the nested devices' host reports them (their "done")
+                        pass
+                else:  # "done"
+                    _, _, _, state, error, _ = message
+                    if state == DONE:
+                        return None
+                    if state == RAISED:
+                        raise error
+                    raise Aborted
+        except Aborted:
+            with self.lock:
+                tell = owner not in self.aborted
+                self.aborted.add(owner)
+            if tell:
+                self.host.send(owner, ("abort", self.k))
+            raise
+
+
+@functools.lru_cache(maxsize=256)
+def _combine_cached(op: str, params: tuple, epilogue):
+    prim = _primitives.PRIMITIVES[op]
+    rule_params = dict(params)
+    groups = rule_params.pop("axis_index_groups")
+    return functools.partial(_primitives.apply_grouped, prim.rule, groups=groups, params=rule_params,
+                             epilogue=epilogue)
+
+
+def _combine(signature, epilogue):
+    """The combine step of a rendezvous whose last arriver is a stand-in (see ``bind``)."""
+    try:
+        return _combine_cached(signature.op, signature.params, epilogue)
+    except TypeError:  # an unhashable parameter
+        return _combine_cached.__wrapped__(signature.op, signature.params, epilogue)
+
+
+class RemoteWorld:
+    """The devices of one global call that run on a host other than the coordinator, as the runtime sees a
+    world (see :class:`~spmdsim._rendezvous.World`): each collective, nested call and end is a message to the
+    device's stand-in on the coordinator, whose answer it waits for. ``orders_output`` is False: their text
+    goes to the coordinator with their messages."""
+
+    observers = ()
+    orders_output = False
+
+    def __init__(self, host: Host, k: int):
+        self.host, self.k = host, k
+        self.lock = threading.Lock()
+        self.lanes: list = []
+        self.keys: dict = {}       # lane -> its key: (global device,) or a nested device's path
+        self.by_key: dict = {}
+        self.failure: BaseException | None = None
+        self.raised: dict = {}     # lane -> the error it raised (sent when it finishes)
+        self.local_errors: dict = {}  # label -> the error raised by that local device
+        self.replies: dict = {}
+        self._communicators: dict = {}
+
+    def communicator_id(self, key: tuple) -> int:
+        with self.lock:
+            return self._communicators.setdefault(key, len(self._communicators))
+
+    def send(self, message: tuple) -> None:
+        self.host.send(COORDINATOR, message)
+
+    def deliver(self, source: int, message: tuple) -> None:
+        if message[0] == "abort":
+            self.fail_here(Aborted())
+            return
+        _, _, key, results = message  # "result"
+        with self.lock:
+            lane = self.by_key.get(key)
+            if lane is None or lane.state != WAITING:
+                return
+            self.replies[lane] = results
+            lane.state = RUNNING
+        lane.wake.release()
+
+    def lose(self, error: HostLostError) -> None:
+        self.fail_here(error)
+
+    def fail_here(self, error: BaseException) -> None:
+        """Stop this host's devices: the waiting ones now, the others at their next collective."""
+        with self.lock:
+            if self.failure is None:
+                self.failure = error
+            waiting = [lane for lane in self.lanes if lane.state == WAITING]
+            for lane in waiting:
+                lane.state = RUNNING
+        for lane in waiting:
+            lane.wake.release()
+
+    # -- the runtime's side --------------------------------------------------------------------------------
+
+    def start(self, lanes: list, parent) -> None:
+        with self.lock:
+            self.lanes.extend(lanes)
+            if parent is None:
+                return
+            parent.state = JOINING
+            parent_key = self.keys[parent]
+            for j, lane in enumerate(lanes):
+                self.keys[lane] = key = parent_key + (parent.nested_calls - 1, j)
+                self.by_key[key] = lane
+        frames = lanes[0].frames[len(parent.frames):]
+        self.send(("nested", self.k, parent_key, tuple((f.name, f.size) for f in frames), frames[-1].is_device,
+                   _output.take(parent)))
+
+    def finish(self, lane, state: str, where: str = "") -> None:
+        with self.lock:
+            lane.state, lane.where = state, where
+            call = lane.call
+            call.remaining -= 1
+            if call.remaining == 0 and call.parent is not None:
+                call.parent.state = RUNNING
+            error = self.raised.pop(lane, None)
+            key = self.keys[lane]
+        self.send(("done", self.k, key, state, _shipped(error, lane.label), _output.take(lane)))
+
+    def fail(self, error: BaseException) -> None:
+        lane = _runtime.current_lane()
+        if lane is not None and lane.world is self:
+            with self.lock:  # the device's own error: sent to the coordinator when it finishes
+                self.raised[lane] = self.local_errors[lane.label] = error
+            return
+        self.fail_here(error)  # Ctrl-C here
+
+    def rendezvous(self, lane, chan, signature, site: str, api, leaves: list, combine) -> list:
+        with self.lock:
+            if self.failure is not None:
+                raise Aborted
+            seq = chan.step[0]
+            chan.step[0] = seq + 1
+            lane.state, lane.waiting = WAITING, (_Waiting(signature, seq, site, api), 0)
+            key = self.keys[lane]
+        epilogue = combine.keywords.get("epilogue") if isinstance(combine, functools.partial) else None
+        self.send(("arrive", self.k, key, chan.names, signature, site, api, leaves, epilogue, _output.take(lane)))
+        lane.wake.acquire()
+        with self.lock:
+            reply = self.replies.pop(lane, None)
+        if reply is None:
+            raise Aborted
+        return reply
+
+    def device_table(self) -> str:
+        from spmdsim._reports import TABLE_HEADER
+        return format_table([TABLE_HEADER, *(lane.status_row() for lane in self.lanes)])
+
+    def localized(self, error: BaseException) -> BaseException:
+        """The outcome ``error`` to raise here: when its first device ran on this host, that device's own
+        exception (with its traceback), given the outcome's notes and ``device_errors``."""
+        errors = getattr(error, "device_errors", None)
+        if not errors:
+            return error
+        mine = self.local_errors.get(next(iter(errors)))
+        if mine is None or type(mine) is not type(error):
+            return error
+        mine.device_errors = errors
+        mine.__notes__ = list(getattr(error, "__notes__", ()))
+        return mine.with_traceback(_runtime._filtered(mine.__traceback__))
+
+
+def _interrupt_main(host: Host, error: HostLostError) -> None:
+    """MPI: a lost host ends this process's program within a few seconds, wherever its main thread is."""
+    # Filled in with the MPI runner (see spmdsim._hosts.mpi_host).
+
+
+def run_spoofed(count: int, local: int, fn: Callable, args: tuple, kwargs: dict) -> list:
+    """``spmdsim.run_hosts`` in one process: ``count`` host threads, each running ``fn`` as its host."""
+    from spmdsim import _hosts, _transport
+
+    fabric = _transport.Fabric(count)
+    hosts = [Host(h, count, local, fabric.transport(h)) for h in range(count)]
+    outcome: list = [None] * count
+
+    def host_main(h: int) -> None:
+        _hosts._local.host = hosts[h]
+        try:
+            outcome[h] = ("value", hosts[h].run_program(fn, args, kwargs, gather=True))
+        except BaseException as e:  # noqa: BLE001 - raised by run_hosts
+            outcome[h] = ("error", e)
+        finally:
+            _hosts._local.host = None
+
+    threads = [threading.Thread(target=host_main, args=(h,), name=f"spmdsim host {h}", daemon=True)
+               for h in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kind, item = outcome[0]
+    if kind == "error":
+        raise item
+    return item
