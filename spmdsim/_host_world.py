@@ -31,8 +31,12 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import pickle
+import signal
+import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable, NamedTuple
 
@@ -45,26 +49,42 @@ from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError, Hos
 __all__ = ["Host", "RemoteWorld", "CallDesc", "run_spoofed", "portable"]
 
 COORDINATOR = 0
+FIX = ("Fix: every host must take the same steps in the same order: the same mapped calls (the same mesh and "
+       "executor), and the end of the run_hosts function.")
 
 
 class CallDesc(NamedTuple):
-    """A host's k-th top-level mapped call, as the hosts compare it: the global mesh, the executor, and where."""
+    """A host's k-th step in the sequence the hosts must agree on: a top-level mapped call (``kind="map"``: the
+    global mesh, the executor, where) or the end of a ``run_hosts`` function (``kind="gather"``: how it ended)."""
 
+    kind: str        # "map" or "gather"
     axes: tuple      # ((name, size), ...), unnamed axes written as text
-    executor: str    # "threads" or "vectorized"
+    executor: str    # "threads" or "vectorized"; for "gather": how the function ended
     site: str
 
     def same_call(self, other: "CallDesc") -> bool:
-        return (self.axes, self.executor) == (other.axes, other.executor)
+        if self.kind == "gather":
+            return other.kind == "gather"
+        return (self.kind, self.axes, self.executor) == (other.kind, other.axes, other.executor)
 
     def text(self) -> str:
+        if self.kind == "gather":
+            return f"the end of its run_hosts function ({self.executor})"
         mesh = ", ".join(f"{n}={s}" if isinstance(n, str) else f"{n!r}={s}" for n, s in self.axes)
         return f"map over [{mesh}] ({self.executor})"
 
 
 def describe_call(axes, executor: str) -> CallDesc:
     names = tuple((f"<unnamed {n.api} axis>" if isinstance(n, Unnamed) else n, s) for n, s in axes)
-    return CallDesc(names, executor, _runtime.user_site())
+    return CallDesc("map", names, executor, _runtime.user_site())
+
+
+def _how(error: BaseException | None) -> str:
+    """How a host's function ended, in a few words: "returned" or "raised ValueError: first line"."""
+    if error is None:
+        return "returned"
+    text = str(error).split("\n", 1)[0]
+    return f"raised {type(error).__name__}: {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def portable(error: BaseException | None) -> BaseException | None:
@@ -143,6 +163,8 @@ class Host:
         self.farewell = None          # every host's result, from the coordinator's "bye"
         self.main_thread: threading.Thread | None = None
         self.waiting_main = 0         # > 0 while the main thread waits for another host (it sees a loss there)
+        self.pending: BaseException | None = None  # a lost host's error, for the main thread's signal handler
+        self.finished = False
         transport.start(self._deliver, self._lose)
 
     # -- messages ---------------------------------------------------------------------------------------
@@ -160,9 +182,9 @@ class Host:
             return
         with self.cond:
             if kind == "call":
-                self.meeting.setdefault(message[1], {})[source] = message[2]
+                self.meeting.setdefault(message[1], {})[source] = message[2:]
             elif kind == "answer":
-                self.answers[message[1]] = message[2]
+                self.answers[message[1]] = message[2:]
             elif kind == "outcome":
                 self.outcomes[message[1]] = message[2]
             elif kind in ("vx", "vdone"):
@@ -171,7 +193,9 @@ class Host:
                 self.exited[source] = message[1:]
                 self.transport.departed(source)
             elif kind == "bye":
-                self.farewell = message[1]
+                self.farewell = True
+                for h in range(self.count):  # every host has finished: ends from now on are expected
+                    self.transport.departed(h)
             else:
                 raise AssertionError(f"spmdsim bug: unknown host message {kind!r}")
             self.cond.notify_all()
@@ -216,42 +240,53 @@ class Host:
 
     # -- a host's program --------------------------------------------------------------------------------
 
-    def run_program(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, *, gather: bool = False):
-        """Run ``fn`` as this host's program; at its end say goodbye (see :meth:`finish`). Returns ``fn``'s
-        result, or with ``gather`` every host's result in host order (raising the first host's error)."""
-        how, value, error = "returned", None, None
+    def run_program(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> list:
+        """Run ``fn`` as this host's function (``spmdsim.run_hosts``), then gather every host's result: the end of
+        the function is a step of the hosts' sequence (a host still making mapped calls there is reported).
+        Returns the results in host order; raises this host's own error, else the first other host's."""
+        error = None
         try:
-            value = fn(*args, **(kwargs or {}))
+            result = ("value", fn(*args, **(kwargs or {})))
         except BaseException as e:  # noqa: BLE001 - reported to the other hosts, then raised
-            how, error = f"raised {type(e).__name__}: {e}", e
-        results = self.finish(how, ("error", error) if error is not None else ("value", value))
+            error, result = e, ("error", e)
+        k = self.calls
+        self.calls += 1
+        desc = CallDesc("gather", (), _how(error), "")
+        try:
+            results = self.meet(k, desc, self._portable_result(result))
+        except BaseException:
+            if error is None:
+                raise
+            results = None
         if error is not None:
-            raise error
-        if not gather:
-            return value
+            raise error  # the function's own error comes first
         for h, (kind, item) in enumerate(results):
             if kind == "error":
-                item.add_note(f"spmdsim: raised by the program of host {h}.")
+                item.add_note(f"spmdsim: raised by the function of host {h}.")
                 raise item
         return [item for _, item in results]
 
-    def finish(self, how: str, result: tuple) -> list:
-        """The end of this host's program (``how``: "returned", "raised ..."; ``result``: ("value", v) or
-        ("error", e)). The coordinator answers every call made after its end with a deadlock report, waits
-        for every host's end, and sends everyone every host's result; the others wait for that."""
+    def finish(self, how: str = "returned") -> None:
+        """The end of this host's program (``how``: "returned", "raised ...", "exited with status 1"). The
+        coordinator answers every step taken after its own end with a deadlock report and waits for every host's
+        end; then every host may exit (``bye``). Only the first call counts."""
+        if self.finished:
+            return
+        self.finished = True
         if self.index != COORDINATOR:
-            self.send(COORDINATOR, ("exit", self.calls, how, self._portable_result(result)))
+            self.send(COORDINATOR, ("exit", self.calls, how))
             with self.cond:
                 try:
-                    return self.wait_for(lambda: self.farewell, hosts=(COORDINATOR,))
-                except HostLostError as e:
-                    return [("error", e)] * self.count
+                    self.wait_for(lambda: self.farewell, hosts=(COORDINATOR,))
+                except HostLostError:
+                    pass
+            return
         answered: set = set()
         with self.cond:
-            self.exited[COORDINATOR] = (self.calls, how, result)
+            self.exited[COORDINATOR] = (self.calls, how)
         while True:
             with self.cond:
-                late = [(k, h, desc) for k, hosts in self.meeting.items() for h, desc in hosts.items()
+                late = [(k, h, desc) for k, hosts in self.meeting.items() for h, (desc, _) in hosts.items()
                         if (k, h) not in answered]
                 done = all(h in self.exited or h in self.lost for h in range(self.count))
                 if not late and not done:
@@ -259,16 +294,13 @@ class Host:
                     continue
             for k, h, desc in late:
                 answered.add((k, h))
-                self.send(h, ("answer", k, self._finished_error(k, desc, h)))
+                self.send(h, ("answer", k, self._finished_error(k, desc, h), None))
             if done and not late:
                 break
-        with self.cond:
-            results = [self.exited[h][2] if h in self.exited else ("error", portable(self.lost[h]))
-                       for h in range(self.count)]
         for h in range(1, self.count):
+            self.transport.departed(h)
             if h in self.exited:
-                self.send(h, ("bye", results))
-        return results
+                self.send(h, ("bye", True))
 
     @staticmethod
     def _portable_result(result: tuple) -> tuple:
@@ -282,14 +314,14 @@ class Host:
         return result
 
     def _finished_error(self, k: int, desc: CallDesc, caller: int) -> CollectiveDeadlockError:
-        calls, how, _ = self.exited[COORDINATOR]
-        rows = [("host 0", f"finished after {calls} mapped calls ({how})", "", "")]
-        rows += [(f"host {h}", f"waiting in its {_ordinal(k + 1)} mapped call", d.text(), d.site)
-                 for h, d in sorted(self.meeting.get(k, {}).items())]
-        text = (f"the {_ordinal(k + 1)} mapped call of the hosts ({desc.text()}, at {desc.site} on host {caller}) "
-                f"can never complete: host 0 finished its program without making it. On real hardware this "
+        calls, how = self.exited[COORDINATOR]
+        rows = [("host 0", f"finished after {calls} steps ({how})", "", "")]
+        rows += [(f"host {h}", f"waiting in its {_ordinal(k + 1)} step", d.text(), d.site)
+                 for h, (d, _) in sorted(self.meeting.get(k, {}).items())]
+        text = (f"the {_ordinal(k + 1)} step of the hosts ({desc.text()}, at {desc.site} on host {caller}) "
+                f"can never complete: host 0 finished its program without reaching it. On real hardware this "
                 f"program hangs.\n\n" + format_table([("host", "state", "mapped call", "source line"), *rows])
-                + "\n\nFix: every host must make the same mapped calls in the same order.")
+                + f"\n\n{FIX}")
         return CollectiveDeadlockError(text, [" ".join(r).strip() for r in rows])
 
     # -- a mapped call -----------------------------------------------------------------------------------
@@ -300,16 +332,16 @@ class Host:
         self.calls += 1
         return k, describe_call(axes, executor)
 
-    def meet(self, k: int, desc: CallDesc) -> None:
-        """Step 1 of the module docstring: return when every host makes the same k-th call, else raise."""
+    def meet(self, k: int, desc: CallDesc, payload=None):
+        """Step 1 of the module docstring: return when every host takes the same k-th step (with every host's
+        ``payload``, in host order, for a "gather"), else raise."""
         if self.index != COORDINATOR:
-            self.send(COORDINATOR, ("call", k, desc))
+            self.send(COORDINATOR, ("call", k, desc, payload))
             with self.cond:
-                error = self.wait_for(lambda: (self.answers.pop(k),) if k in self.answers else None,
-                                      hosts=(COORDINATOR,))[0]
+                error, payloads = self.wait_for(lambda: self.answers.pop(k, None), hosts=(COORDINATOR,))
             if error is not None:
                 raise error
-            return
+            return payloads
         others = range(1, self.count)
         with self.cond:
             def settled():
@@ -322,7 +354,7 @@ class Host:
                 return None if missing else ("all", None)
             state, detail = self.wait_for(settled, hosts=())
             arrived = self.meeting.pop(k, {})
-        descs = {COORDINATOR: desc, **arrived}
+        descs = {COORDINATOR: desc, **{h: d for h, (d, _) in arrived.items()}}
         if state == "lost":
             error = detail
         elif state == "exited":
@@ -331,40 +363,45 @@ class Host:
             error = self._meeting_mismatch(k, descs)
         else:
             error = None
+        payloads = None
+        if error is None and desc.kind == "gather":
+            payloads = [payload] + [arrived[h][1] for h in others]
         for h in arrived:
-            self.send(h, ("answer", k, portable(error)))
+            self.send(h, ("answer", k, portable(error), payloads))
         if error is not None:
             raise error
+        return payloads
 
     def _meeting_table(self, k: int, descs: dict) -> list[tuple]:
         rows = []
         for h in range(self.count):
             if h in descs:
-                rows.append((f"host {h}", f"waiting in its {_ordinal(k + 1)} mapped call", descs[h].text(),
+                rows.append((f"host {h}", f"waiting in its {_ordinal(k + 1)} step", descs[h].text(),
                              descs[h].site))
             else:
-                calls, how, _ = self.exited[h]
-                rows.append((f"host {h}", f"finished after {calls} mapped calls ({how})", "", ""))
+                calls, how = self.exited[h]
+                rows.append((f"host {h}", f"finished after {calls} steps ({how})", "", ""))
         return rows
 
     def _meeting_deadlock(self, k: int, descs: dict, missing: list) -> CollectiveDeadlockError:
         rows = self._meeting_table(k, descs)
         desc = descs[COORDINATOR]
         gone = ", ".join(f"host {h}" for h in missing)
-        text = (f"the {_ordinal(k + 1)} mapped call of the hosts ({desc.text()}, at {desc.site}) can never "
+        text = (f"the {_ordinal(k + 1)} step of the hosts ({desc.text()}, at {desc.site}) can never "
                 f"complete: {gone} finished {'its program' if len(missing) == 1 else 'their programs'} without "
-                f"making it. On real hardware this program hangs.\n\n"
+                f"reaching it. On real hardware this program hangs.\n\n"
                 + format_table([("host", "state", "mapped call", "source line"), *rows])
-                + "\n\nFix: every host must make the same mapped calls in the same order.")
+                + f"\n\n{FIX}")
         return CollectiveDeadlockError(text, [" ".join(r).strip() for r in rows])
 
     def _meeting_mismatch(self, k: int, descs: dict) -> CollectiveMismatchError:
         rows = self._meeting_table(k, descs)
-        lines = "\n".join(f"  host {h}: {d.text()} at {d.site}" for h, d in sorted(descs.items()))
-        text = (f"hosts made different mapped calls as their {_ordinal(k + 1)}:\n{lines}\nOn real hardware this "
+        lines = "\n".join(f"  host {h}: {d.text()}{f' at {d.site}' if d.site else ''}"
+                           for h, d in sorted(descs.items()))
+        text = (f"hosts took different steps as their {_ordinal(k + 1)}:\n{lines}\nOn real hardware this "
                 f"hangs or exchanges garbage.\n\n" + format_table([("host", "state", "mapped call", "source line"),
                                                                     *rows])
-                + "\n\nFix: every host must make the same mapped calls (the same mesh) in the same order.")
+                + f"\n\n{FIX}")
         return CollectiveMismatchError(text, [" ".join(r).strip() for r in rows])
 
     def run(self, body: Callable[[int], Any], axes: tuple) -> list:
@@ -429,8 +466,26 @@ class Host:
 
     def watch_main_thread(self) -> None:
         """MPI: this process's main thread runs the host's program; a lost host interrupts it (see
-        :func:`_interrupt_main`)."""
+        :func:`_interrupt_main`). Call from the main thread."""
         self.main_thread = threading.main_thread()
+
+        def raise_pending(signum, frame):
+            error, self.pending = self.pending, None
+            if error is not None:
+                raise error
+
+        signal.signal(LOST_SIGNAL, raise_pending)
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # MPICH: "a process died"; the watcher sees it
+
+    def exit_process(self, how: str = "returned") -> None:
+        """MPI, at the end of the process: :meth:`finish`, then stop the messenger. After a lost host, end the
+        process at once (MPI's own finalization would wait for the dead one)."""
+        self.finish(how)
+        self.transport.close()
+        if self.lost:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
 
 
 class _CoordinatorCall:
@@ -648,9 +703,27 @@ class RemoteWorld:
         return mine.with_traceback(_runtime._filtered(mine.__traceback__))
 
 
+LOST_SIGNAL = signal.SIGUSR2  # MPICH's mpiexec sends SIGUSR1 itself
+LOST_EXIT_SECONDS = 3.0
+
+
 def _interrupt_main(host: Host, error: HostLostError) -> None:
-    """MPI: a lost host ends this process's program within a few seconds, wherever its main thread is."""
-    # Filled in with the MPI runner (see spmdsim._hosts.mpi_host).
+    """MPI: a lost host ends this process's program within a few seconds, wherever its main thread is: a wait for
+    another host or a mapped call ends with the error by itself; otherwise the main thread gets it from a signal
+    (which also interrupts a ``time.sleep``). A program still running ``LOST_EXIT_SECONDS`` later (it caught the
+    error, or is stuck in C) is ended with the error on stderr."""
+    def end() -> None:
+        time.sleep(0.2)
+        if not host.waiting_main and host.call is None and not host.finished:
+            host.pending = error
+            signal.pthread_kill(host.main_thread.ident, LOST_SIGNAL)
+        time.sleep(LOST_EXIT_SECONDS)
+        sys.stderr.write(f"spmdsim: host {host.index}: {error}\nspmdsim: host {host.index}'s program did not end "
+                         f"within {LOST_EXIT_SECONDS:g} s; exiting.\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    threading.Thread(target=end, name="spmdsim lost host", daemon=True).start()
 
 
 def run_spoofed(count: int, local: int, fn: Callable, args: tuple, kwargs: dict) -> list:
@@ -662,12 +735,13 @@ def run_spoofed(count: int, local: int, fn: Callable, args: tuple, kwargs: dict)
     outcome: list = [None] * count
 
     def host_main(h: int) -> None:
-        _hosts._local.host = hosts[h]
+        _hosts._local.host = host = hosts[h]
         try:
-            outcome[h] = ("value", hosts[h].run_program(fn, args, kwargs, gather=True))
+            outcome[h] = ("value", host.run_program(fn, args, kwargs))
         except BaseException as e:  # noqa: BLE001 - raised by run_hosts
             outcome[h] = ("error", e)
         finally:
+            host.finish(_how(outcome[h][1] if outcome[h][0] == "error" else None))
             _hosts._local.host = None
 
     threads = [threading.Thread(target=host_main, args=(h,), name=f"spmdsim host {h}", daemon=True)

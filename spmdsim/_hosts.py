@@ -19,6 +19,7 @@ by ``mpiexec`` (``spmdsim run --hosts H``; see :mod:`spmdsim._transport`). Both 
 """
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 from typing import Any, Callable, Sequence
@@ -140,7 +141,7 @@ def run_hosts(count: int, fn: Callable, *args, **kwargs) -> list:
         if host.count != count:
             raise ValueError(f"run_hosts({count}, ...) in an MPI job of {host.count} processes: start it with "
                              f"mpiexec -n {count}.")
-        return host.run_program(fn, args, kwargs, gather=True)
+        return host.run_program(fn, args, kwargs)
     return _host_world.run_spoofed(count, n // count, fn, args, kwargs)
 
 
@@ -156,4 +157,5 @@ def mpi_host(n_devices: int):
                              f"processes (hosts); give a device count that {transport.count} divides.")
         _process_host = _host_world.Host(transport.index, transport.count, n_devices // transport.count, transport)
         _process_host.watch_main_thread()
+        atexit.register(_process_host.exit_process)
     return _process_host

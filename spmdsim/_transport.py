@@ -131,12 +131,7 @@ class MPITransport(Transport):
         idle_since = time.monotonic()
         next_watch = next_beat = 0.0
         while self._running:
-            if self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=0, status=status):
-                source = status.Get_source()
-                message = self.comm.recv(source=source, tag=0)
-                self._heard[source] = time.monotonic()
-                if message != ("heartbeat",):
-                    self._deliver(source, message)
+            if self._receive(status):
                 idle_since = time.monotonic()
                 continue
             now = time.monotonic()
@@ -150,6 +145,17 @@ class MPITransport(Transport):
             quiet = now - idle_since
             time.sleep(POLL_SECONDS[0] if quiet < 0.01 else POLL_SECONDS[1] if quiet < 0.2 else POLL_SECONDS[2])
 
+    def _receive(self, status) -> bool:
+        """Hand on one waiting message, if there is one."""
+        if not self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=0, status=status):
+            return False
+        source = status.Get_source()
+        message = self.comm.recv(source=source, tag=0)
+        self._heard[source] = time.monotonic()
+        if message != ("heartbeat",):
+            self._deliver(source, message)
+        return True
+
     def _watch(self, now: float) -> None:
         for h, (pid, machine) in enumerate(self.peers):
             if h == self.index or h in self._gone or h in self._lost:
@@ -159,7 +165,10 @@ class MPITransport(Transport):
                     self._lose(h, f"host {h} (pid {pid} on {machine}) sent nothing for "
                                   f"{HEARTBEAT_TIMEOUT_SECONDS:g} s (no heartbeat): presumed dead")
             elif not _alive(pid):
-                self._lose(h, f"host {h} (process {pid}) died")
+                while self._receive(self.MPI.Status()):  # its last words (a goodbye) may still be waiting
+                    pass
+                if h not in self._gone:
+                    self._lose(h, f"host {h} (process {pid}) died")
 
     def _lose(self, host: int, reason: str) -> None:
         self._lost.add(host)

@@ -186,6 +186,8 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
                         for a, ax, p in zip(avals, flat_in_axes, paths, strict=True)]
         n = _pmap.mapped_size(paths, [a.shape for a in avals], flat_in_axes, "pmap", axis_size)
         _pmap.check_device_count(n, devices, outer=math.prod(_tracing.stack))
+        if not _tracing.stack:  # a top-level pmap of a multi-host run spans every host's devices
+            n = _pmap.multi_host_size(n)[1]
         lane = _runtime.current_lane()
         outer = [(f.name, f.size) for f in (lane.frames if lane is not None else ())
                  if not isinstance(f.name, Unnamed)]

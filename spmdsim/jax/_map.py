@@ -36,7 +36,7 @@ from jax._src.util import weakref_lru_cache
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 
-from spmdsim import _primitives, _runtime, _sharding
+from spmdsim import _hosts, _primitives, _runtime, _sharding
 from spmdsim.jax import _dtypes
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
 
@@ -119,7 +119,8 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
     if isinstance(ex, Vectorized) or (ex is None and executor == "vectorized"):
         return _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex)
     body_ex = REFERENCE if executor == "reference" else PER_DEVICE
-    blocks = [_split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
+    local = axes if ex is not None or _runtime.current_lane() is not None else _local_mesh(axes)
+    blocks = [_split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
     inner, consts = jaxpr.jaxpr, jaxpr.consts
 
     def body(i: int) -> list:
@@ -128,8 +129,18 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
     per_device = _runtime.run_mapped(body, axes, is_device=True)
     if check_replicated:
         stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))]
-        _check_replicated(stacked, out_specs, axes, api)
-    return [_assemble([device[k] for device in per_device], spec, axes) for k, spec in enumerate(out_specs)]
+        _check_replicated(stacked, out_specs, local, api)
+    return [_assemble([device[k] for device in per_device], spec, local) for k, spec in enumerate(out_specs)]
+
+
+def _local_mesh(axes: tuple) -> tuple:
+    """This host's box of a top-level map's mesh in a multi-host run (its process-local data are laid over it;
+    see :func:`spmdsim._hosts.local_mesh`); the mesh itself otherwise, and for a mesh that does not span every
+    host's devices (a map nested in a body)."""
+    found = _hosts.layout()
+    if found is None or math.prod(size for _, size in axes) != found[0] * found[1]:
+        return axes
+    return _hosts.local_mesh(axes, "the map's mesh")
 
 
 @weakref_lru_cache
@@ -182,6 +193,8 @@ def _read_only(x: np.ndarray) -> np.ndarray:
 
 
 def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized | None") -> list[np.ndarray]:
+    if ex is None and _runtime.current_lane() is None and _local_mesh(axes) != axes:
+        raise NotImplementedError("the vectorized executor in a multi-host run")
     if ex is None:  # top level: the mesh alone
         stacked = [_sharding.split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
         outs = Vectorized(_primitives.Batch(axes)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
@@ -221,8 +234,9 @@ def _impl(*args, **params):
 
 
 def global_avals(params) -> list:
-    """The map's output avals: the body's, assembled by the out_specs (plain arrays, no varying axes)."""
-    return _global_avals(params["jaxpr"], params["out_specs"], params["axes"])
+    """The map's output avals: the body's, assembled by the out_specs (plain arrays, no varying axes); in a
+    multi-host run, this host's part of them (its process-local data)."""
+    return _global_avals(params["jaxpr"], params["out_specs"], _local_mesh(params["axes"]))
 
 
 @weakref_lru_cache

@@ -41,9 +41,10 @@ def use_cpu_devices(n: int) -> bool:
 
 
 @contextlib.contextmanager
-def patched_jax(n_devices: int, executor: str = "threads"):
+def patched_jax(n_devices: int, executor: str = "threads", host=None):
     """For the block: ``jax.pmap`` is :func:`spmdsim.jax.pmap` (with ``executor``), spmdsim has ``n_devices``
-    virtual devices, and so has JAX's CPU platform (see :func:`use_cpu_devices`)."""
+    virtual devices, and so has JAX's CPU platform (see :func:`use_cpu_devices`). ``host``: this process's
+    :class:`~spmdsim._host_world.Host` in a multi-host run (see :func:`host_replacements`)."""
     import jax
 
     import spmdsim.jax as sjax
@@ -62,8 +63,10 @@ def patched_jax(n_devices: int, executor: str = "threads"):
         return _shard_map.simulated(build(f, **kwargs), executor)
 
     replaced = [(jax, "pmap", pmap), (jax, "jit", _shard_map.jit), (jax_shard_map, "_shard_map", shard_map)]
+    if host is not None:
+        replaced += host_replacements(host)
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
-    with spmdsim.set_device_count(n_devices):
+    with spmdsim.set_device_count(n_devices) if host is None else contextlib.nullcontext():
         for owner, name, value in replaced:
             setattr(owner, name, value)
         try:
@@ -71,3 +74,85 @@ def patched_jax(n_devices: int, executor: str = "threads"):
         finally:
             for owner, name, value in saved:
                 setattr(owner, name, value)
+
+
+def host_replacements(host) -> list[tuple]:
+    """What a multi-host run changes in JAX, as (owner, name, value): ``jax.process_index()`` and
+    ``process_count()`` are the host's; ``jax.local_devices()`` are its ``L`` devices among the global
+    ``jax.devices()`` (host-major: host h has devices h*L to h*L + L - 1) and ``jax.local_device_count()`` is
+    ``L``; ``jax.distributed.initialize`` checks its arguments against the run and does nothing else; the
+    functions of ``jax.experimental.multihost_utils`` move data between the hosts with spmdsim's collectives
+    (:mod:`spmdsim.multihost`)."""
+    import jax
+    import jax.experimental.multihost_utils as mhu
+    import numpy as np
+
+    from spmdsim import multihost
+
+    all_devices = jax.devices
+
+    def process_index(backend=None):
+        return host.index
+
+    def process_count(backend=None):
+        return host.count
+
+    def process_indices(backend=None):
+        return list(range(host.count))
+
+    def local_devices(process_index=None, backend=None, host_id=None):
+        index = host.index if process_index is None and host_id is None else \
+            process_index if process_index is not None else host_id
+        return all_devices(backend)[index * host.local:(index + 1) * host.local]
+
+    def local_device_count(backend=None):
+        return host.local
+
+    state = {"initialized": False}
+
+    def initialize(coordinator_address=None, num_processes=None, process_id=None, local_device_ids=None,
+                   cluster_detection_method=None, initialization_timeout=300, heartbeat_timeout_seconds=100,
+                   shutdown_timeout_seconds=300, coordinator_bind_address=None, slice_index=None,
+                   partition_index=None):
+        """``jax.distributed.initialize`` under spmdsim's hosts: the hosts already run; checks the arguments."""
+        if state["initialized"]:
+            raise RuntimeError("jax.distributed.initialize should only be called once.")
+        if coordinator_address is not None and not isinstance(coordinator_address, str):
+            raise TypeError(f"coordinator_address must be a string such as '127.0.0.1:1234', got "
+                            f"{coordinator_address!r}.")
+        if num_processes is not None and num_processes != host.count:
+            raise ValueError(f"jax.distributed.initialize(num_processes={num_processes}), but spmdsim runs "
+                             f"{host.count} hosts (spmdsim run --hosts {host.count}).")
+        if process_id is not None and process_id != host.index:
+            raise ValueError(f"jax.distributed.initialize(process_id={process_id}) on host {host.index}: the "
+                             f"process ids are the hosts' indices (MPI ranks) 0..{host.count - 1}.")
+        if local_device_ids is not None:
+            ids = [local_device_ids] if isinstance(local_device_ids, int) else list(local_device_ids)
+            if len(ids) != host.local or len(set(ids)) != len(ids):
+                raise ValueError(f"local_device_ids={local_device_ids!r}: each host has {host.local} devices "
+                                 f"(spmdsim run --devices N --hosts H gives N/H each).")
+        state["initialized"] = True
+
+    def is_initialized():
+        return state["initialized"]
+
+    def shutdown():
+        state["initialized"] = False
+
+    def leaves_of(fn):
+        def wrapped(in_tree, *args, **kwargs):
+            leaves, treedef = jax.tree_util.tree_flatten(in_tree)
+            out = fn([np.asarray(x) for x in leaves], *args, **kwargs)
+            return None if out is None else jax.tree_util.tree_unflatten(treedef, out)
+        wrapped.__name__ = wrapped.__qualname__ = fn.__name__
+        wrapped.__doc__ = fn.__doc__
+        return wrapped
+
+    return [(jax, "process_index", process_index), (jax, "process_count", process_count),
+            (jax, "process_indices", process_indices), (jax, "local_devices", local_devices),
+            (jax, "local_device_count", local_device_count), (jax.distributed, "initialize", initialize),
+            (jax.distributed, "is_initialized", is_initialized), (jax.distributed, "shutdown", shutdown),
+            (mhu, "process_allgather", leaves_of(multihost.process_allgather)),
+            (mhu, "broadcast_one_to_all", leaves_of(multihost.broadcast_one_to_all)),
+            (mhu, "assert_equal", leaves_of(multihost.assert_equal)),
+            (mhu, "sync_global_devices", multihost.sync_global_devices)]

@@ -10,13 +10,14 @@ stand before a ``--``.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 import spmdsim
 from spmdsim._script import check_program, run_program, split_argv
 from spmdsim.cli import ArgumentParser, UsageError, positive_int
 
-VALUED = ("--devices", "--executor", "--trace")
+VALUED = ("--devices", "--executor", "--trace", "--hosts")
 TRACE_FORMATS = {".json": "a Perfetto/Chrome trace", ".svg": "a timeline picture"}
 
 
@@ -38,6 +39,9 @@ def parser() -> ArgumentParser:
     p.add_argument("--trace", metavar="PATH", default=None,
                    help="record every collective; PATH.json: a Perfetto trace (https://ui.perfetto.dev), "
                         "PATH.svg: a timeline picture")
+    p.add_argument("--hosts", type=positive_int, default=None, metavar="H",
+                   help="a multi-host job: H host processes (started through mpiexec; needs the mpi extra), each "
+                        "with N/H of the N devices; jax.process_index() tells them apart")
     return p
 
 
@@ -58,24 +62,57 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         UsageError: bad options, no script, a script or module that does not exist, or jax not installed.
     """
-    ours, program = split_argv(list(sys.argv[1:] if argv is None else argv), VALUED)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    ours, program = split_argv(raw, VALUED)
     args = parser().parse_args(ours)
     if program is None:
         raise UsageError("give the script to run: spmdsim run [options] SCRIPT.py [args], or -m MODULE [args]")
     trace_format = _trace_format(args.trace)
     check_program(program)
+    from spmdsim import _hosts, _transport
+
+    host = None
+    if _transport.launched_by_mpi():
+        from spmdsim import _launch
+        if os.environ.get(_launch.CHILD_ENV) != "1":
+            return _launch.run_as_host_child(["run", *raw])
+        host = _hosts.mpi_host(args.devices)
+        if args.hosts not in (None, host.count):
+            raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
+    elif args.hosts is not None and args.hosts > 1:
+        if args.devices % args.hosts:
+            raise UsageError(f"--devices {args.devices} cannot be split evenly over --hosts {args.hosts}")
+        from spmdsim import _launch
+        return _launch.launch(args.hosts, _host_argv(args, program))
     from spmdsim.jax._patch import patched_jax
 
-    print(f"spmdsim run: {program.name} on {args.devices} virtual devices; replaced jax.pmap with spmdsim.jax.pmap "
-          f"and jax.shard_map with spmdsim's (values computed by NumPy, {args.executor} executor); JAX's CPU "
-          f"devices are the virtual devices; everything else is real JAX.", file=sys.stderr)
+    if host is None or host.index == 0:
+        hosts = f" as {host.count} hosts ({host.local} devices each, through MPI)" if host is not None else ""
+        print(f"spmdsim run: {program.name} on {args.devices} virtual devices{hosts}; replaced jax.pmap with "
+              f"spmdsim.jax.pmap and jax.shard_map with spmdsim's (values computed by NumPy, {args.executor} "
+              f"executor); JAX's CPU devices are the virtual devices; everything else is real JAX.", file=sys.stderr)
     tracing = spmdsim.trace(values="summary") if trace_format else contextlib.nullcontext()
-    with patched_jax(args.devices, args.executor), tracing as tr:
-        try:
-            return run_program(program)
-        finally:
-            if trace_format:
-                _write_trace(tr, args.trace, trace_format)
+    status = 1
+    try:
+        with patched_jax(args.devices, args.executor, host), tracing as tr:
+            try:
+                status = run_program(program)
+            finally:
+                if trace_format and (host is None or host.index == 0):  # host 0 has every host's events
+                    _write_trace(tr, args.trace, trace_format)
+    finally:
+        if host is not None:
+            host.exit_process("returned" if status == 0 else f"exited with status {status}")
+    return status
+
+
+def _host_argv(args, program) -> list[str]:
+    """The command line of each host process: this one's options, the program, ``--``, its arguments."""
+    argv = ["run", "--devices", str(args.devices), "--executor", args.executor]
+    if args.trace:
+        argv += ["--trace", args.trace]
+    argv += [program.path] if program.path is not None else ["-m", program.module]
+    return argv + ["--", *program.args]
 
 
 def _write_trace(tr, path: str, trace_format: str) -> None:

@@ -1,0 +1,95 @@
+"""``spmdsim run --hosts H``: start H host processes through ``mpiexec`` (MPICH's, from the ``mpich`` wheel:
+``python -m pip install "spmdsim[mpi]"``), each running ``python -m spmdsim run`` as one host.
+
+``mpiexec`` runs with ``-disable-auto-cleanup``: when a host dies, the others are not killed by MPICH
+(whose report names the wrong process) but end by themselves within seconds with a
+:class:`~spmdsim.errors.HostLostError` naming the host. MPICH's process manager kills every process of the job
+when one of *its* processes dies of a signal, even then; so each host runs in a child of the process that
+``mpiexec`` started (:func:`run_as_host_child`), which only waits for it and exits normally with its status. It runs in its own session, so that one Ctrl-C reaches
+it exactly once (from here; it passes Ctrl-C on to every host); it gets SIGINT if this launcher dies. A second
+Ctrl-C, or hosts still running ``STOP_SECONDS`` after the first, make ``mpiexec`` abort them.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from spmdsim.cli import UsageError
+
+__all__ = ["mpiexec_path", "launch", "run_as_host_child"]
+
+CHILD_ENV = "SPMDSIM_HOST_CHILD"
+
+STOP_SECONDS = 10.0
+
+
+def mpiexec_path() -> str | None:
+    """The ``mpiexec`` of this Python's environment (where the ``mpich`` wheel puts it), else the one on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGINT when the launcher dies (Linux), so that no host outlives it."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGINT, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def launch(hosts: int, argv: list[str]) -> int:
+    """Run ``python -m spmdsim ARGV`` as ``hosts`` MPI processes; return mpiexec's exit status (130 after
+    Ctrl-C).
+
+    Raises:
+      UsageError: no ``mpiexec`` or no ``mpi4py`` (the ``mpi`` extra is not installed).
+    """
+    mpiexec = mpiexec_path()
+    try:
+        import mpi4py  # noqa: F401 - only checked here; each host imports it
+    except ImportError:
+        mpiexec = None
+    if mpiexec is None:
+        raise UsageError('--hosts needs MPI (mpi4py and an mpiexec): python -m pip install "spmdsim[mpi]"')
+    command = [mpiexec, "-disable-auto-cleanup", "-n", str(hosts), sys.executable, "-m", "spmdsim", *argv]
+    proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent)
+    interrupted = 0
+    while True:
+        try:
+            status = proc.wait(timeout=STOP_SECONDS if interrupted else None)
+            return 130 if interrupted and status != 0 else status
+        except KeyboardInterrupt:
+            interrupted += 1
+            proc.send_signal(signal.SIGINT)  # mpiexec passes it to every host; the second one aborts them
+        except subprocess.TimeoutExpired:
+            interrupted += 1
+            proc.send_signal(signal.SIGINT if interrupted < 4 else signal.SIGKILL)
+
+
+def run_as_host_child(argv: list[str]) -> int:
+    """Under mpiexec: run ``python -m spmdsim ARGV`` as a child of this process (in the same process group, with
+    MPICH's connection passed on) and return its exit status, 128 + the signal when a signal killed it, without
+    dying of a signal here (see the module docstring). Ctrl-C and MPICH's failure notice (SIGUSR1) reach the child
+    through the process group; this process ignores them."""
+    for sig in (signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    fds = [int(os.environ[v]) for v in ("PMI_FD", "HYDI_CONTROL_FD") if os.environ.get(v, "").isdigit()]
+    child = subprocess.Popen([sys.executable, "-m", "spmdsim", *argv], env={**os.environ, CHILD_ENV: "1"},
+                             pass_fds=fds, preexec_fn=_child_setup)
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
+    status = child.wait()
+    return 128 - status if status < 0 else status
+
+
+def _child_setup() -> None:
+    """In the host child before exec: default Ctrl-C handling, and SIGKILL when its parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
