@@ -88,23 +88,29 @@ def local_mesh(axes: Sequence[tuple[Any, int]], what: str = "the mesh") -> tuple
     host = current()
     if host is None:
         return axes
-    sizes = [s for _, s in axes]
-    total, L = math.prod(sizes), host.local
-    if total != host.count * L:
+    total = math.prod(s for _, s in axes)
+    if total != host.count * host.local:
         raise ValueError(f"{what} has {total} devices, but a multi-host call spans every host's devices: "
-                         f"{host.count} hosts x {L} local devices = {host.count * L}. Build it from "
-                         f"spmdsim.devices() (all of them).")
+                         f"{host.count} hosts x {host.local} local devices = {host.count * host.local}. Build it "
+                         f"from spmdsim.devices() (all of them).")
+    return host_box(axes, host.local, what)
+
+
+def host_box(axes: Sequence[tuple[Any, int]], per_host: int, what: str = "the mesh") -> tuple:
+    """The box of the mesh ``axes`` that a run of ``per_host`` consecutive devices (row-major) covers, the same
+    for every host: its axes with their extents. ValueError when such a run is not a box."""
+    sizes = [s for _, s in axes]
     extents, inner = [1] * len(sizes), 1
     for k in range(len(sizes) - 1, -1, -1):
-        if L % (inner * sizes[k]) == 0:
+        if per_host % (inner * sizes[k]) == 0:
             extents[k], inner = sizes[k], inner * sizes[k]
             continue
-        if L % inner or sizes[k] % (L // inner):
+        if per_host % inner or sizes[k] % (per_host // inner):
             raise ValueError(f"{what} ({', '.join(f'{n}={s}' for n, s in axes)}) does not give each host a box of "
-                             f"devices: host {host.index}'s {L} devices are not a block of the mesh, so its "
+                             f"devices: a host's {per_host} devices are not a block of the mesh, so its "
                              f"process-local data would not be an array. Reorder the mesh axes so that the "
                              f"leading axis runs over hosts.")
-        extents[k], inner = L // inner, L
+        extents[k], inner = per_host // inner, per_host
         break
     return tuple((name, e) for (name, _), e in zip(axes, extents, strict=True))
 

@@ -475,12 +475,12 @@ def split_axis_names(axis_name) -> tuple[tuple, tuple]:
         return _split_hashable(tuple(axis_name))
 
 
-_REDUCERS = {"psum": np.add, "pmax": np.maximum, "pmin": np.minimum}
+REDUCERS = {"psum": np.add, "pmax": np.maximum, "pmin": np.minimum}
 
 
 def _reduce_positional(name: str, x: np.ndarray, positional: tuple, lead: int = 0) -> np.ndarray:
     axes = tuple(_canonical_axis(a, x.ndim - lead, name, "axis") + lead for a in positional)
-    ufunc = _REDUCERS[name]
+    ufunc = REDUCERS[name]
     return ufunc.reduce(x, axis=axes, dtype=x.dtype if ufunc is np.add else None)
 
 
@@ -663,16 +663,17 @@ class Batch:
     and ``ids``, the indices (into the row-major device order) of the devices present, ``None`` for all.
     Every operand carries them on a leading axis."""
 
-    def __init__(self, axes: Sequence[tuple[Hashable, int]], ids: np.ndarray | None = None):
+    def __init__(self, axes: Sequence[tuple[Hashable, int]], ids: np.ndarray | None = None, host=None):
         self.axes = tuple(axes)
         self.names = tuple(name for name, _ in self.axes)
         self.sizes = tuple(size for _, size in self.axes)
         self.count = math.prod(self.sizes)
         self.ids = ids
+        self.host = host  # in a multi-host run: the call's VectorCall (``ids`` are this host's devices)
         self.mailboxes: dict = {}  # psend -> precv transfers, per axis names
 
     def subset(self, mask: np.ndarray) -> "Batch":
-        return Batch(self.axes, self.present()[mask])
+        return Batch(self.axes, self.present()[mask], self.host)
 
     def present(self) -> np.ndarray:
         """The row-major indices of the devices present."""
@@ -729,6 +730,9 @@ class Batch:
         groups = check_groups(params.get("axis_index_groups"), n, prim)
         avals = tuple((x.shape[1:], x.dtype) for x in operands)
         rule_params = prim.check(avals, n if groups is None else len(groups[0]), groups, **params)
+        if self.host is not None:
+            return self.host.collective(self, prim, named, positions, groups, rule_params, operands, params, api,
+                                        site, epilogue)
         if self.ids is not None:
             if not self._whole_communicators(positions, n):
                 signature = Signature(prim.name, tuple(named), tuple(self.sizes[p] for p in positions),

@@ -194,7 +194,11 @@ def _read_only(x: np.ndarray) -> np.ndarray:
 
 def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized | None") -> list[np.ndarray]:
     if ex is None and _runtime.current_lane() is None and _local_mesh(axes) != axes:
-        raise NotImplementedError("the vectorized executor in a multi-host run")
+        local = _local_mesh(axes)  # a multi-host run: this host's devices, their collectives across hosts
+        stacked = [_sharding.split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
+        outs = _hosts.current().run_vectorized(
+            lambda batch: Vectorized(batch).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked), axes)
+        return [_sharding.assemble(o, spec, local) for o, spec in zip(outs, out_specs, strict=True)]
     if ex is None:  # top level: the mesh alone
         stacked = [_sharding.split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
         outs = Vectorized(_primitives.Batch(axes)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
@@ -209,7 +213,7 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
         stacked.append(np.swapaxes(blocks, 0, 1).reshape(ex.n * inner, *blocks.shape[2:]))
     ids = None if outer.ids is None else (outer.ids[:, None] * inner + np.arange(inner)).ravel()
     try:
-        outs = Vectorized(_primitives.Batch(outer.axes + tuple(axes), ids)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts,
+        outs = Vectorized(_primitives.Batch(outer.axes + tuple(axes), ids, outer.host)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts,
                                                                                        stacked)
     except _primitives.Diverged as d:  # a collective over an outer axis: the outer devices, as the outer batch counts
         raise _primitives.Diverged([(np.unique(group // inner), *call) for group, *call in d.calls]) from None
