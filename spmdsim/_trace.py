@@ -147,14 +147,24 @@ class Trace:
         return print_table(title, header, body, file=file, right=[h for h in header if h[0] in "cbtw" and
                                                                   h != "collective"])
 
-    def to_perfetto(self, path) -> dict:
+    def to_perfetto(self, path) -> dict | None:
         """Write the Chrome trace-event JSON (https://ui.perfetto.dev, chrome://tracing): a track per device
         with its call and its collectives (arrival to release), and a flow arrow through the devices of each
-        rendezvous. Returns the JSON object."""
+        rendezvous. Returns the JSON object.
+
+        In a multi-host run (see :mod:`spmdsim._hosts`) every host's devices meet on host 0, whose trace holds
+        them all: there each host is a process track (``host 1``) with a thread track per device; on the other
+        hosts nothing is written (their traces are empty) and None is returned."""
+        from spmdsim import _hosts
+        if _hosts.process_index() != 0:
+            return None
         tids: dict[str, int] = {}
 
         def tid(label):
             return tids.setdefault(label, len(tids) + 1)
+
+        def pid(label) -> int:
+            return _host_of(label) + 1
 
         def us(t):
             return round((t - self.origin) * 1e6, 3)
@@ -162,13 +172,18 @@ class Trace:
         for label in sorted({c.device for c in self.calls} | {d for e in self.events for d in e.devices},
                             key=_device_sort_key):
             tid(label)
-        events: list[dict] = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "spmdsim"}}]
-        events += [{"ph": "M", "pid": 1, "tid": t, "name": "thread_name", "args": {"name": label}}
+        hosts = sorted({_host_of(label) for label in tids}) or [0]
+        multi = any(label.startswith("host ") for label in tids)
+        events: list[dict] = [{"ph": "M", "pid": h + 1, "name": "process_name",
+                               "args": {"name": f"host {h}" if multi else "spmdsim"}} for h in hosts]
+        events += [{"ph": "M", "pid": h + 1, "name": "process_sort_index", "args": {"sort_index": h}}
+                   for h in hosts]
+        events += [{"ph": "M", "pid": pid(label), "tid": t, "name": "thread_name", "args": {"name": label}}
                    for label, t in tids.items()]
-        events += [{"ph": "M", "pid": 1, "tid": t, "name": "thread_sort_index", "args": {"sort_index": t}}
-                   for t in tids.values()]
+        events += [{"ph": "M", "pid": pid(label), "tid": t, "name": "thread_sort_index", "args": {"sort_index": t}}
+                   for label, t in tids.items()]
         for c in self.calls:
-            events.append({"ph": "X", "pid": 1, "tid": tid(c.device), "name": "mapped call", "cat": "call",
+            events.append({"ph": "X", "pid": pid(c.device), "tid": tid(c.device), "name": "mapped call", "cat": "call",
                            "ts": us(c.start), "dur": max(us(c.end) - us(c.start), 0.001), "args": {"outcome": c.outcome}})
         for k, e in enumerate(self.events):
             name = f"{e.op}({', '.join(map(str, e.axis_name))})"
@@ -181,12 +196,12 @@ class Trace:
                 if self.values == "summary" and e.operands is not None:
                     args["operand"] = e.operands[rank]
                     args["result"] = e.results[rank] if e.results is not None else None
-                events.append({"ph": "X", "pid": 1, "tid": tid(device), "name": name, "cat": "collective",
+                events.append({"ph": "X", "pid": pid(device), "tid": tid(device), "name": name, "cat": "collective",
                                "ts": us(arrived), "dur": max(us(e.released) - us(arrived), 0.001), "args": args})
             order = sorted(range(len(e.devices)), key=lambda r: tid(e.devices[r]))
             for j, rank in enumerate(order):
                 phase = "s" if j == 0 else ("f" if j == len(order) - 1 else "t")
-                flow = {"ph": phase, "pid": 1, "tid": tid(e.devices[rank]), "id": k, "name": "rendezvous",
+                flow = {"ph": phase, "pid": pid(e.devices[rank]), "tid": tid(e.devices[rank]), "id": k, "name": "rendezvous",
                         "cat": "rendezvous", "ts": us(e.released)}
                 if phase == "f":
                     flow["bp"] = "e"
@@ -296,8 +311,16 @@ def _json_default(value):
     return repr(value)
 
 
+def _host_of(label: str) -> int:
+    """The host a device label names (``host 1 device 5 [i=5]``), 0 without one."""
+    parts = label.split()
+    return int(parts[1]) if len(parts) > 1 and parts[0] == "host" and parts[1].isdigit() else 0
+
+
 def _device_sort_key(label: str):
     head = label.split(" [")[0].split()
+    if head and head[0] == "host":
+        head = head[2:]
     return (head[0], int(head[1]) if len(head) > 1 and head[1].isdigit() else 0, label)
 
 
