@@ -412,39 +412,35 @@ class Host:
         """A top-level mapped call over the global mesh ``axes`` on the thread executor: ``body(j)`` runs this
         host's j-th device; returns this host's devices' results (see the module docstring)."""
         k, desc = self.begin("threads", axes)
-        if self.index == COORDINATOR:
-            self.meet(k, desc)
-            return self._coordinate(k, body, axes)
-        world = RemoteWorld(self, k)
+        # The call's state exists before the meeting ends: the other hosts' devices send to it right after.
+        call = _CoordinatorCall(self, k, World(self)) if self.index == COORDINATOR else RemoteWorld(self, k)
         with self.cond:
-            self.call = world
+            self.call = call
         try:
             self.meet(k, desc)
-            return self._follow(k, body, axes, world)
+            if self.index == COORDINATOR:
+                return self._coordinate(k, body, axes, call)
+            return self._follow(k, body, axes, call)
         finally:
             with self.cond:
                 self.call = None
 
-    def _coordinate(self, k: int, body: Callable, axes: tuple) -> list:
-        world = World(self, self.main_thread_ident())
-        call = _CoordinatorCall(self, k, world)
+    def _coordinate(self, k: int, body: Callable, axes: tuple, call: "_CoordinatorCall") -> list:
+        world = call.world
         lanes = _runtime.top_level_placement(axes).lanes_in(world)
         L = self.local
 
         def lane_body(i: int):
             return body(i) if i < L else call.serve((i,), i // L)
 
-        with self.cond:
-            self.call = call
         error = None
         try:
             results, errors = _runtime.run_lanes(world, lanes, lane_body, None)
             results = _runtime.outcome(world, lanes, results, errors, None)
         except BaseException as e:  # noqa: BLE001 - every host raises it
             error = e
-        finally:
-            with self.cond:
-                self.call = None
+        with self.cond:
+            self.call = None
         shipped = portable(error)
         for h in range(1, self.count):
             self.send(h, ("outcome", k, shipped))
@@ -485,9 +481,6 @@ class Host:
             with self.cond:
                 self.call = None
         return call.end(error, result)
-
-    def main_thread_ident(self) -> int | None:
-        return None if self.main_thread is None else self.main_thread.ident
 
     def watch_main_thread(self) -> None:
         """MPI: this process's main thread runs the host's program; a lost host interrupts it (see

@@ -175,8 +175,8 @@ class World:
     run (see :mod:`spmdsim._hosts`), else None; ``failure_callbacks``: ``callback(error)`` run once, under the
     lock, when the world fails (they must only wake someone)."""
 
-    def __init__(self, host=None, thread: int | None = None):
-        me = threading.get_ident() if thread is None else thread
+    def __init__(self, host=None):
+        me = threading.get_ident()
         self.observers = [o for o in observers if getattr(o, "thread", None) in (None, me)]
         self.host = host
         self.failure_callbacks: list = []
