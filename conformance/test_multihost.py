@@ -1,0 +1,218 @@
+"""Multi-host JAX under ``spmdsim run --hosts H`` (H MPI processes with 2 devices each; skipped without the
+``mpi`` extra): the training example gives one process's numbers and real JAX multi-process's (gloo on loopback),
+jax.process_index and multihost_utils work, and every way a multi-host job goes wrong ends as specified, in
+bounded time, with no process left."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py")
+from spmdsim._launch import mpiexec_path  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "jax", "multihost_train.py")
+CASES = os.path.join(ROOT, "conformance", "_multihost_cases.py")
+TIMEOUT = 120
+pytestmark = pytest.mark.skipif(mpiexec_path() is None, reason="no mpiexec (pip install 'spmdsim[mpi]')")
+ENV = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+
+
+def processes_with(marker: str) -> list[int]:
+    """The pids of the processes whose command line contains ``marker`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def no_process_left(marker: str) -> None:
+    deadline = time.monotonic() + 5
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = processes_with(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+def spmdsim_run(*args, hosts: int | None = None, devices: int = 4, env=None) -> subprocess.CompletedProcess:
+    """``python -m spmdsim run [--hosts H] --devices N ARGS``, bounded; afterwards no process of the run (those
+    naming its script) may be left."""
+    command = [sys.executable, "-m", "spmdsim", "run", "--devices", str(devices),
+               *(["--hosts", str(hosts)] if hosts else []), *args]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, env=env or ENV, timeout=TIMEOUT)
+    finally:
+        no_process_left(args[0])
+    return proc
+
+
+def load(prefix, hosts: int) -> list[dict]:
+    return [dict(np.load(f"{prefix}.{h}.npz")) for h in range(hosts)]
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_multihost_training_gives_the_one_process_numbers_bit_for_bit(hosts, tmp_path):
+    proc = spmdsim_run(EXAMPLE, "--out", str(tmp_path / "hosts"), hosts=hosts, devices=2 * hosts)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.splitlines())
+    assert [line.split(": loss")[0] for line in lines] == [f"host {h} of {hosts} (2 of {2 * hosts} devices)"
+                                                           for h in range(hosts)]
+    assert len({line.split(": loss")[1] for line in lines}) == 1  # every host's losses are the global ones
+    one = spmdsim_run(EXAMPLE, "--out", str(tmp_path / "one"), devices=2 * hosts)  # one process, every shard
+    assert one.returncode == 0, one.stderr
+    single = load(tmp_path / "one", 1)[0]
+    for h, results in enumerate(load(tmp_path / "hosts", hosts)):
+        for key in ("w", "losses"):
+            assert results[key].tobytes() == single[key].tobytes(), (h, key)
+        np.testing.assert_array_equal(results["gathered"], np.stack([single["w"]] * hosts))
+        assert results["from_host_0"] == np.float32(7)
+    firsts = load(tmp_path / "hosts", hosts)[0]["hosts_first_rows"]
+    assert len(np.unique(firsts, axis=0)) == hosts  # every host loaded its own shard
+
+
+def test_the_vectorized_executor_across_hosts_gives_the_same_numbers(tmp_path):
+    threads = spmdsim_run(EXAMPLE, "--out", str(tmp_path / "threads"), hosts=2)
+    vectorized = spmdsim_run(EXAMPLE, "--out", str(tmp_path / "vectorized"), "--executor", "vectorized", hosts=2)
+    assert threads.returncode == vectorized.returncode == 0, vectorized.stderr
+    for a, b in zip(load(tmp_path / "threads", 2), load(tmp_path / "vectorized", 2), strict=True):
+        for key in a:
+            assert a[key].tobytes() == b[key].tobytes(), key
+
+
+def test_same_script_same_numbers_as_real_jax_multi_process_with_gloo(tmp_path):
+    """The example on real JAX, 2 processes x 2 CPU devices (jax.distributed.initialize, gloo on loopback), and
+    under spmdsim run --hosts 2 (where initialize only checks its arguments). Data moved between hosts is equal
+    bit for bit; values also computed outside the collectives within float32 rounding (XLA's own reductions)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COORDINATOR": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2"}
+    real = [subprocess.Popen([sys.executable, EXAMPLE, "--out", str(tmp_path / "real")],
+                             env={**env, "JAX_PROCESS_ID": str(h)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for h in range(2)]
+    try:
+        for p in real:
+            assert p.wait(timeout=TIMEOUT) == 0, p.stderr.read()
+    finally:
+        for p in real:
+            p.kill()
+            p.communicate()
+    sim = spmdsim_run(EXAMPLE, "--out", str(tmp_path / "sim"), hosts=2,
+                      env={**ENV, "JAX_COORDINATOR": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2"})
+    assert sim.returncode == 0, sim.stderr
+    for r, s in zip(load(tmp_path / "real", 2), load(tmp_path / "sim", 2), strict=True):
+        assert set(r) == set(s)
+        for key in ("hosts_first_rows", "from_host_0"):
+            assert r[key].dtype == s[key].dtype and r[key].tobytes() == s[key].tobytes(), key
+        for key in ("w", "losses", "gathered"):
+            assert r[key].dtype == s[key].dtype
+            np.testing.assert_allclose(s[key], r[key], rtol=2e-6, atol=1e-7, err_msg=key)
+        np.testing.assert_array_equal(s["gathered"], np.stack([s["w"]] * 2))
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_a_mismatch_across_hosts_names_each_call_and_line(hosts):
+    proc = spmdsim_run(CASES, "mismatch", hosts=hosts, devices=2 * hosts)
+    assert proc.returncode == 1
+    assert "spmdsim.errors.CollectiveMismatchError: devices called different collectives at step 0" in proc.stderr
+    assert "host 0 device 0 [i=0]: psum(float32[], axis_name='i') at _multihost_cases.py:" in proc.stderr
+    assert ": pmax(float32[], axis_name='i') at _multihost_cases.py:" in proc.stderr
+    assert proc.stderr.count("CollectiveMismatchError: devices called") == hosts  # every host raises it
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_a_subset_deadlock_across_hosts_has_the_table_of_every_device(hosts):
+    proc = spmdsim_run(CASES, "deadlock", hosts=hosts, devices=2 * hosts)
+    last = 2 * hosts - 1
+    assert proc.returncode == 1
+    assert (f"CollectiveDeadlockError: psum(float32[], axis_name='i') (step 0) can never complete: host "
+            f"{hosts - 1} device {last} [i={last}] returned without reaching it.") in proc.stderr
+    assert f"host {hosts - 1} device {last} [i={last}]  returned" in proc.stderr
+    assert proc.stderr.count("can never complete") == hosts
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_a_device_raising_on_one_host_ends_every_host_with_its_error_and_line(hosts):
+    proc = spmdsim_run(CASES, "raising", hosts=hosts, devices=2 * hosts)
+    last = 2 * hosts - 1
+    assert proc.returncode == 1
+    assert proc.stderr.count(f"ValueError: device {last} found a bad value") == hosts
+    assert proc.stderr.count(f"spmdsim: raised on host {hosts - 1} device {last} [i={last}].") == hosts
+    assert f"_multihost_cases.py\", line " in proc.stderr and "in check" in proc.stderr
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_a_killed_host_ends_every_other_host_within_5_seconds_naming_it(hosts):
+    command = [sys.executable, "-m", "spmdsim", "run", "--devices", str(2 * hosts), "--hosts", str(hosts), CASES,
+               "killed"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+        ended = time.time()
+    finally:
+        proc.kill()
+        no_process_left(CASES)
+    killed_at = float(next(line for line in out.splitlines() if line.startswith("killing at")).split()[-1])
+    assert ended - killed_at < 5.0
+    assert proc.returncode != 0
+    assert err.count("spmdsim.errors.HostLostError: host 1 (process ") == hosts - 1
+    assert "died; every host stops" in err
+
+
+def test_a_host_that_ends_its_program_early_is_a_deadlock_naming_it():
+    proc = spmdsim_run(CASES, "late", hosts=2)
+    assert proc.returncode == 1
+    assert "CollectiveDeadlockError: the 3rd step of the hosts (map over [i=4] (threads), at " in proc.stderr
+    assert "host 1 finished its program without reaching it" in proc.stderr
+    assert "host 1  finished after 2 steps (returned)" in proc.stderr
+
+
+def test_ctrl_c_on_the_launcher_stops_every_host():
+    command = [sys.executable, "-m", "spmdsim", "run", "--devices", "4", "--hosts", "2", CASES, "sleeping"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        assert time.monotonic() - start < 5.0
+    finally:
+        proc.kill()
+        no_process_left(CASES)
+    assert proc.returncode == 130
+    assert err.count("KeyboardInterrupt") >= 2
+
+
+def test_trace_of_a_multihost_run_has_a_process_track_per_host(tmp_path):
+    import json
+    path = tmp_path / "trace.json"
+    proc = spmdsim_run("--trace", str(path), EXAMPLE, hosts=2)
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {1: "host 0", 2: "host 1"}
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert threads == {(1, "host 0 device 0 [batch=0]"), (1, "host 0 device 1 [batch=1]"),
+                       (2, "host 1 device 2 [batch=2]"), (2, "host 1 device 3 [batch=3]")}
+    psums = [e for e in events if e["ph"] == "X" and e["name"].startswith("psum")]
+    assert len(psums) == 5 * 2 * 4  # 5 steps, the two pmeans, 4 devices
+
+
+def test_jax_distributed_initialize_checks_its_arguments_against_the_run():
+    proc = spmdsim_run(CASES, "initialize", hosts=2)
+    assert proc.returncode == 1
+    assert "ValueError: jax.distributed.initialize(num_processes=3), but spmdsim runs 2 hosts" in proc.stderr
