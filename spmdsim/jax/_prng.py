@@ -38,7 +38,7 @@ def _per_key(keys, fn):
     """Apply ``fn(key_pair)`` to every key of a key array (shape ``(..., 2)``)."""
     batch = keys.shape[:-1]
     outs = [fn(k) for k in keys.reshape(-1, 2)]
-    return np.stack(outs).reshape(*batch, *outs[0].shape) if outs else np.zeros((*batch, 2), np.uint32)
+    return np.stack(outs).reshape((*batch, *outs[0].shape)) if outs else np.zeros((*batch, 2), np.uint32)
 
 
 def split(key, shape):
@@ -82,7 +82,7 @@ def _random_unwrap(keys):
 
 @impl("random_seed")
 def _random_seed(seeds, *, impl):
-    return np.stack([seed(s) for s in seeds.reshape(-1)]).reshape(*seeds.shape, 2)
+    return np.stack([seed(s) for s in seeds.reshape(-1)]).reshape((*seeds.shape, 2))
 
 
 @impl("random_split")

@@ -68,7 +68,7 @@ class _Step:
     def __init__(self, eqn):
         self.eqn = eqn
         self.rule = BATCHED.get(eqn.primitive.name)
-        if self.rule is None and eqn.primitive.name in VECTORIZED:
+        if eqn.primitive.name in VECTORIZED and eqn.invars:  # VECTORIZED first (nullary rules: size-1 axis)
             rule = VECTORIZED[eqn.primitive.name]
             self.rule = lambda devices, *xs, **params: rule(*xs, **params)
         self.operands = [(True, _read_literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
