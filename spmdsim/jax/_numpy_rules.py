@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 import scipy.special
 
+from spmdsim.jax import _xla_cpu_math
 from spmdsim.jax._registry import PER_DEVICE, per_device, specialize, vectorized
 
 LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -110,25 +111,39 @@ def _rsqrt(x):
     return np.asarray(1, x.dtype) / np.sqrt(x)
 
 
-def _logistic(x):
-    one = np.asarray(1, x.dtype)
-    return one / (one + np.exp(-x))
-
-
 def _sign(x):
     if x.dtype.kind in "fc":
         return np.where(x == 0, x, np.sign(x)).astype(x.dtype)  # XLA: sign(-0.0) is -0.0
     return np.sign(x)
 
 
+def _xla_float32(port, other):
+    """float32 (and float16/bfloat16 through it) by XLA:CPU's own algorithm (:mod:`._xla_cpu_math`); other
+    dtypes (float64, complex) by ``other``."""
+    def fn(x):
+        return port(x) if x.dtype == np.float32 else other(x)
+    fn.__name__ = port.__name__
+    return fn
+
+
+_UNARY_XLA = {
+    "exp": (_xla_cpu_math.exp, np.exp), "log": (_xla_cpu_math.log, np.log),
+    "log1p": (_xla_cpu_math.log1p, np.log1p), "tanh": (_xla_cpu_math.tanh, np.tanh),
+    "erf": (_xla_cpu_math.erf, scipy.special.erf), "expm1": (_xla_cpu_math.expm1, np.expm1),
+    "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt),
+    "logistic": (_xla_cpu_math.logistic, lambda x: np.asarray(scipy.special.expit(x), x.dtype)
+                 if x.dtype.kind == "f" else np.asarray(1, x.dtype) / (np.asarray(1, x.dtype) + np.exp(-x))),
+}
+
+
 _UNARY = {
-    "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
-    "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
+    "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite, "exp2": np.exp2,
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
     "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
     "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": np.abs, "real": np.real, "imag": np.imag, "conj": np.conj,
-    "square": np.square, "rsqrt": _rsqrt, "logistic": _logistic, "sign": _sign,
-    "erf": scipy.special.erf, "erfc": scipy.special.erfc, "lgamma": scipy.special.gammaln,
+    "square": np.square, "sign": _sign, "erfc": scipy.special.erfc,
+    "lgamma": scipy.special.gammaln,
+    **{name: _xla_float32(port, other) for name, (port, other) in _UNARY_XLA.items()},
 }
 _BINARY = {
     "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply, "atan2": np.arctan2,
@@ -259,25 +274,26 @@ def _round(x, *, rounding_method):
 
 @elementwise("erf_inv")
 def _erf_inv(x):
-    """float32 (and float16/bfloat16 through it): Giles' single-precision polynomial, which XLA uses; float64:
-    scipy.special.erfinv."""
+    """float32 (and float16/bfloat16 through it): Giles' single-precision polynomial with XLA's log1p, as
+    XLA:CPU computes it; float64: scipy.special.erfinv."""
     if x.dtype == np.float64:
         return scipy.special.erfinv(x)
+    fma = _xla_cpu_math.fma
     a = x.astype(np.float32)
-    w = -np.log1p(-a * a)
+    w = -_xla_cpu_math.log1p(-a * a)
     small = w < np.float32(5.0)
     ws = w - np.float32(2.5)
     wl = np.sqrt(w) - np.float32(3.0)
     p_small = np.float32(2.81022636e-08)
     for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
               -0.00417768164, 0.246640727, 1.50140941):
-        p_small = np.float32(c) + p_small * ws
+        p_small = fma(p_small, ws, np.float32(c))
     p_large = np.float32(-0.000200214257)
     for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
               0.00943887047, 1.00167406, 2.83297682):
-        p_large = np.float32(c) + p_large * wl
+        p_large = fma(p_large, wl, np.float32(c))
     out = np.where(small, p_small, p_large) * a
-    out = np.where(np.abs(a) == 1, a * np.float32(np.inf), out)
+    out = np.where(np.abs(a) == 1, a * np.float32(np.inf), _xla_cpu_math.ftz(out))
     return np.where(np.abs(a) > 1, np.float32(np.nan), out).astype(np.float32).astype(x.dtype)
 
 

@@ -1,12 +1,22 @@
-"""Threefry-2x32 random bits in NumPy, bit for bit with ``jax.random`` (partitionable threefry, JAX's default).
+"""JAX's random primitives in NumPy, bit for bit with ``jax.random`` (partitionable threefry, JAX's default).
 
-Key data is a uint32 array with a trailing axis of 2 (``random_wrap``/``random_unwrap`` are identities).
+Key data is a uint32 array with a trailing axis of 2 (``random_wrap``/``random_unwrap`` are identities). Every
+rule works on a whole batch of keys at once (the leading axes of the key array), so its vectorized twin is
+the same rule: the device axis is one more batch axis of keys.
+
+``random_gamma`` is JAX's own sampler (Marsaglia and Tsang's rejection method, with JAX's boost for alpha < 1
+and its log-space variant) written in NumPy on the same threefry bits, with XLA:CPU's float32 ``log``,
+``log1p`` and ``erf_inv`` (:mod:`._xla_cpu_math`) and its fused multiply-adds where XLA:CPU fuses: the
+samples equal ``jax.random.gamma``'s on XLA:CPU bit for bit except where a sample needs ``pow`` (alpha < 1
+without ``log_space``), computed by NumPy's ``power`` (within an ulp of XLA's).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from spmdsim.jax._interpreter import impl
+from spmdsim.jax import _xla_cpu_math
+from spmdsim.jax._numpy_rules import LOW_FLOATS, elementwise, expand_to
+from spmdsim.jax._registry import PER_DEVICE, per_device, vectorized
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
@@ -16,7 +26,7 @@ def _rotl(x, d):
 
 
 def threefry2x32(k1, k2, x1, x2):
-    """The Threefry-2x32 hash with 20 rounds (Salmon et al. 2011), on uint32 arrays."""
+    """The Threefry-2x32 hash with 20 rounds (Salmon et al. 2011), on broadcasting uint32 arrays."""
     k1, k2, x1, x2 = (np.asarray(a, dtype=np.uint32) for a in (k1, k2, x1, x2))
     ks = [k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA)]
     x = [x1 + ks[0], x2 + ks[1]]
@@ -30,73 +40,183 @@ def threefry2x32(k1, k2, x1, x2):
 
 
 def _iota_2x32(shape):
+    """The counters 0, 1, ... of ``shape`` as (high, low) uint32 words (JAX's iota_2x32_shape)."""
     flat = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.uint64).reshape(shape)
     return (flat >> np.uint64(32)).astype(np.uint32), (flat & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
 
-def _per_key(keys, fn):
-    """Apply ``fn(key_pair)`` to every key of a key array (shape ``(..., 2)``)."""
-    batch = keys.shape[:-1]
-    outs = [fn(k) for k in keys.reshape(-1, 2)]
-    return np.stack(outs).reshape((*batch, *outs[0].shape)) if outs else np.zeros((*batch, 2), np.uint32)
-
-
-def split(key, shape):
+def _hash_counters(keys: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
+    """threefry2x32 of every key (shape ``K + (2,)``) with the counters of ``shape``: two ``K + shape`` arrays."""
+    shape = tuple(shape)
     hi, lo = _iota_2x32(shape)
-    b1, b2 = threefry2x32(key[0], key[1], hi, lo)
+    expand = (Ellipsis,) + (np.newaxis,) * len(shape)
+    return threefry2x32(keys[..., 0][expand], keys[..., 1][expand], hi, lo)
+
+
+def split(keys: np.ndarray, shape) -> np.ndarray:
+    """``K + (2,)`` keys to ``K + shape + (2,)`` new keys."""
+    b1, b2 = _hash_counters(keys, shape)
     return np.stack([b1, b2], axis=-1)
 
 
-def fold_in(key, data):
-    b1, b2 = threefry2x32(key[0], key[1], np.zeros(1, np.uint32), np.asarray([data], dtype=np.uint32))
-    return np.concatenate([b1, b2])
+def fold_in(keys: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """threefry2x32(key, seed(data)) for uint32 data broadcast against the keys."""
+    data = np.asarray(data, np.uint32)
+    b1, b2 = threefry2x32(keys[..., 0], keys[..., 1], np.zeros_like(data), data)
+    return np.stack(np.broadcast_arrays(b1, b2), axis=-1)
 
 
-def random_bits(key, bit_width, shape):
-    hi, lo = _iota_2x32(shape)
-    b1, b2 = threefry2x32(key[0], key[1], hi, lo)
+def random_bits(keys: np.ndarray, bit_width: int, shape) -> np.ndarray:
+    b1, b2 = _hash_counters(keys, shape)
     if bit_width == 64:
         return (b1.astype(np.uint64) << np.uint64(32)) | b2.astype(np.uint64)
     return (b1 ^ b2).astype(np.dtype(f"u{bit_width // 8}"))
 
 
-def seed(value):
-    v = int(value)
-    return np.array([(v >> 32) & 0xFFFFFFFF if v >= 0 else 0, v & 0xFFFFFFFF], dtype=np.uint32)
+def seed(seeds: np.ndarray) -> np.ndarray:
+    """JAX's threefry_seed: the high word is the seed shifted right (logically) by 32 bits, which is 0 for
+    seeds of 32 bits or fewer; the low word is the seed's low 32 bits."""
+    seeds = np.asarray(seeds)
+    unsigned = seeds.view(np.dtype(f"u{seeds.dtype.itemsize}")) if seeds.dtype.kind == "i" else seeds
+    wide = unsigned.astype(np.uint64)
+    high = (wide >> np.uint64(32)) if seeds.dtype.itemsize == 8 else np.zeros_like(wide)
+    return np.stack([high.astype(np.uint32), (wide & np.uint64(0xFFFFFFFF)).astype(np.uint32)], axis=-1)
 
 
-@impl("threefry2x32")
-def _threefry2x32(k1, k2, x1, x2):
-    return list(threefry2x32(k1, k2, x1, x2))
+elementwise("threefry2x32")(lambda k1, k2, x1, x2: list(threefry2x32(k1, k2, x1, x2)))
 
 
-@impl("random_wrap")
+@per_device("random_wrap")
+@vectorized("random_wrap")
 def _random_wrap(data, *, impl):
     return data
 
 
-@impl("random_unwrap")
+@per_device("random_unwrap")
+@vectorized("random_unwrap")
 def _random_unwrap(keys):
     return keys
 
 
-@impl("random_seed")
+@per_device("random_seed")
+@vectorized("random_seed")
 def _random_seed(seeds, *, impl):
-    return np.stack([seed(s) for s in seeds.reshape(-1)]).reshape((*seeds.shape, 2))
+    return seed(seeds)
 
 
-@impl("random_split")
+@per_device("random_split")
+@vectorized("random_split")
 def _random_split(keys, *, shape):
-    return _per_key(keys, lambda k: split(k, shape))
+    return split(keys, shape)
 
 
-@impl("random_fold_in")
+@per_device("random_fold_in")
+@vectorized("random_fold_in")
 def _random_fold_in(keys, msgs):
-    msgs = np.broadcast_to(msgs, keys.shape[:-1]).reshape(-1)
-    flat = keys.reshape(-1, 2)
-    return np.stack([fold_in(k, m) for k, m in zip(flat, msgs)]).reshape(keys.shape)
+    return fold_in(keys, expand_to(np.asarray(msgs), keys.ndim - 1))
 
 
-@impl("random_bits")
+@per_device("random_bits")
+@vectorized("random_bits")
 def _random_bits(keys, *, bit_width, shape):
-    return _per_key(keys, lambda k: random_bits(k, bit_width, shape))
+    return random_bits(keys, bit_width, shape)
+
+
+# -- jax.random.gamma ------------------------------------------------------------------------------------------
+
+def _uniform01(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """jax.random.uniform(key, (), dtype) for every key: the mantissa bits of a float in [1, 2), minus 1."""
+    dtype = np.dtype(dtype)
+    nbits, nmant = 8 * dtype.itemsize, {2: {np.dtype(np.float16): 10}.get(dtype, 7), 4: 23, 8: 52}[dtype.itemsize]
+    rng_bits = 8 if nmant < 8 else nbits
+    uint = np.dtype(f"u{nbits // 8}")
+    bits = random_bits(keys, rng_bits, ()).astype(uint)
+    float_bits = (bits >> np.asarray(rng_bits - nmant, uint)) | np.asarray(1.0, dtype).view(uint)
+    return float_bits.view(dtype) - np.asarray(1, dtype)
+
+
+class _Ops:
+    """The float operations of the sampler in ``dtype`` as XLA:CPU computes them (multiply-adds fused in
+    float32; float16/bfloat16 rounded after every operation)."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self.const = lambda v: np.asarray(v, self.dtype)  # noqa: E731
+
+    def fma(self, a, b, c):
+        if self.dtype == np.float32:
+            return _xla_cpu_math.fma(a, b, c)
+        return np.asarray(a * b + c, self.dtype)
+
+    def __getattr__(self, name):  # log, log1p, sqrt, erf_inv, pow: the per-device rules themselves
+        rule = PER_DEVICE[name]
+        return lambda *xs: np.asarray(rule(*(np.asarray(x, self.dtype) for x in xs)), self.dtype)
+
+
+def _normal(ops: _Ops, keys: np.ndarray) -> np.ndarray:
+    """jax.random.normal(key, (), dtype) for every key: sqrt(2) erf_inv(u), u uniform in (-1, 1)."""
+    lo = np.nextafter(np.asarray(-1, ops.dtype), np.asarray(0, ops.dtype)) if ops.dtype not in LOW_FLOATS else \
+        PER_DEVICE["nextafter"](np.asarray(-1, ops.dtype), np.asarray(0, ops.dtype))
+    hi = ops.const(1)
+    u = np.maximum(lo, ops.fma(_uniform01(keys, ops.dtype), np.asarray(hi - lo, ops.dtype), lo))
+    return np.asarray(ops.const(np.sqrt(2)) * ops.erf_inv(u), ops.dtype)
+
+
+def gamma_samples(keys: np.ndarray, alpha: np.ndarray, log_space: bool) -> np.ndarray:
+    """One sample per (key, alpha) pair, flat arrays: JAX's _gamma_one for every pair at once."""
+    ops = _Ops(alpha.dtype)
+    c_ = ops.const
+    with np.errstate(all="ignore"):
+        boost_mask = alpha >= c_(1)
+        alpha_boosted = np.where(boost_mask, alpha, np.asarray(alpha + c_(1), ops.dtype))
+        d = np.asarray(alpha_boosted - c_(1 / 3), ops.dtype)
+        c = np.asarray(c_(1 / 3) * ops.rsqrt(d), ops.dtype)  # XLA rewrites a / sqrt(b) as a * rsqrt(b)
+        pair = split(keys, (2,))
+        key, subkey = pair[:, 0], pair[:, 1]
+        X, V, U = np.zeros_like(alpha), np.ones_like(alpha), np.full_like(alpha, 2)
+
+        def rejected(X, V, U):
+            squeeze = U >= ops.fma(c_(-0.0331), np.asarray(X * X, ops.dtype), c_(1))
+            tail = ops.log(U) >= np.asarray(X * c_(0.5) + np.asarray(d * np.asarray(
+                np.asarray(c_(1) - V, ops.dtype) + ops.log(V), ops.dtype), ops.dtype), ops.dtype)
+            return squeeze & tail
+
+        active = rejected(X, V, U)
+        while active.any():
+            idx = np.flatnonzero(active)
+            three = split(key[idx], (3,))
+            key[idx] = three[:, 0]
+            inner_key, x, v = three[:, 1], np.zeros(len(idx), ops.dtype), np.full(len(idx), -1, ops.dtype)
+            c_active = c[idx]
+            todo = v <= c_(0)
+            while todo.any():
+                j = np.flatnonzero(todo)
+                two = split(inner_key[j], (2,))
+                inner_key[j] = two[:, 0]
+                x[j] = _normal(ops, two[:, 1])
+                v[j] = ops.fma(x[j], c_active[j], c_(1))
+                todo = v <= c_(0)
+            X[idx] = np.asarray(x * x, ops.dtype)
+            V[idx] = np.asarray(np.asarray(v * v, ops.dtype) * v, ops.dtype)
+            U[idx] = _uniform01(three[:, 2], ops.dtype)
+            active = rejected(X, V, U)
+
+        if log_space:
+            u = _uniform01(subkey, ops.dtype)
+            log_samples = np.asarray(ops.log1p(np.asarray(-u, ops.dtype)), ops.dtype)  # -exponential
+            log_boost = np.where(boost_mask | (log_samples == 0), c_(0),
+                                 np.asarray(log_samples * np.asarray(c_(1) / alpha, ops.dtype), ops.dtype))
+            return np.asarray(np.asarray(ops.log(d) + ops.log(V), ops.dtype) + log_boost, ops.dtype)
+        samples = np.asarray(c_(1) - _uniform01(subkey, ops.dtype), ops.dtype)
+        boost = np.where(boost_mask, c_(1), ops.pow(samples, np.asarray(c_(1) / alpha, ops.dtype)))
+        return np.asarray(np.asarray(d * V, ops.dtype) * boost, ops.dtype)
+
+
+@per_device("random_gamma")
+@vectorized("random_gamma")
+def _random_gamma(keys, a, *, log_space):
+    """JAX's _gamma_impl: each key split into as many keys as alphas it covers, then one sample per alpha."""
+    key_batch = keys.shape[:-1]
+    per_key = int(np.prod(a.shape[len(key_batch):], dtype=np.int64))
+    sub = split(keys.reshape(-1, 2), (per_key,)).reshape(-1, 2)
+    return gamma_samples(sub, np.asarray(a, a.dtype).reshape(-1).copy(), bool(log_space)).reshape(a.shape)
