@@ -220,3 +220,120 @@ def _random_gamma(keys, a, *, log_space):
     per_key = int(np.prod(a.shape[len(key_batch):], dtype=np.int64))
     sub = split(keys.reshape(-1, 2), (per_key,)).reshape(-1, 2)
     return gamma_samples(sub, np.asarray(a, a.dtype).reshape(-1).copy(), bool(log_space)).reshape(a.shape)
+
+
+# -- lax.rng_bit_generator: XLA's RngBitGenerator (Philox-4x32 on CPU by default, or Threefry) ----------------
+
+_PHILOX_W = (np.uint32(0x9E3779B9), np.uint32(0xBB67AE85))
+_PHILOX_M = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
+
+
+def philox4x32(x: list[np.ndarray], key: list[np.ndarray]) -> list[np.ndarray]:
+    """Philox-4x32 with 10 rounds (Salmon et al. 2011), as XLA's prng library writes it."""
+    k0, k1 = np.asarray(key[0], np.uint32), np.asarray(key[1], np.uint32)
+    for _ in range(10):
+        p0 = x[0].astype(np.uint64) * _PHILOX_M[0]
+        p1 = x[2].astype(np.uint64) * _PHILOX_M[1]
+        hi0, lo0 = (p0 >> np.uint64(32)).astype(np.uint32), p0.astype(np.uint32)
+        hi1, lo1 = (p1 >> np.uint64(32)).astype(np.uint32), p1.astype(np.uint32)
+        x = [hi1 ^ x[1] ^ k0, lo1, hi0 ^ x[3] ^ k1, lo0]
+        k0 = ((k0.astype(np.uint64) + np.uint64(_PHILOX_W[0])) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        k1 = ((k1.astype(np.uint64) + np.uint64(_PHILOX_W[1])) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return x
+
+
+def _words(u64) -> tuple[np.ndarray, np.ndarray]:
+    u64 = np.asarray(u64, np.uint64)
+    return u64.astype(np.uint32), (u64 >> np.uint64(32)).astype(np.uint32)
+
+
+def _philox_bits(key64, counter_lo, counter_hi, count: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """For states (key, 128-bit counter (lo, hi)) of shape (B,): 4 words per counter step 0 .. ceil(count/4) - 1,
+    each (B, steps); and the advanced counters' low words."""
+    blocks = -(-count // 4)
+    steps = np.arange(blocks, dtype=np.uint64)
+    lo = counter_lo[:, None] + steps
+    hi = np.where(lo < counter_lo[:, None], counter_hi[:, None] + np.uint64(1), counter_hi[:, None]).astype(np.uint64)
+    x = [*_words(lo), *_words(hi)]
+    key = [w[:, None] for w in _words(key64)]
+    return philox4x32(x, key), counter_lo + np.uint64(blocks)
+
+
+def _rng_philox(state: np.ndarray, shape, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """XLA's RNG_PHILOX for u64[2] states (shape (B, 2)): key state[0], 128-bit counter (state[1], state[0])."""
+    count = int(np.prod(shape, dtype=np.int64))
+    key64 = state[:, 0]
+    if width == 64:
+        bits, new_lo = _philox_bits(key64, state[:, 1], state[:, 0], 2 * count)
+        pair = [bits[0].astype(np.uint64) | (bits[1].astype(np.uint64) << np.uint64(32)),
+                bits[2].astype(np.uint64) | (bits[3].astype(np.uint64) << np.uint64(32))]
+        values = np.stack(pair, axis=-1).reshape(len(state), -1)[:, :count]
+    else:
+        bits, new_lo = _philox_bits(key64, state[:, 1], state[:, 0], count)
+        values = np.stack(bits, axis=-1).reshape(len(state), -1)[:, :count]
+    return np.stack([key64, new_lo], axis=-1), values.reshape((len(state), *shape))
+
+
+def _split_shape(shape):
+    """XLA's SplitShapeIntoHalves: the first even dimension (else the largest) halved, with a new unit
+    dimension after it."""
+    if not shape:
+        return (1,), 0, 0
+    split = next((i for i, d in enumerate(shape) if d % 2 == 0), None)
+    if split is None:
+        split = int(np.argmax(shape))
+    half = list(shape)
+    half[split] = -(-shape[split] // 2)
+    half.insert(split + 1, 1)
+    return tuple(half), split, split + 1
+
+
+def _rng_threefry(state: np.ndarray, shape, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """XLA's RNG_THREE_FRY for u64[2] states (shape (B, 2)): key state[0], 64-bit counter state[1]."""
+    b = len(state)
+    key = [w.reshape((b,) + (1,) * max(len(shape), 1)) for w in _words(state[:, 0])]
+    if width == 64:
+        count = int(np.prod(shape, dtype=np.int64))
+        counters = state[:, 1:2] + np.arange(count, dtype=np.uint64)
+        x0, x1 = threefry2x32(key[0].reshape(b, 1), key[1].reshape(b, 1), *_words(counters))
+        values = (x0.astype(np.uint64) | (x1.astype(np.uint64) << np.uint64(32))).reshape((b, *shape))
+        return np.stack([state[:, 0], state[:, 1] + np.uint64(count)], axis=-1), values
+    half, split, concat = _split_shape(tuple(shape))
+    count = int(np.prod(half, dtype=np.int64))
+    counters = (state[:, 1:2] + np.arange(count, dtype=np.uint64)).reshape((b, *half))
+    key = [w.reshape((b,) + (1,) * len(half)) for w in _words(state[:, 0])]
+    x0, x1 = threefry2x32(key[0], key[1], *_words(counters))
+    if not shape:
+        values = x0.reshape(b)
+    else:
+        joined = np.concatenate([x0, x1], axis=concat + 1)
+        dims = list(shape)
+        dims[split] = dims[split] + dims[split] % 2
+        values = joined.reshape((b, *dims))[(slice(None),) + tuple(slice(0, d) for d in shape)]
+    return np.stack([state[:, 0], state[:, 1] + np.uint64(count)], axis=-1), values
+
+
+def _rng_bit_generator_batch(keys, *, shape, dtype, algorithm, out_sharding=None):
+    """Keys ``(B, 4)`` uint32 (JAX's form; or ``(B, 2)`` uint64) as XLA's u64[2] states; u8/u16 values come from
+    u32 values, as JAX lowers them."""
+    dtype = np.dtype(dtype)
+    name = getattr(algorithm, "name", str(algorithm)).upper()
+    b = keys.shape[0]
+    state = np.ascontiguousarray(keys, np.uint32).reshape(b, 2, 2).view(np.uint64).reshape(b, 2) \
+        if keys.dtype == np.uint32 else np.asarray(keys, np.uint64)
+    width = 64 if dtype.itemsize == 8 else 32
+    generate = _rng_threefry if name.endswith("THREE_FRY") else _rng_philox  # RNG_DEFAULT is Philox on XLA:CPU
+    with np.errstate(over="ignore"):  # 64-bit counters wrap
+        new_state, values = generate(state, tuple(shape), width)
+    new_keys = np.ascontiguousarray(new_state).view(np.uint32).reshape(keys.shape) if keys.dtype == np.uint32 \
+        else new_state
+    return [new_keys.astype(keys.dtype), values.astype(dtype)]
+
+
+@per_device("rng_bit_generator")
+def _rng_bit_generator(key, **params):
+    new_key, values = _rng_bit_generator_batch(key[None], **params)
+    return [new_key[0], values[0]]
+
+
+vectorized("rng_bit_generator")(_rng_bit_generator_batch)
