@@ -31,9 +31,13 @@ def _both(name: str):
     return register
 
 
+def _prefix(dtype) -> str:
+    return {np.dtype(np.float32): "s", np.dtype(np.float64): "d", np.dtype(np.complex64): "c",
+            np.dtype(np.complex128): "z"}[np.dtype(dtype)]
+
+
 def _routine(name: str, dtype):
-    prefix = {np.dtype(np.float32): "s", np.dtype(np.float64): "d", np.dtype(np.complex64): "c",
-              np.dtype(np.complex128): "z"}[np.dtype(dtype)]
+    prefix = _prefix(dtype)
     if name.startswith("or") and prefix in "cz":
         name = "un" + name[2:]
     if name.startswith("sy") and prefix in "cz":
@@ -133,9 +137,9 @@ def _unpack_eigenvectors(wi, packed, dtype):
             j += 1
             continue
         re, im = packed[:, j], packed[:, j + 1] if j + 1 < n else np.zeros_like(packed[:, j])
-        out[:, j] = re + 1j * im
+        out[:, j].real, out[:, j].imag = re, im
         if j + 1 < n:
-            out[:, j + 1] = re - 1j * im
+            out[:, j + 1].real, out[:, j + 1].imag = re, -im
         j += 2
     return out
 
@@ -155,7 +159,7 @@ def _eig(x, *, compute_left_eigenvectors, compute_right_eigenvectors, enable_eig
             nan = np.full((n, n), np.nan, complex_dtype)
             return (np.full(n, np.nan, complex_dtype), nan, nan)
         geev = _routine("geev", compute)
-        lwork = _lwork(getattr(_lapack, geev.typecode + "geev_lwork")(n, compute_vl=left, compute_vr=right)[0])
+        lwork = _lwork(getattr(_lapack, _prefix(compute) + "geev_lwork")(n, compute_vl=left, compute_vr=right)[0])
         if compute.kind == "c":
             w, vl, vr, info = geev(a, compute_vl=left, compute_vr=right, lwork=lwork)
         else:
@@ -197,7 +201,7 @@ def _hessenberg(x):
     def one(a):
         n = a.shape[0]
         gehrd = _routine("gehrd", compute)
-        lwork = _lwork(getattr(_lapack, gehrd.typecode + "gehrd_lwork")(n)[0])
+        lwork = _lwork(getattr(_lapack, _prefix(compute) + "gehrd_lwork")(n)[0])
         h, tau, info = gehrd(np.asfortranarray(a, compute), lwork=lwork)
         return _nan_if(info != 0, h, np.asarray(tau)[:max(n - 1, 0)])
     one.empty_shapes = lambda s: [s, (max(s[-1] - 1, 0),)]
@@ -212,7 +216,7 @@ def _tridiagonal(x, *, lower):
     def one(a):
         n = a.shape[0]
         sytrd = _routine("sytrd", compute)
-        name = sytrd.typecode + ("hetrd" if compute.kind == "c" else "sytrd") + "_lwork"
+        name = _prefix(compute) + ("hetrd" if compute.kind == "c" else "sytrd") + "_lwork"
         lwork = _lwork(getattr(_lapack, name)(n, lower=int(bool(lower)))[0])
         c, d, e, tau, info = sytrd(np.asfortranarray(a, compute), lower=int(bool(lower)), lwork=lwork)
         return _nan_if(info != 0, c, d, e, tau)
@@ -241,10 +245,12 @@ def _pivots_to_permutation(pivots: np.ndarray, size: int) -> np.ndarray:
     perm = np.broadcast_to(np.arange(size, dtype=np.int32), (*batch, size)).copy()
     flat, piv = perm.reshape(-1, size), pivots.reshape(-1, pivots.shape[-1])
     rows = np.arange(flat.shape[0])
-    for i in range(pivots.shape[-1]):
-        j = np.clip(piv[:, i], 0, size - 1)
-        a, b = flat[rows, i].copy(), flat[rows, j].copy()
-        flat[rows, i], flat[rows, j] = b, a
+    for i in range(pivots.shape[-1]):  # JAX's loop: read perm[j] clamped, write perm[j] only in bounds
+        j = piv[:, i]
+        inside = (j >= 0) & (j < size)
+        a, b = flat[rows, i].copy(), flat[rows, np.clip(j, 0, size - 1)].copy()
+        flat[rows, i] = b
+        flat[rows[inside], j[inside]] = a[inside]
     return flat.reshape(perm.shape)
 
 
@@ -256,7 +262,7 @@ def _lu_pivots_to_permutation(pivots, *, permutation_size):
 def _geqrf(a, compute):
     geqrf = _routine("geqrf", compute)
     m, n = a.shape
-    lwork = _lwork(getattr(_lapack, geqrf.typecode + "geqrf_lwork")(m, n)[0])
+    lwork = _lwork(getattr(_lapack, _prefix(compute) + "geqrf_lwork")(m, n)[0])
     r, tau, _, info = geqrf(np.asfortranarray(a, compute), lwork=lwork)
     return r, tau
 
@@ -289,8 +295,8 @@ def _ormqr(a, taus, c, *, left, transpose):
 
     def one(x, t, y):
         ormqr = _routine("ormqr", compute)
-        x, y = np.asfortranarray(x, compute), np.asfortranarray(y, compute)
         t = np.asarray(t, compute)
+        x, y = np.asfortranarray(x[:, :len(t)], compute), np.asfortranarray(y, compute)  # the k reflectors
         lwork = _lwork(ormqr(side, trans, x, t, y, lwork=-1)[1])
         cq, _, info = ormqr(side, trans, x, t, y, lwork=lwork)
         return (cq,)
@@ -348,7 +354,7 @@ def _svd(x, *, full_matrices, compute_uv, subset_by_index=None, algorithm=None):
         if m == 0 or n == 0:
             return np.zeros(0, real), np.eye(m, ku, dtype=compute), np.eye(kv, n, dtype=compute)
         fn = _routine(routine, compute)
-        lwork_fn = getattr(_lapack, fn.typecode + routine + "_lwork")
+        lwork_fn = getattr(_lapack, _prefix(compute) + routine + "_lwork")
         lwork = _lwork(lwork_fn(m, n, compute_uv=uv, full_matrices=full)[0])
         u, s, vt, info = fn(np.asfortranarray(a, compute), compute_uv=uv, full_matrices=full, lwork=lwork)
         if not uv:

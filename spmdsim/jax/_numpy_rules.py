@@ -48,13 +48,13 @@ def via_f32(fn):
     """``fn`` in float32 for float16/bfloat16 inputs, rounded back once to the input dtype. Accepts the
     elementwise parameters of JAX 0.10: ``accuracy`` (a hint XLA:CPU ignores) and ``out_dtype`` (``mul``:
     both operands converted to it first, as the lowering does)."""
-    def rule(x, *rest, accuracy=None, out_dtype=None):
+    def rule(x, *rest, accuracy=None, out_dtype=None, input_dtype=None):
         if out_dtype is not None and np.dtype(out_dtype) != x.dtype:
             x, rest = _convert_element_type(x, new_dtype=out_dtype), tuple(
                 _convert_element_type(r, new_dtype=out_dtype) for r in rest)
         if x.dtype in LOW_FLOATS:
-            out = fn(x.astype(np.float32), *(r.astype(np.float32) for r in rest))
-            return np.asarray(out).astype(x.dtype)
+            out = np.asarray(fn(x.astype(np.float32), *(r.astype(np.float32) for r in rest)))
+            return out if out.dtype == np.bool_ else out.astype(x.dtype)
         return fn(x, *rest)
 
     @specialize
@@ -140,13 +140,23 @@ _UNARY = {
     "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite, "exp2": np.exp2,
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
     "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
-    "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": np.abs, "real": np.real, "imag": np.imag, "conj": np.conj,
+    "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": np.abs, "real": np.real, "imag": np.imag,
+    "conj": lambda x: np.conj(x) if x.dtype.kind == "c" else np.asarray(x, np.result_type(x, np.complex64)),
     "square": np.square, "sign": _sign, "erfc": scipy.special.erfc,
-    "lgamma": scipy.special.gammaln,
+    "lgamma": lambda x: np.where(x == -np.inf, np.asarray(np.inf, x.dtype), scipy.special.gammaln(x)),
     **{name: _xla_float32(port, other) for name, (port, other) in _UNARY_XLA.items()},
 }
+def _multiply(x, y):
+    """complex64 as XLA:CPU multiplies: (ac - bd) + (bc + ad)i with one product of each part fused."""
+    if x.dtype == np.complex64 and np.result_type(x, y) == np.complex64:
+        a, b, c, d = np.real(x), np.imag(x), np.real(y), np.imag(y)
+        fma = _xla_cpu_math.fma
+        return _complex(fma(a, c, -(b * d)), fma(b, c, a * d))
+    return np.multiply(x, y)
+
+
 _BINARY = {
-    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply, "atan2": np.arctan2,
+    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": _multiply, "atan2": np.arctan2,
 }
 _COMPARISONS = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
                 "ge": np.greater_equal}
@@ -158,7 +168,16 @@ for _name, _fn in {**_COMPARISONS, **_BITWISE}.items():
     elementwise(_name)(specialize(lambda eqn, fn=_fn: fn)((lambda fn: lambda x, y: fn(x, y))(_fn)))
 
 
+def _complex_pick(x, y, greater: bool):
+    """XLA's complex max/min: lexicographic on (real, imaginary), the second operand where not greater."""
+    xr, xi, yr, yi = np.real(x), np.imag(x), np.real(y), np.imag(y)
+    first = (xr > yr) | ((xr == yr) & (xi > yi)) if greater else (xr < yr) | ((xr == yr) & (xi < yi))
+    return np.where(first, x, y)
+
+
 def _float_max(x, y):
+    if np.result_type(x, y).kind == "c":
+        return _complex_pick(x, y, True)
     out = np.maximum(x, y)
     if is_float(out.dtype):  # XLA orders -0.0 below +0.0
         out = np.where((x == 0) & (y == 0), x + y, out)
@@ -166,6 +185,8 @@ def _float_max(x, y):
 
 
 def _float_min(x, y):
+    if np.result_type(x, y).kind == "c":
+        return _complex_pick(x, y, False)
     out = np.minimum(x, y)
     if is_float(out.dtype):
         out = np.where((x == 0) & (y == 0), -((-x) + (-y)), out)
@@ -230,7 +251,7 @@ def _nextafter(x, y):
     if x.dtype not in LOW_FLOATS:
         return np.nextafter(x, y)
     bits = np.dtype(f"u{x.dtype.itemsize}")
-    xb = np.ascontiguousarray(x).view(bits)
+    xb = np.asarray(x, order="C").view(bits)
     sign = np.asarray(1 << (8 * x.dtype.itemsize - 1), bits)
     x32, y32 = x.astype(np.float32), y.astype(np.float32)
     away = (x32 < y32) == (x32 > 0)          # moving away from zero: the magnitude grows
@@ -251,25 +272,29 @@ def _specialize_integer_pow(eqn):
 @elementwise("integer_pow")
 @specialize(_specialize_integer_pow)
 def _integer_pow(x, *, y):
-    """Binary exponentiation with multiplications in x's dtype, as XLA expands it."""
+    """Binary exponentiation with multiplications in x's dtype, as XLA expands it (complex64 products fused
+    as XLA:CPU fuses them)."""
     def power(a):
         acc, base, n = None, a, abs(y)
         while n:
             if n & 1:
-                acc = base if acc is None else acc * base
+                acc = base if acc is None else _multiply(acc, base)
             n >>= 1
             if n:
-                base = base * base
+                base = _multiply(base, base)
         acc = np.ones_like(a) if acc is None else acc
         return np.asarray(1, a.dtype) / acc if y < 0 else acc
-    return via_f32(power)(x).astype(x.dtype)
+    return np.asarray(power(x), x.dtype)  # float16/bfloat16: rounded after every multiplication, as on XLA:CPU
 
 
 @elementwise("round")
 def _round(x, *, rounding_method):
     if int(rounding_method) == 1:  # TO_NEAREST_EVEN
         return np.round(x)
-    return via_f32(lambda a: np.copysign(np.floor(np.abs(a) + np.asarray(0.5, a.dtype)), a))(x).astype(x.dtype)
+    def away(a):
+        t = np.trunc(a)
+        return np.where(np.abs(a - t) >= np.asarray(0.5, a.dtype), t + np.copysign(np.ones((), a.dtype), a), t)
+    return via_f32(away)(x).astype(x.dtype)
 
 
 @elementwise("erf_inv")
@@ -299,14 +324,15 @@ def _erf_inv(x):
 
 @elementwise("population_count")
 def _popcount(x):
-    bits = np.unpackbits(np.ascontiguousarray(x).view(np.uint8).reshape((*x.shape, x.dtype.itemsize)), axis=-1)
+    bits = np.unpackbits(np.asarray(x, order="C").reshape(-1).view(np.uint8).reshape((*x.shape, x.dtype.itemsize)),
+                         axis=-1)
     return bits.sum(axis=-1).astype(x.dtype)
 
 
 @elementwise("clz")
 def _clz(x):
     bits = x.dtype.itemsize * 8
-    u = np.ascontiguousarray(x).view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
+    u = np.asarray(x, order="C").view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
     out = np.full(x.shape, bits, dtype=np.int64)
     for b in range(bits):
         hit = (u >> np.uint64(bits - 1 - b)) & np.uint64(1)
@@ -330,7 +356,7 @@ def _shift_right_logical(x, y):
     bits = x.dtype.itemsize * 8
     unsigned = np.dtype(f"u{x.dtype.itemsize}")
     ok = _shift_amount_ok(y, bits)
-    shifted = np.right_shift(np.ascontiguousarray(x).view(unsigned), np.where(ok, y, 0).astype(unsigned))
+    shifted = np.right_shift(np.asarray(x, order="C").view(unsigned), np.where(ok, y, 0).astype(unsigned))
     return np.where(ok, shifted, 0).astype(unsigned).view(x.dtype)
 
 
@@ -338,7 +364,7 @@ def _shift_right_logical(x, y):
 def _shift_right_arithmetic(x, y):
     bits = x.dtype.itemsize * 8
     signed = np.dtype(f"i{x.dtype.itemsize}")
-    xs = np.ascontiguousarray(x).view(signed)
+    xs = np.asarray(x, order="C").view(signed)
     amount = np.where(_shift_amount_ok(y, bits), y, bits - 1).astype(signed)
     return np.right_shift(xs, amount).astype(signed).view(x.dtype)
 
@@ -374,8 +400,8 @@ def _ordered_key(x: np.ndarray) -> np.ndarray:
     unsigned = np.dtype(f"u{size}")
     top = np.asarray(1 << (8 * size - 1), unsigned)
     if x.dtype.kind == "i":
-        return (np.ascontiguousarray(x).view(unsigned) ^ top).astype(unsigned)
-    bits = np.ascontiguousarray(x).view(unsigned)
+        return (np.asarray(x, order="C").view(unsigned) ^ top).astype(unsigned)
+    bits = np.asarray(x, order="C").view(unsigned)
     negative = (bits & top) != 0
     return np.where(negative, ~bits, bits | top).astype(unsigned)
 
@@ -435,10 +461,10 @@ def _convert_element_type(x, *, new_dtype, weak_type=False, sharding=None):
     new_dtype = np.dtype(new_dtype)
     if x.dtype == new_dtype:
         return x
+    if x.dtype.kind == "c" and new_dtype.kind != "c":
+        x = np.real(x)  # XLA drops the imaginary part, also for bool
     if new_dtype == np.bool_:
         return x != 0
-    if x.dtype.kind == "c" and new_dtype.kind != "c":
-        x = np.real(x)
     if is_float(x.dtype) and new_dtype.kind in "iu":
         return _float_to_int(x.astype(np.float32) if x.dtype in LOW_FLOATS else x, new_dtype)
     if new_dtype in LOW_FLOATS and x.dtype not in (np.dtype(np.float32),):
@@ -450,7 +476,7 @@ def _convert_element_type(x, *, new_dtype, weak_type=False, sharding=None):
 @elementwise("bitcast_convert_type")
 def _bitcast_convert_type(x, *, new_dtype):
     new_dtype = np.dtype(new_dtype)
-    x = np.ascontiguousarray(x)
+    x = np.asarray(x, order="C")
     if new_dtype.itemsize == x.dtype.itemsize:
         return x.view(new_dtype)
     if new_dtype.itemsize < x.dtype.itemsize:
@@ -470,7 +496,7 @@ def _reduce_precision(x, *, exponent_bits, mantissa_bits):
     nbits = 8 * x.dtype.itemsize
     u = np.dtype(f"u{x.dtype.itemsize}")
     c = lambda v: np.asarray(v, u)  # noqa: E731
-    bits = np.ascontiguousarray(x).view(u)
+    bits = np.asarray(x, order="C").view(u)
     if mantissa_bits < src_mantissa:
         drop = src_mantissa - mantissa_bits
         last = c(1 << drop)
@@ -486,9 +512,7 @@ def _reduce_precision(x, *, exponent_bits, mantissa_bits):
         signed_zero = bits & sign_mask
         bits = np.where(overflows, signed_zero | exponent_mask, np.where(underflows, signed_zero, bits)).astype(u)
     out = bits.view(x.dtype)
-    if mantissa_bits > 0:
-        out = np.where(np.isnan(x), x, out)
-    return np.asarray(out, dtype=x.dtype)
+    return np.asarray(np.where(np.isnan(x), x, out), dtype=x.dtype)  # NaN stays NaN (measured on XLA:CPU)
 
 
 @elementwise("copy", "copy_p", "pvary", "sharding_constraint", "pcast", "stop_gradient", "stage", "random_clone")
@@ -846,11 +870,7 @@ def _scatter(combine):
         keep = np.broadcast_to(in_bounds.reshape(batch_shape + (1,) * len(window_dims)), upd.shape)
         out = operand.copy()
         full_index = tuple(np.broadcast_to(i, upd.shape)[keep] for i in index)
-        if operand.dtype in LOW_FLOATS and combine is not _assign:
-            wide = out.astype(np.float32)
-            combine(wide, full_index, upd[keep].astype(np.float32))
-            return wide.astype(operand.dtype)
-        combine(out, full_index, upd[keep])
+        combine(out, full_index, upd[keep])  # float16/bfloat16: rounded after every update, as XLA:CPU does
         return out
 
     def stacked(operand, indices, updates, *, dimension_numbers, **params):
@@ -890,7 +910,7 @@ def _canonical(x: np.ndarray, axes) -> np.ndarray:
     axes = tuple(sorted(int(a) for a in axes))
     kept = [d for d in range(x.ndim) if d not in axes]
     moved = np.transpose(x, kept + list(axes))
-    return np.ascontiguousarray(moved).reshape((*(x.shape[d] for d in kept), -1))
+    return np.asarray(moved, order="C").reshape((*(x.shape[d] for d in kept), math.prod(x.shape[d] for d in axes)))
 
 
 def _reduction(ufunc, name):
@@ -905,10 +925,25 @@ def _reduction(ufunc, name):
             return _reduce_float_extremum(_canonical(x, axes), _float_min)
         if x.dtype in LOW_FLOATS and ufunc in (np.maximum, np.minimum):
             return rule(x.astype(np.float32), axes=axes).astype(x.dtype)
-        return ufunc.reduce(_canonical(x, axes), axis=-1, dtype=x.dtype if accumulate else None)
+        flat = _canonical(x, axes)
+        if flat.shape[-1] == 0 and not accumulate:
+            return np.full(flat.shape[:-1], _reduction_identity(ufunc, x.dtype), x.dtype)
+        return ufunc.reduce(flat, axis=-1, dtype=x.dtype if accumulate else None)
 
     per_device(name)(rule)
     vectorized(name)(lambda x, *, axes, out_sharding=None: rule(x, axes=shift(axes)))
+
+
+def _reduction_identity(ufunc, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return ufunc in (np.minimum, np.bitwise_and)
+    if ufunc is np.bitwise_and:
+        return np.asarray(-1).astype(dtype) if dtype.kind == "i" else np.iinfo(dtype).max
+    if ufunc in (np.bitwise_or, np.bitwise_xor):
+        return 0
+    info = np.iinfo(dtype)
+    return info.min if ufunc is np.maximum else info.max
 
 
 def _reduce_float_extremum(x: np.ndarray, pick) -> np.ndarray:
@@ -1023,15 +1058,13 @@ per_device("reduce")(_reduce_generic)
 @vectorized("reduce")
 def _reduce_generic_v(*operands_and_inits, computation=None, jaxpr, dimensions):
     n = len(operands_and_inits) // 2
-    inits = [expand_to(i, 1)[:, 0] if i.ndim else i for i in operands_and_inits[n:]]  # per device scalars
-    operands = operands_and_inits[:n]
-    if any(np.asarray(i).ndim for i in inits) and not all(
-            (np.asarray(i) == np.asarray(i).reshape(-1)[0]).all() for i in inits):
-        return [np.stack(o) for o in zip(*(_reduce_generic(*(x[d] for x in operands), *(i[d] for i in inits),
-                                                           jaxpr=jaxpr, dimensions=dimensions)
-                                           for d in range(operands[0].shape[0])), strict=True)]
-    inits = [np.asarray(i).reshape(-1)[0] if np.asarray(i).ndim else i for i in inits]
-    return _reduce_generic(*operands, *inits, jaxpr=jaxpr, dimensions=shift(dimensions))
+    operands, inits = operands_and_inits[:n], [np.asarray(i) for i in operands_and_inits[n:]]
+    if all(i.size == 0 or (i == i.reshape(-1)[0]).all() for i in inits):  # the usual case: literal inits
+        firsts = [i.reshape(-1)[0] for i in inits]
+        return _reduce_generic(*operands, *firsts, jaxpr=jaxpr, dimensions=shift(dimensions))
+    per_device = [_reduce_generic(*(x[d] for x in operands), *(i[d] for i in inits), jaxpr=jaxpr,
+                                  dimensions=dimensions) for d in range(operands[0].shape[0])]
+    return [np.stack(outs) for outs in zip(*per_device, strict=True)]
 
 
 # -- dot_general: one canonical batched matmul for both twins ------------------------------------------------
@@ -1062,7 +1095,7 @@ def _dot_general_dtypes(lhs_dtype, rhs_dtype, preferred_element_type):
 def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``(..., M, K) @ (..., K, N)`` as one BLAS call per ``(M, K) @ (K, N)`` slice on contiguous copies, so
     that the result of a slice never depends on how many slices there are."""
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    a, b = np.asarray(a, order="C"), np.asarray(b, order="C")
     if a.shape[-1] == 0:
         return np.zeros((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]),
                         np.result_type(a, b))
@@ -1166,11 +1199,11 @@ def _approx_top_k_size(x_shape, k, reduction_dimension, recall_target, aggregate
                        reduction_input_size_override) -> int:
     if aggregate_to_topk:
         return int(k)
-    from jax._src.lib import xla_client
+    from jax._src.lib import _jax
 
     size = x_shape[reduction_dimension]
-    return int(xla_client.ops.ApproxTopKReductionOutputSize(size, len(x_shape), int(k), recall_target,
-                                                            aggregate_to_topk, reduction_input_size_override)[0])
+    return int(_jax.approx_top_k_reduction_output_size(size, len(x_shape), int(k), recall_target, aggregate_to_topk,
+                                                       reduction_input_size_override)[0])
 
 
 @per_device("approx_top_k")

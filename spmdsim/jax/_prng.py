@@ -77,9 +77,8 @@ def seed(seeds: np.ndarray) -> np.ndarray:
     """JAX's threefry_seed: the high word is the seed shifted right (logically) by 32 bits, which is 0 for
     seeds of 32 bits or fewer; the low word is the seed's low 32 bits."""
     seeds = np.asarray(seeds)
-    unsigned = seeds.view(np.dtype(f"u{seeds.dtype.itemsize}")) if seeds.dtype.kind == "i" else seeds
-    wide = unsigned.astype(np.uint64)
-    high = (wide >> np.uint64(32)) if seeds.dtype.itemsize == 8 else np.zeros_like(wide)
+    wide = seeds.astype(np.int64).view(np.uint64) if seeds.dtype.kind == "i" else seeds.astype(np.uint64)
+    high = (wide >> np.uint64(32)) if seeds.dtype.itemsize == 8 else np.zeros_like(wide)  # sign-extended below
     return np.stack([high.astype(np.uint32), (wide & np.uint64(0xFFFFFFFF)).astype(np.uint32)], axis=-1)
 
 
@@ -319,13 +318,13 @@ def _rng_bit_generator_batch(keys, *, shape, dtype, algorithm, out_sharding=None
     dtype = np.dtype(dtype)
     name = getattr(algorithm, "name", str(algorithm)).upper()
     b = keys.shape[0]
-    state = np.ascontiguousarray(keys, np.uint32).reshape(b, 2, 2).view(np.uint64).reshape(b, 2) \
+    state = np.asarray(keys, np.uint32, order="C").reshape(b, 2, 2).view(np.uint64).reshape(b, 2) \
         if keys.dtype == np.uint32 else np.asarray(keys, np.uint64)
     width = 64 if dtype.itemsize == 8 else 32
     generate = _rng_threefry if name.endswith("THREE_FRY") else _rng_philox  # RNG_DEFAULT is Philox on XLA:CPU
     with np.errstate(over="ignore"):  # 64-bit counters wrap
         new_state, values = generate(state, tuple(shape), width)
-    new_keys = np.ascontiguousarray(new_state).view(np.uint32).reshape(keys.shape) if keys.dtype == np.uint32 \
+    new_keys = np.asarray(new_state, order="C").view(np.uint32).reshape(keys.shape) if keys.dtype == np.uint32 \
         else new_state
     return [new_keys.astype(keys.dtype), values.astype(dtype)]
 

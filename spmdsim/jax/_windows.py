@@ -31,7 +31,7 @@ def _padded(x: np.ndarray, fill, padding, base_dilation) -> tuple[np.ndarray, np
 
 def _window_positions(padded_shape, window_dimensions, window_strides, window_dilation):
     """The output shape, and for every window position the strided slice picking that position of every
-    window."""
+    window, positions in row-major order."""
     out_shape = tuple(max(0, (p - ((w - 1) * d + 1)) // s + 1) for p, w, s, d in
                       zip(padded_shape, window_dimensions, window_strides, window_dilation, strict=True))
     positions = []
@@ -163,11 +163,10 @@ def _crop(padded: np.ndarray, padding) -> np.ndarray:
 def _select_and_scatter_add(source, operand, *, select_prim, window_dimensions, window_strides, padding):
     where, padded_shape = _selected_positions(operand, PER_DEVICE[select_prim.name], window_dimensions,
                                               window_strides, padding)
-    wide = _wide(source)
-    out = np.zeros(math.prod(padded_shape), wide.dtype)
+    out = np.zeros(math.prod(padded_shape), source.dtype)
     keep = where >= 0
-    np.add.at(out, where[keep], wide[keep])       # in the source's row-major order, as XLA:CPU adds
-    return _crop(out.reshape(padded_shape), padding).astype(source.dtype)
+    np.add.at(out, where[keep], source[keep])  # in the source's row-major order, rounded after every addition
+    return _crop(out.reshape(padded_shape), padding)
 
 
 @vectorized("select_and_scatter_add")
