@@ -781,3 +781,8 @@ record("device_put", MISC, lambda x: jax.device_put(x) * 2, elementwise(1), ("in
 record("platform_index", MISC, lambda x: lax.platform_dependent(x, cpu=lambda v: v + 1, default=lambda v: v - 1),
        elementwise(1), ("float32",))
 record("reduce_precision", MISC, lambda x: lax.reduce_precision(x, 8, 7), elementwise(1), ("float32",), label="bf16")
+record("stop_gradient", MISC, lambda x: lax.stop_gradient(x) * 2, elementwise(1), ("int32", "float32"))
+record("dce_sink", MISC, lambda x: (lax.dce_sink_p.bind(x, prevent_mlir_dce=False), x * 2)[1], elementwise(1),
+       ("float32",))
+record("sharding_constraint", MISC, lambda x: jax.lax.with_sharding_constraint(
+    x, jax.sharding.SingleDeviceSharding(jax.devices()[0])) * 2, elementwise(1), ("float32",))

@@ -22,7 +22,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["EXCLUDED", "LEAD_OWNED", "enumerate_primitives", "representative_programs", "primitives_of"]
+__all__ = ["EXCLUDED", "LEAD_OWNED", "PER_DEVICE_ONLY", "enumerate_primitives", "representative_programs",
+           "primitives_of"]
 
 EXCLUDED: dict[str, str] = {
     "after_all": "tokens order side effects (infeed/outfeed, io_callback); spmdsim orders its callbacks itself",
@@ -38,6 +39,17 @@ LEAD_OWNED: frozenset[str] = frozenset({
     "pjit", "jit", "closed_call", "core_call", "cond", "while", "scan", "custom_jvp_call", "custom_vjp_call",
     "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "shard_map",
 })
+
+
+# Per-device rules without a vectorized twin, on purpose (not enumerated: jax.debug is outside the modules
+# above). A callback is a per-device side effect: a print per device, the user's function called once per
+# device with that device's values, in device order, through spmdsim's ordered output. A stacked evaluation
+# cannot reproduce it (one call with every device's values would change what the user's function sees); the
+# vectorized executor reports these primitives as unsupported rather than fake them.
+PER_DEVICE_ONLY: dict[str, str] = {
+    "debug_print": "a print per device, in device order: a per-device side effect",
+    "debug_callback": "the user's callback once per device with its values: a per-device side effect",
+}
 
 
 def primitives_of(jaxpr) -> set[str]:
