@@ -786,3 +786,5 @@ record("dce_sink", MISC, lambda x: (lax.dce_sink_p.bind(x, prevent_mlir_dce=Fals
        ("float32",))
 record("sharding_constraint", MISC, lambda x: jax.lax.with_sharding_constraint(
     x, jax.sharding.SingleDeviceSharding(jax.devices()[0])) * 2, elementwise(1), ("float32",))
+record("empty2", MISC, lambda p: jax.hessian(lambda q: jnp.sum(jnp.diag(jnp.eye(3, dtype=q.dtype) * jnp.exp(q[0]))))(p),
+       lambda d, r, v: [[values(r, (2,), d, "small")]], ("float32", "float64"))

@@ -241,6 +241,14 @@ def representative_programs() -> list[tuple[str, Callable, tuple]]:
                                 jax.lax.stop_gradient(a), lax.reduce((a, a), (0.0, 0.0),
                                                                      lambda x, y: (x[0] + y[0], x[1] * y[1]), (0,))),
          (v,)),
+        # higher-order autodiff and loops: what their transposes and carries emit
+        ("hessian.linalg", jax.hessian(lambda a: jnp.linalg.slogdet(a)[1] + jnp.sum(jnp.linalg.cholesky(a @ a.T))),
+         (m,)),
+        ("hessian.gaussian-process", jax.hessian(lambda s: jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(
+            spd * jnp.exp(s[0]) + jnp.eye(4)))))), (v[:2],)),
+        ("jacfwd.pooling", jax.jacfwd(lambda x: jnp.sum(max_pool(x))), (img[:1, :4, :4],)),
+        ("loops", lambda a: (lax.scan(lambda c, x: (c + x, c * x), 0.0, a), lax.fori_loop(0, 3, lambda i, c: c * 2, a),
+                             jax.checkpoint(jnp.sin)(a), jax.vmap(jnp.cumsum)(jnp.outer(a, a))), (v,)),
         ("lax.custom_root/solve", lambda a: jax.lax.custom_linear_solve(lambda x: a @ x, a[0],
                                                                        lambda mv, b: jnp.linalg.solve(a, b)), (m,)),
     ]

@@ -549,6 +549,26 @@ def _platform_index(*, platforms):
 vectorized("platform_index")(lambda *, platforms: np.asarray(_platform_index(platforms=platforms)).reshape(1))
 
 
+@per_device("empty")
+def _empty(*, shape, dtype, out_sharding=None):
+    """lax.empty: XLA:CPU fills it with zeros."""
+    return np.zeros(tuple(shape), np.dtype(dtype))
+
+
+@per_device("empty2")
+def _empty2(*, dtype, memory_space=None):
+    return np.zeros((), np.dtype(dtype))
+
+
+vectorized("empty")(lambda *, shape, dtype, out_sharding=None: _empty(shape=shape, dtype=dtype)[np.newaxis])
+vectorized("empty2")(lambda *, dtype, memory_space=None: _empty2(dtype=dtype)[np.newaxis])
+
+
+@elementwise("tie")
+def _tie(x, y):
+    return y
+
+
 # -- shapes ----------------------------------------------------------------------------------------------
 
 def _expanded_shape(operand_shape, shape, broadcast_dimensions) -> tuple:
