@@ -68,6 +68,13 @@ def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
                 f = sjax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None, executor=executor)
                 params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
             return measure(lambda: f(params, x, y), repeats, _warmup(n))
+        if bench == "cnn":
+            if variant == "numpy":
+                return {"error": "no NumPy front end version (a flax model)"}
+            step, params, stats, opt_state = programs.jax_cnn_step()
+            images, labels = programs.cnn_data(n)
+            f = sjax.pmap(step, "i", in_axes=(None, None, None, 0, 0), out_axes=None, executor=executor)
+            return measure(lambda: f(params, stats, opt_state, images, labels), repeats, _warmup(n))
         if bench == "scale":
             x = np.ones((n, 4), np.float32)
             f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i") if variant == "numpy"
@@ -86,6 +93,7 @@ PLAN = {  # benchmark -> device counts; every benchmark runs every variant
     "latency": [8, 64, 256, 1024],
     "large": [8],
     "train": [8, 64],
+    "cnn": [8],
     "scale": [4096],
 }
 VARIANTS = ["numpy", "jax-threads", "jax-vectorized"]

@@ -22,6 +22,10 @@ def main():
     elif bench == "large":
         f = jax.pmap(lambda x: jax.lax.psum(x, "i"), "i", out_axes=None)
         args = (np.ones((n, programs.BIG), np.float32),)
+    elif bench == "cnn":
+        step, params, stats, opt_state = programs.jax_cnn_step()
+        f = jax.pmap(step, "i", in_axes=(None, None, None, 0, 0), out_axes=None)
+        args = (params, stats, opt_state, *programs.cnn_data(n))
     elif bench in ("train", "scale"):
         if bench == "train":
             f = jax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None)
