@@ -49,8 +49,12 @@ def _fold_windows(operands, inits, reducer, window_dimensions, window_strides, p
     real = real[0]
     out_shape, positions = _window_positions(real.shape, window_dimensions, window_strides, window_dilation)
     acc = [np.full(out_shape, i, dtype=p.dtype) for i, p in zip(inits, padded, strict=True)]
+    every_position_real = bool(real.all())  # no padding or dilation holes: no mask needed
     for position in positions:
         new = reducer(acc, [p[position] for p in padded])
+        if every_position_real:
+            acc = [np.asarray(n, a.dtype) for n, a in zip(new, acc, strict=True)]
+            continue
         mask = real[position]
         acc = [np.where(mask, n, a).astype(a.dtype) for n, a in zip(new, acc, strict=True)]
     return acc
@@ -165,7 +169,11 @@ def _select_and_scatter_add(source, operand, *, select_prim, window_dimensions, 
                                               window_strides, padding)
     out = np.zeros(math.prod(padded_shape), source.dtype)
     keep = where >= 0
-    np.add.at(out, where[keep], source[keep])  # in the source's row-major order, rounded after every addition
+    targets, values = where[keep], source[keep]
+    if all(s >= w for s, w in zip(window_strides, window_dimensions, strict=True)):  # windows do not overlap:
+        out[targets] = out[targets] + values  # every element receives one source at most (0 + x, as XLA adds)
+    else:
+        np.add.at(out, targets, values)  # in the source's row-major order, rounded after every addition
     return _crop(out.reshape(padded_shape), padding)
 
 
@@ -259,33 +267,29 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     padded = x.shape[leading + 2:]
     out_spatial = tuple(max(0, (p - ((k - 1) * d + 1)) // s + 1) for p, k, d, s in
                         zip(padded, kernel, rhs_dilation, window_strides, strict=True))
-    # patches: (..., N, C, out..., k...)
-    patches = np.empty(front + (n, c) + out_spatial + tuple(kernel), compute)
-    for offset in itertools.product(*(range(k) for k in kernel)):
+    g, b = feature_group_count, batch_group_count
+    kernel_size = math.prod(kernel)
+    out_size = math.prod(out_spatial)
+    if b > 1:  # batch groups: output feature block j uses input batch block j
+        groups, per_group, rows, depth = b, o // b, n // b, c
+
+        def arrange(v):  # a window position of every window, (..., N, C, out...) -> (..., b, N/b, out..., C)
+            return np.moveaxis(v.reshape(front + (b, n // b, c) + out_spatial), leading + 2, -1)
+    else:  # feature groups: output feature block j uses input feature block j
+        groups, per_group, rows, depth = g, o // g, n, c // g
+
+        def arrange(v):  # (..., N, C, out...) -> (..., g, N, out..., C/g)
+            v = np.moveaxis(v.reshape(front + (n, g, c // g) + out_spatial), leading + 1, leading)
+            return np.moveaxis(v, leading + 2, -1)
+    # the patches, written once in the layout of the product: (..., groups, rows, out..., depth, kernel)
+    patches = np.empty(front + (groups, rows) + out_spatial + (depth, kernel_size), compute)
+    for k, offset in enumerate(itertools.product(*(range(size) for size in kernel))):
         index = tuple(slice(q * d, q * d + (m - 1) * s + 1, s) if m else slice(0, 0)
                       for q, d, m, s in zip(offset, rhs_dilation, out_spatial, window_strides, strict=True))
-        patches[(Ellipsis,) + tuple(slice(None) for _ in out_spatial) + offset] = x[(Ellipsis,) + index]
-    g, b = feature_group_count, batch_group_count
-    cg, og, nb = c // g, o // (g * b) if b > 1 else o // g, n // b
-    kernel_size = math.prod(kernel)
-    m = nb * math.prod(out_spatial)
-    if b > 1:  # batch groups: output feature block j uses input batch block j
-        p = patches.reshape(front + (b, nb, c) + out_spatial + (kernel_size,))
-        p = np.moveaxis(p, leading + 2, leading + 1 + 1 + ns)  # (..., b, nb, out..., c, k)
-        a = p.reshape(front + (b, m, c * kernel_size))
-        wk = w.reshape(front + (b, o // b, i, kernel_size))
-        wk = np.swapaxes(wk.reshape(front + (b, o // b, i * kernel_size)), -1, -2)  # (..., b, K, Og)
-        groups, per_group = b, o // b
-    else:
-        p = patches.reshape(front + (n, g, cg) + out_spatial + (kernel_size,))
-        p = np.moveaxis(p, leading + 1, leading)  # (..., g, n, cg, out..., k)
-        p = np.moveaxis(p, leading + 2, leading + 2 + ns)  # (..., g, n, out..., cg, k)
-        a = p.reshape(front + (g, n * math.prod(out_spatial), cg * kernel_size))
-        wk = w.reshape(front + (g, o // g, i * kernel_size))
-        wk = np.swapaxes(wk, -1, -2)  # (..., g, K, Og)
-        groups, per_group = g, o // g
-    del og
-    return a, wk, front, groups, per_group, out_spatial, out_spec, (nb if b > 1 else n)
+        patches[..., k] = arrange(x[(Ellipsis,) + index])
+    a = patches.reshape(front + (groups, rows * out_size, depth * kernel_size))
+    wk = np.swapaxes(w.reshape(front + (groups, per_group, i * kernel_size)), -1, -2)  # (..., groups, K, Og)
+    return a, wk, front, groups, per_group, out_spatial, out_spec, rows
 
 
 def _conv(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
