@@ -202,3 +202,23 @@ def test_lax_op(record, wide, record_property):
 def test_tolerance_table_names_only_recorded_primitives():
     recorded = {r.primitive for r in RECORDS}
     assert set(p for p, _ in TOLERANCE) <= recorded, set(p for p, _ in TOLERANCE) - recorded
+
+
+@pytest.mark.area("lax primitives vs XLA:CPU")
+def test_vectorized_dot_general_equals_threads_bit_for_bit():
+    """Issue 13's case: einsum('scd,dh->sch') (rank 3 x rank 2) on 8 devices, both executors, every bit."""
+    import spmdsim
+
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((8, 4, 16, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+
+    def f(block, weights):
+        return jax.numpy.einsum("scd,dh->sch", block, weights)
+
+    with spmdsim.set_device_count(8):
+        threads = np.asarray(sjax.pmap(f, "i", in_axes=(0, None))(x, w))
+        vectorized = np.asarray(sjax.pmap(f, "i", in_axes=(0, None), executor="vectorized")(x, w))
+    assert threads.shape == (8, 4, 16, 64) and threads.tobytes() == vectorized.tobytes()
+    real = np.asarray(jax.jit(jax.vmap(f, in_axes=(0, None)))(x, w))
+    assert ulps(threads, real) <= tolerance("dot_general", "float32")
