@@ -556,7 +556,7 @@ _CONV = [
          dn=("NCHW", "OIHW", "NCHW")),
     dict(lhs=(2, 9, 8, 3), rhs=(3, 3, 3, 4), strides=(2, 1), padding=((1, 0), (2, -1)), ld=(1, 1), rd=(2, 1), fg=1,
          bg=1, dn=("NHWC", "HWIO", "NHWC")),
-    dict(lhs=(1, 4, 7, 7), rhs=(6, 2, 3, 3), strides=(1, 2), padding="VALID", ld=(2, 1), rd=(1, 1), fg=2, bg=1,
+    dict(lhs=(1, 4, 7, 7), rhs=(6, 2, 3, 3), strides=(1, 2), padding=((0, 1), (1, 1)), ld=(2, 1), rd=(1, 1), fg=2, bg=1,
          dn=("NCHW", "OIHW", "NHWC")),
     dict(lhs=(4, 3, 6, 5), rhs=(4, 3, 2, 2), strides=(1, 1), padding="VALID", ld=(1, 1), rd=(1, 1), fg=1, bg=2,
          dn=("NCHW", "OIHW", "NCHW")),
@@ -677,7 +677,7 @@ record("schur", LINALGF, lambda a, v: lax.linalg.schur(a, compute_schur_vectors=
 record("hessenberg", LINALGF, lax.linalg.hessenberg, _matrices((2, 5, 5)), LINALG)
 record("tridiagonal", LINALGF, lambda a, lower: lax.linalg.tridiagonal(a, lower=lower), _matrices((2, 5, 5), "spd"),
        LINALG, variants=[{"lower": True}, {"lower": False}])
-record("lu", LINALGF, lax.linalg.lu, _matrices((2, 4, 4)), LINALG,
+record("lu", LINALGF, lambda a, shape: lax.linalg.lu(a), _matrices((2, 4, 4)), LINALG,
        variants=[{"shape": (2, 4, 4)}, {"shape": (5, 3)}, {"shape": (3, 5)}])
 record("lu_pivots_to_permutation", LINALGF, lambda p, size: lax.linalg.lu_pivots_to_permutation(p, size),
        fixed([np.array([[2, 2, 3], [0, 4, 2]], np.int32)]), ("int32",), variants=[{"size": 5}, {"size": 3}])
