@@ -77,6 +77,13 @@ def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
             x, y = programs.train_data(n)
             params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
             return measure(lambda: jax.block_until_ready(f(params, x, y)), repeats, _warmup(n))
+        if bench == "cnn":
+            if variant == "numpy":
+                return {"error": "no NumPy front end version (a flax model)"}
+            step, params, stats, opt_state = programs.jax_cnn_step()
+            images, labels = programs.cnn_data(n)
+            f = sjax.pmap(step, "i", in_axes=(None, None, None, 0, 0), out_axes=None, executor=executor)
+            return measure(lambda: f(params, stats, opt_state, images, labels), repeats, _warmup(n))
         if bench == "scale":
             x = np.ones((n, 4), np.float32)
             f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i") if variant == "numpy"
@@ -120,6 +127,7 @@ PLAN = {  # benchmark -> device counts; every benchmark runs every variant
     "train": [8, 64],
     "grad": [8],
     "jit": [8],
+    "cnn": [8],
     "scale": [4096],
     "call": [8, 64],
     "steps": [8, 64],

@@ -27,6 +27,10 @@ def main():
         f = make(jax, jax.pmap)
         x, y = programs.train_data(n)
         args = ({"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}, x, y)
+    elif bench == "cnn":
+        step, params, stats, opt_state = programs.jax_cnn_step()
+        f = jax.pmap(step, "i", in_axes=(None, None, None, 0, 0), out_axes=None)
+        args = (params, stats, opt_state, *programs.cnn_data(n))
     elif bench in ("train", "scale"):
         if bench == "train":
             f = jax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None)

@@ -84,3 +84,41 @@ def training_loop(step, params, x, y, steps: int = STEPS, block=lambda value: va
         params, loss = step(params, x, y)
         block(loss)
     return loss
+def jax_cnn_step():
+    """A flax CNN training step (conv, cross-device BatchNorm, max and average pooling, SGD with momentum;
+    gradients and loss pmean'd), as in examples/jax/cnn_batchnorm.py. Returns (step, params, batch_stats,
+    opt_state) for the pmapped signature step(params, batch_stats, opt_state, images, labels)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool):
+            x = nn.relu(nn.BatchNorm(use_running_average=not train, axis_name="i")(nn.Conv(8, (3, 3))(x)))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            x = nn.avg_pool(nn.relu(nn.Conv(16, (3, 3))(x)), (2, 2), strides=(2, 2))
+            return nn.Dense(10)(x.reshape((x.shape[0], -1)))
+
+    model, tx = CNN(), optax.sgd(0.05, momentum=0.9)
+
+    def step(params, batch_stats, opt_state, images, labels):
+        def loss_fn(p):
+            logits, updates = model.apply({"params": p, "batch_stats": batch_stats}, images, train=True,
+                                          mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), updates["batch_stats"]
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        grads, loss = jax.lax.pmean((grads, loss), "i")
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), stats, opt_state, loss
+
+    variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 1)), train=False)
+    return step, variables["params"], variables["batch_stats"], tx.init(variables["params"])
+
+
+def cnn_data(n, per_device=16, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.standard_normal((n, per_device, 16, 16, 1)).astype(np.float32)
+    labels = rng.integers(0, 10, (n, per_device)).astype(np.int32)
+    return images, labels
