@@ -122,3 +122,33 @@ def cnn_data(n, per_device=16, seed=0):
     images = rng.standard_normal((n, per_device, 16, 16, 1)).astype(np.float32)
     labels = rng.integers(0, 10, (n, per_device)).astype(np.int32)
     return images, labels
+
+
+# -- shard_map: a data x model parallel linear model on a (4, 2) mesh ----------------------------------------
+
+MESH_SHAPE = (4, 2)   # ('data', 'model')
+
+
+def shard_map_data(features=16, per_device=32, seed=0):
+    """Rows split over 'data', the weight's columns over 'model' (the global arrays)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((MESH_SHAPE[0] * per_device, features)).astype(np.float32)
+    y = rng.standard_normal((MESH_SHAPE[0] * per_device, MESH_SHAPE[1] * 4)).astype(np.float32)
+    w = np.zeros((features, MESH_SHAPE[1] * 4), np.float32)
+    return w, x, y
+
+
+def shard_map_step(lax, numpy):
+    """One SGD step of a linear model: each device holds a block of rows and a block of the weight's columns;
+    the gradient's rows are averaged over 'data' (pmean), the loss summed over 'model' then averaged."""
+    def step(w, x, y):
+        err = x @ w - y
+        grad = x.T @ err * (2.0 / err.size)
+        loss = lax.pmean(lax.psum(numpy.mean(err * err), "model"), "data")
+        return w - 0.1 * lax.pmean(grad, "data"), loss
+    return step
+
+
+def mesh64_program(lax):
+    """One psum over the first axis of a (64, 64) mesh (4096 devices), on (4,) blocks."""
+    return lambda b: lax.psum(b, "x")
