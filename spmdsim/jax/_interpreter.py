@@ -41,12 +41,7 @@ _local = threading.local()
 
 def higher_order(*names: str):
     """Decorator: ``rule(executor, *operands, **params)`` computes the higher-order primitives ``names``."""
-    def register(rule):
-        for name in names:
-            assert name not in HIGHER_ORDER, f"duplicate higher-order rule for primitive {name!r}"
-            HIGHER_ORDER[name] = rule
-        return rule
-    return register
+    return _registry.register(HIGHER_ORDER, "higher-order", names)
 
 
 def supported_primitives() -> list[str]:

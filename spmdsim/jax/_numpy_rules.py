@@ -1102,7 +1102,9 @@ def _dot_general_plan(lhs_shape, rhs_shape, dimension_numbers):
             (*batch, *(lhs_shape[i] for i in lf), *(rhs_shape[i] for i in rf)))
 
 
-def _dot_general_dtypes(lhs_dtype, rhs_dtype, preferred_element_type):
+def product_dtypes(lhs_dtype, rhs_dtype, preferred_element_type) -> tuple[np.dtype, np.dtype]:
+    """(compute dtype, result dtype) of a dot_general or convolution: float16/bfloat16 computed in float32 and
+    bool in int32, as XLA:CPU does; the result in ``preferred_element_type`` or the operands' common type."""
     out = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(lhs_dtype,
                                                                                                       rhs_dtype)
     if out in LOW_FLOATS:
@@ -1138,7 +1140,7 @@ def _dot_general_with(plan, compute, out_dtype, leading: int = 0):
 
 def _specialize_dot_general(eqn):
     lhs, rhs = eqn.invars
-    dtypes = _dot_general_dtypes(np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype),
+    dtypes = product_dtypes(np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype),
                                  eqn.params.get("preferred_element_type"))
     return _dot_general_with(_dot_general_plan(lhs.aval.shape, rhs.aval.shape, eqn.params["dimension_numbers"]),
                              *dtypes)
@@ -1150,7 +1152,7 @@ def _dot_general(lhs, rhs, *, dimension_numbers, precision=None, preferred_eleme
                  **_):
     """As a batched matmul: lhs to (batch, free, contracting), rhs to (batch, contracting, free)."""
     plan = _dot_general_plan(lhs.shape, rhs.shape, dimension_numbers)
-    return _dot_general_with(plan, *_dot_general_dtypes(lhs.dtype, rhs.dtype, preferred_element_type))(lhs, rhs)
+    return _dot_general_with(plan, *product_dtypes(lhs.dtype, rhs.dtype, preferred_element_type))(lhs, rhs)
 
 
 @vectorized("dot_general")
@@ -1158,7 +1160,7 @@ def _dot_general_v(lhs, rhs, *, dimension_numbers, precision=None, preferred_ele
                    out_sharding=None, **_):
     """The per-device product with the device axis as an outer batch axis of the same matmul slices."""
     plan = _dot_general_plan(lhs.shape[1:], rhs.shape[1:], dimension_numbers)
-    dot = _dot_general_with(plan, *_dot_general_dtypes(lhs.dtype, rhs.dtype, preferred_element_type), leading=1)
+    dot = _dot_general_with(plan, *product_dtypes(lhs.dtype, rhs.dtype, preferred_element_type), leading=1)
     n = max(lhs.shape[0], rhs.shape[0])
     return dot(np.broadcast_to(lhs, (n, *lhs.shape[1:])), np.broadcast_to(rhs, (n, *rhs.shape[1:])))
 

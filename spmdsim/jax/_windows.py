@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from spmdsim.jax._numpy_rules import LOW_FLOATS, PER_DEVICE, eval_elementwise_jaxpr, is_float, matmul_slices, \
-    pad_array, per_device, vectorized
+    pad_array, per_device, product_dtypes, vectorized
 
 
 def _padded(x: np.ndarray, fill, padding, base_dilation) -> tuple[np.ndarray, np.ndarray]:
@@ -238,16 +238,6 @@ def _select_and_gather_add_v(tangents, operand, **params):
 
 # -- convolution -----------------------------------------------------------------------------------------------
 
-def _conv_dtypes(lhs_dtype, rhs_dtype, preferred_element_type):
-    out = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(lhs_dtype,
-                                                                                                      rhs_dtype)
-    if out in LOW_FLOATS:
-        return np.dtype(np.float32), out
-    if out == np.bool_:
-        return np.dtype(np.int32), out
-    return out, out
-
-
 def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
                    feature_group_count, batch_group_count, compute, leading: int):
     """The im2col matrices of a convolution: patches ``(..., G, M, K)`` and kernel ``(..., G, K, Og)``, and
@@ -260,7 +250,6 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     front = x.shape[:leading]
     n, c, *spatial = x.shape[leading:]
     o, i, *kernel = w.shape[leading:]
-    ns = len(spatial)
     config = [(0, 0, 0)] * (leading + 2) + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation,
                                                                                   strict=True)]
     x = pad_array(x, np.zeros((), compute), config)
@@ -294,7 +283,7 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
 
 def _conv(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
           batch_group_count, precision=None, preferred_element_type=None, out_sharding=None, leading: int = 0):
-    compute, out_dtype = _conv_dtypes(lhs.dtype, rhs.dtype, preferred_element_type)
+    compute, out_dtype = product_dtypes(lhs.dtype, rhs.dtype, preferred_element_type)
     if compute.kind == "b":
         compute = np.dtype(np.int32)
     a, wk, front, groups, per_group, out_spatial, out_spec, n_out = _conv_operands(
