@@ -199,3 +199,13 @@ def test_spmdsim_run_trace(tmp_path):
     names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "collective"]
     assert names == ["psum(devices)"] * 4
     assert any("named_psum.py" in e["args"]["site"] for e in doc["traceEvents"] if e.get("cat") == "collective")
+
+
+def test_spmdsim_run_suggests_its_own_devices_option(tmp_path):
+    script = tmp_path / "too_many.py"
+    script.write_text("import jax, numpy as np\njax.pmap(lambda x: x)(np.zeros(16))\n")
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", str(script), "--devices", "8"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0
+    assert "--devices 16" in proc.stderr and "set_device_count" not in proc.stderr

@@ -169,8 +169,7 @@ def check_device_count(n: int, devices: Sequence | None, outer: int = 1) -> None
                                         f"({available}, {-(-n // available)}, ...)")
     raise ValueError(f"pmap: the mapped axis has size {n}, but only {available} virtual devices are available "
                      f"({where}). pmap runs one block per device and never splits an axis into chunks: {fix}, "
-                     f"or use more virtual devices: spmdsim.set_device_count({n * outer}) or "
-                     f"SPMDSIM_NUM_DEVICES={n * outer}.")
+                     f"or use more virtual devices: {_devices.more_devices_hint(n * outer)}.")
 
 
 def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int], str],

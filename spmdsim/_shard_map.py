@@ -122,7 +122,7 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[Hashable], *, dev
     need = math.prod(shape)
     if need > len(pool):
         raise ValueError(f"make_mesh: a mesh of shape {shape} needs {need} devices, but only {len(pool)} are "
-                         f"available. Use fewer, or more virtual devices: spmdsim.set_device_count({need}).")
+                         f"available. Use fewer, or more virtual devices: {_devices.more_devices_hint(need)}.")
     return Mesh(np.array(pool[:need], dtype=object).reshape(shape), names)
 
 

@@ -63,7 +63,9 @@ def patched_jax(n_devices: int, executor: str = "threads"):
 
     replaced = [(jax, "pmap", pmap), (jax, "jit", _shard_map.jit), (jax_shard_map, "_shard_map", shard_map)]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
-    with spmdsim.set_device_count(n_devices):
+    from spmdsim import _devices
+
+    with spmdsim.set_device_count(n_devices), _devices.devices_hint("--devices {n} (spmdsim run's option)"):
         for owner, name, value in replaced:
             setattr(owner, name, value)
         try:
