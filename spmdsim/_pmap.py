@@ -380,6 +380,7 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     """
     static = check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices)
 
+    @_runtime.api_boundary
     @functools.wraps(fun)
     def mapped(*args, **kwargs):
         return _mapped_call(fun, args, kwargs, api="pmap", axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
@@ -406,6 +407,7 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, *, axis_name: Hashable | None = N
     _check_axes_spec(in_axes, "vmap", "in_axes")
     _check_axes_spec(out_axes, "vmap", "out_axes")
 
+    @_runtime.api_boundary
     @functools.wraps(fun)
     def mapped(*args, **kwargs):
         spec = in_axes

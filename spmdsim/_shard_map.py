@@ -220,6 +220,7 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
     manual = tuple(n for n in mesh.axis_names if (not axis_names or n in axis_names) and n not in enclosing)
     axes = tuple((n, mesh.shape[n]) for n in manual)
 
+    @_runtime.api_boundary
     @functools.wraps(f)
     def mapped(*args):
         in_spec_leaves = _tree.broadcast_prefix(in_specs, args, name="shard_map in_specs", is_prefix_leaf=_is_spec,
