@@ -77,6 +77,37 @@ def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
             x, y = programs.train_data(n)
             params = {"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}
             return measure(lambda: jax.block_until_ready(f(params, x, y)), repeats, _warmup(n))
+        if bench == "shard_map":
+            w, x, y = programs.shard_map_data()
+            if variant == "numpy":
+                mesh, P = spmdsim.make_mesh(programs.MESH_SHAPE, ("data", "model")), spmdsim.P
+                f = spmdsim.shard_map(programs.shard_map_step(spmdsim.lax, np), mesh=mesh,
+                                      in_specs=(P(None, "model"), P("data"), P("data", "model")),
+                                      out_specs=(P(None, "model"), P()))
+            else:  # jax.jit(jax.shard_map(...)) as spmdsim runs it (`spmdsim run` gives jit the same path)
+                from jax.sharding import AbstractMesh, PartitionSpec as P
+                mesh = AbstractMesh(programs.MESH_SHAPE, ("data", "model"))  # spmdsim needs no JAX devices
+                f = sjax.shard_map(programs.shard_map_step(jax.lax, jax.numpy), mesh=mesh,
+                                   in_specs=(P(None, "model"), P("data"), P("data", "model")),
+                                   out_specs=(P(None, "model"), P()), executor=executor)
+                f = sjax.jit(f) if executor == "threads" else f
+            return measure(lambda: jax.block_until_ready(f(w, x, y)), repeats, _warmup(n))
+        if bench == "mesh64":
+            if variant != "jax-vectorized":
+                return {"error": "vectorized executor only (4096 device threads per call)"}
+            from jax.sharding import AbstractMesh, PartitionSpec as P
+            mesh = AbstractMesh((64, 64), ("x", "y"))
+            f = sjax.shard_map(programs.mesh64_program(jax.lax), mesh=mesh, in_specs=P(("x", "y")),
+                               out_specs=P("y"), check_vma=False, executor="vectorized")
+            x = np.ones((4096 * 4,), np.float32)
+            return measure(lambda: jax.block_until_ready(f(x)), repeats, _warmup(n))
+        if bench == "cnn":
+            if variant == "numpy":
+                return {"error": "no NumPy front end version (a flax model)"}
+            step, params, stats, opt_state = programs.jax_cnn_step()
+            images, labels = programs.cnn_data(n)
+            f = sjax.pmap(step, "i", in_axes=(None, None, None, 0, 0), out_axes=None, executor=executor)
+            return measure(lambda: f(params, stats, opt_state, images, labels), repeats, _warmup(n))
         if bench == "scale":
             x = np.ones((n, 4), np.float32)
             f = (spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i"), "i") if variant == "numpy"
@@ -120,6 +151,9 @@ PLAN = {  # benchmark -> device counts; every benchmark runs every variant
     "train": [8, 64],
     "grad": [8],
     "jit": [8],
+    "cnn": [8],
+    "shard_map": [8],
+    "mesh64": [4096],
     "scale": [4096],
     "call": [8, 64],
     "steps": [8, 64],

@@ -27,6 +27,24 @@ def main():
         f = make(jax, jax.pmap)
         x, y = programs.train_data(n)
         args = ({"w": np.zeros(x.shape[-1], np.float32), "b": np.zeros((), np.float32)}, x, y)
+    elif bench == "shard_map":
+        from jax.sharding import PartitionSpec as P
+        mesh = jax.make_mesh(programs.MESH_SHAPE, ("data", "model"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:n])
+        f = jax.jit(jax.shard_map(programs.shard_map_step(jax.lax, jax.numpy), mesh=mesh,
+                                  in_specs=(P(None, "model"), P("data"), P("data", "model")),
+                                  out_specs=(P(None, "model"), P())))
+        args = programs.shard_map_data()
+    elif bench == "mesh64":
+        from jax.sharding import PartitionSpec as P
+        mesh = jax.make_mesh((64, 64), ("x", "y"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+        f = jax.jit(jax.shard_map(programs.mesh64_program(jax.lax), mesh=mesh, in_specs=P(("x", "y")),
+                                  out_specs=P("y"), check_vma=False))
+        args = (np.ones((4096 * 4,), np.float32),)
+    elif bench == "cnn":
+        step, params, stats, opt_state = programs.jax_cnn_step()
+        f = jax.pmap(step, "i", in_axes=(None, None, None, 0, 0), out_axes=None)
+        args = (params, stats, opt_state, *programs.cnn_data(n))
     elif bench in ("train", "scale"):
         if bench == "train":
             f = jax.pmap(programs.jax_train_step(jax), "i", in_axes=(None, 0, 0), out_axes=None)

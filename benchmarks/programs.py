@@ -84,3 +84,71 @@ def training_loop(step, params, x, y, steps: int = STEPS, block=lambda value: va
         params, loss = step(params, x, y)
         block(loss)
     return loss
+def jax_cnn_step():
+    """A flax CNN training step (conv, cross-device BatchNorm, max and average pooling, SGD with momentum;
+    gradients and loss pmean'd), as in examples/jax/cnn_batchnorm.py. Returns (step, params, batch_stats,
+    opt_state) for the pmapped signature step(params, batch_stats, opt_state, images, labels)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool):
+            x = nn.relu(nn.BatchNorm(use_running_average=not train, axis_name="i")(nn.Conv(8, (3, 3))(x)))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            x = nn.avg_pool(nn.relu(nn.Conv(16, (3, 3))(x)), (2, 2), strides=(2, 2))
+            return nn.Dense(10)(x.reshape((x.shape[0], -1)))
+
+    model, tx = CNN(), optax.sgd(0.05, momentum=0.9)
+
+    def step(params, batch_stats, opt_state, images, labels):
+        def loss_fn(p):
+            logits, updates = model.apply({"params": p, "batch_stats": batch_stats}, images, train=True,
+                                          mutable=["batch_stats"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), updates["batch_stats"]
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        grads, loss = jax.lax.pmean((grads, loss), "i")
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), stats, opt_state, loss
+
+    variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 1)), train=False)
+    return step, variables["params"], variables["batch_stats"], tx.init(variables["params"])
+
+
+def cnn_data(n, per_device=16, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.standard_normal((n, per_device, 16, 16, 1)).astype(np.float32)
+    labels = rng.integers(0, 10, (n, per_device)).astype(np.int32)
+    return images, labels
+
+
+# -- shard_map: a data x model parallel linear model on a (4, 2) mesh ----------------------------------------
+
+MESH_SHAPE = (4, 2)   # ('data', 'model')
+
+
+def shard_map_data(features=16, per_device=32, seed=0):
+    """Rows split over 'data', the weight's columns over 'model' (the global arrays)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((MESH_SHAPE[0] * per_device, features)).astype(np.float32)
+    y = rng.standard_normal((MESH_SHAPE[0] * per_device, MESH_SHAPE[1] * 4)).astype(np.float32)
+    w = np.zeros((features, MESH_SHAPE[1] * 4), np.float32)
+    return w, x, y
+
+
+def shard_map_step(lax, numpy):
+    """One SGD step of a linear model: each device holds a block of rows and a block of the weight's columns;
+    the gradient's rows are averaged over 'data' (pmean), the loss summed over 'model' then averaged."""
+    def step(w, x, y):
+        err = x @ w - y
+        grad = x.T @ err * (2.0 / err.size)
+        loss = lax.pmean(lax.psum(numpy.mean(err * err), "model"), "data")
+        return w - 0.1 * lax.pmean(grad, "data"), loss
+    return step
+
+
+def mesh64_program(lax):
+    """One psum over the first axis of a (64, 64) mesh (4096 devices), on (4,) blocks."""
+    return lambda b: lax.psum(b, "x")

@@ -57,6 +57,31 @@ def _layout() -> tuple[int, int] | None:
     return _hosts.layout()
 
 
+# How a user asks for more virtual devices, for error messages: ``spmdsim run`` says "--devices N".
+_more_devices_hint = "spmdsim.set_device_count({n}) or SPMDSIM_NUM_DEVICES={n}"
+
+
+def more_devices_hint(n: int) -> str:
+    """How to get ``n`` virtual devices, in the words of the current entry point (the API, or a command)."""
+    return _more_devices_hint.format(n=n)
+
+
+class devices_hint:
+    """``with devices_hint("spmdsim run --devices {n}"):``: error messages suggest that instead."""
+
+    def __init__(self, template: str):
+        self.template = template
+
+    def __enter__(self):
+        global _more_devices_hint
+        self.previous, _more_devices_hint = _more_devices_hint, self.template
+        return self
+
+    def __exit__(self, *exc):
+        global _more_devices_hint
+        _more_devices_hint = self.previous
+
+
 def device_count() -> int:
     """The number of virtual devices (like ``jax.device_count()``): in a multi-host run, every host's (see
     :mod:`spmdsim._hosts`)."""

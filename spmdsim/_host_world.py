@@ -47,7 +47,7 @@ import numpy as np
 from spmdsim import _hosts, _output, _primitives, _reduction, _runtime
 from spmdsim._axes import Unnamed
 from spmdsim._reports import Signature, describe, format_table, mismatch_text
-from spmdsim._rendezvous import (ABORTED, DONE, JOINING, RAISED, RUNNING, WAITING, Aborted, World)
+from spmdsim._rendezvous import ABORTED, DONE, JOINING, RAISED, RUNNING, WAITING, Aborted, World, ordinal
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError, HostLostError, RemoteError
 
 __all__ = ["Host", "RemoteWorld", "CallDesc", "run_spoofed", "portable"]
@@ -106,8 +106,8 @@ def portable(error: BaseException | None) -> BaseException | None:
         return copy
 
 
-def _ordinal(n: int) -> str:
-    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+def _steps(n: int) -> str:
+    return f"{n} step{'' if n == 1 else 's'}"
 
 
 def _shipped(error: BaseException | None, label: str) -> BaseException | None:
@@ -296,9 +296,10 @@ class Host:
                 if not late and not done:
                     self.cond.wait()
                     continue
-            for k, h, desc in late:
+                lost = self.lost_error()
+            for k, h, desc in late:  # a lost host, not the coordinator's end, is why these steps cannot complete
                 answered.add((k, h))
-                self.send(h, ("answer", k, self._finished_error(k, desc, h), None))
+                self.send(h, ("answer", k, lost or self._finished_error(k, desc, h), None))
             if done and not late:
                 break
         for h in range(1, self.count):
@@ -319,10 +320,10 @@ class Host:
 
     def _finished_error(self, k: int, desc: CallDesc, caller: int) -> CollectiveDeadlockError:
         calls, how = self.exited[COORDINATOR]
-        rows = [("host 0", f"finished after {calls} steps ({how})", "", "")]
-        rows += [(f"host {h}", f"waiting in its {_ordinal(k + 1)} step", d.text(), d.site)
+        rows = [("host 0", f"finished after {_steps(calls)} ({how})", "", "")]
+        rows += [(f"host {h}", f"waiting in its {ordinal(k + 1)} step", d.text(), d.site)
                  for h, (d, _) in sorted(self.meeting.get(k, {}).items())]
-        text = (f"the {_ordinal(k + 1)} step of the hosts ({desc.text()}, at {desc.site} on host {caller}) "
+        text = (f"the {ordinal(k + 1)} step of the hosts ({desc.text()}, at {desc.site} on host {caller}) "
                 f"can never complete: host 0 finished its program without reaching it. On real hardware this "
                 f"program hangs.\n\n" + format_table([("host", "state", "mapped call", "source line"), *rows])
                 + f"\n\n{FIX}")
@@ -380,18 +381,18 @@ class Host:
         rows = []
         for h in range(self.count):
             if h in descs:
-                rows.append((f"host {h}", f"waiting in its {_ordinal(k + 1)} step", descs[h].text(),
+                rows.append((f"host {h}", f"waiting in its {ordinal(k + 1)} step", descs[h].text(),
                              descs[h].site))
             else:
                 calls, how = self.exited[h]
-                rows.append((f"host {h}", f"finished after {calls} steps ({how})", "", ""))
+                rows.append((f"host {h}", f"finished after {_steps(calls)} ({how})", "", ""))
         return rows
 
     def _meeting_deadlock(self, k: int, descs: dict, missing: list) -> CollectiveDeadlockError:
         rows = self._meeting_table(k, descs)
         desc = descs[COORDINATOR]
         gone = ", ".join(f"host {h}" for h in missing)
-        text = (f"the {_ordinal(k + 1)} step of the hosts ({desc.text()}, at {desc.site}) can never "
+        text = (f"the {ordinal(k + 1)} step of the hosts ({desc.text()}, at {desc.site}) can never "
                 f"complete: {gone} finished {'its program' if len(missing) == 1 else 'their programs'} without "
                 f"reaching it. On real hardware this program hangs.\n\n"
                 + format_table([("host", "state", "mapped call", "source line"), *rows])
@@ -402,7 +403,7 @@ class Host:
         rows = self._meeting_table(k, descs)
         lines = "\n".join(f"  host {h}: {d.text()}{f' at {d.site}' if d.site else ''}"
                            for h, d in sorted(descs.items()))
-        text = (f"hosts took different steps as their {_ordinal(k + 1)}:\n{lines}\nOn real hardware this "
+        text = (f"hosts took different steps as their {ordinal(k + 1)}:\n{lines}\nOn real hardware this "
                 f"hangs or exchanges garbage.\n\n" + format_table([("host", "state", "mapped call", "source line"),
                                                                     *rows])
                 + f"\n\n{FIX}")
@@ -654,8 +655,8 @@ class VectorCall:
     def _deadlock(self, source: int, what: str, steps: int) -> CollectiveDeadlockError:
         return CollectiveDeadlockError(
             f"{what} can never complete: host {source}'s devices returned without reaching it (after {steps} "
-            f"collectives across hosts). On real hardware this program hangs.\n\nFix: make every device call the "
-            f"same collectives in the same order.", [f"host {source}: returned"])
+            f"collective{'' if steps == 1 else 's'} across hosts). On real hardware this program hangs.\n\n"
+            f"Fix: make every device call the same collectives in the same order.", [f"host {source}: returned"])
 
     def end(self, error: BaseException | None, result):
         """The outcome of the call on every host: the error of the first host that failed, else ``result``."""

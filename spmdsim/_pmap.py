@@ -169,8 +169,7 @@ def check_device_count(n: int, devices: Sequence | None, outer: int = 1) -> None
                                         f"({available}, {-(-n // available)}, ...)")
     raise ValueError(f"pmap: the mapped axis has size {n}, but only {available} virtual devices are available "
                      f"({where}). pmap runs one block per device and never splits an axis into chunks: {fix}, "
-                     f"or use more virtual devices: spmdsim.set_device_count({n * outer}) or "
-                     f"SPMDSIM_NUM_DEVICES={n * outer}.")
+                     f"or use more virtual devices: {_devices.more_devices_hint(n * outer)}.")
 
 
 def multi_host_size(n: int) -> tuple[int, int]:
@@ -399,6 +398,7 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     """
     static = check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices)
 
+    @_runtime.api_boundary
     @functools.wraps(fun)
     def mapped(*args, **kwargs):
         return _mapped_call(fun, args, kwargs, api="pmap", axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
@@ -425,6 +425,7 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, *, axis_name: Hashable | None = N
     _check_axes_spec(in_axes, "vmap", "in_axes")
     _check_axes_spec(out_axes, "vmap", "out_axes")
 
+    @_runtime.api_boundary
     @functools.wraps(fun)
     def mapped(*args, **kwargs):
         spec = in_axes

@@ -45,7 +45,8 @@ from spmdsim._reports import TABLE_HEADER, Signature, deadlock_text, describe, f
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
 __all__ = ["PRIMITIVES", "Collective", "bind", "axis_index", "axis_size", "psend", "precv", "TOKEN", "apply_grouped",
-           "split_axis_names", "check_groups", "Batch", "vectorized_batch", "current_batch", "Diverged", "AxisError"]
+           "split_axis_names", "canonical_axis", "check_groups", "Batch", "vectorized_batch", "current_batch",
+           "Diverged", "AxisError"]
 
 AxisError = np.exceptions.AxisError  # a ValueError and an IndexError, like the errors JAX raises here
 
@@ -91,7 +92,9 @@ def _replicated(x: np.ndarray, value: np.ndarray) -> np.ndarray:
     return np.broadcast_to(value[:, None], (value.shape[0], x.shape[1], *value.shape[1:]))
 
 
-def _canonical_axis(axis, ndim: int, api: str, what: str) -> int:
+def canonical_axis(axis, ndim: int, api: str, what: str) -> int:
+    """``axis`` counted from the front of a rank-``ndim`` array; AxisError (a ValueError and an IndexError)
+    naming ``api`` and the argument ``what`` when it is out of bounds."""
     axis = operator.index(axis)
     if not -ndim <= axis < ndim:
         raise AxisError(f"{api}: {what}={axis} is out of bounds for an array of dimension {ndim} "
@@ -141,7 +144,7 @@ def _all_gather_check(avals, n, groups, *, all_gather_dimension, tiled, axis_siz
     for shape, _dtype in avals:
         if tiled and len(shape) == 0:
             raise AxisError("all_gather: tiled=True needs operands of rank >= 1 (it concatenates along `axis`).")
-        dims.add(_canonical_axis(all_gather_dimension, len(shape) + (0 if tiled else 1), "all_gather", "axis"))
+        dims.add(canonical_axis(all_gather_dimension, len(shape) + (0 if tiled else 1), "all_gather", "axis"))
     return {"all_gather_dimension": _one(dims, all_gather_dimension), "tiled": bool(tiled)}
 
 
@@ -175,7 +178,7 @@ def _reduce_scatter_check(avals, n, groups, *, scatter_dimension, tiled, axis_si
         if len(shape) == 0:
             raise AxisError("psum_scatter: the operand must have rank >= 1 (it is split along scatter_dimension), "
                             "got a scalar.")
-        d = _canonical_axis(scatter_dimension, len(shape), "psum_scatter", "scatter_dimension")
+        d = canonical_axis(scatter_dimension, len(shape), "psum_scatter", "scatter_dimension")
         dims.add(d)
         if not tiled and shape[d] != n:
             raise ValueError(f"psum_scatter: reduce_scatter operand scatter dimension size {shape[d]} must match "
@@ -217,9 +220,9 @@ def _all_to_all_check(avals, n, groups, *, split_axis, concat_axis, tiled=False,
     for shape, _dtype in avals:
         if len(shape) == 0:
             raise AxisError("all_to_all: the operand must have rank >= 1, got a scalar.")
-        s = _canonical_axis(split_axis, len(shape), "all_to_all", "split_axis")
+        s = canonical_axis(split_axis, len(shape), "all_to_all", "split_axis")
         splits.add(s)
-        concats.add(_canonical_axis(concat_axis, len(shape), "all_to_all", "concat_axis"))
+        concats.add(canonical_axis(concat_axis, len(shape), "all_to_all", "concat_axis"))
         if shape[s] % n:
             raise ValueError(f"The size of all_to_all split_axis ({shape[s]}) has to be divisible by the size of "
                              f"the named axis ({n}).")
@@ -479,7 +482,7 @@ REDUCERS = {"psum": np.add, "pmax": np.maximum, "pmin": np.minimum}
 
 
 def _reduce_positional(name: str, x: np.ndarray, positional: tuple, lead: int = 0) -> np.ndarray:
-    axes = tuple(_canonical_axis(a, x.ndim - lead, name, "axis") + lead for a in positional)
+    axes = tuple(canonical_axis(a, x.ndim - lead, name, "axis") + lead for a in positional)
     ufunc = REDUCERS[name]
     return ufunc.reduce(x, axis=axes, dtype=x.dtype if ufunc is np.add else None)
 

@@ -268,7 +268,7 @@ class World:
             return self._deadlock(rv, reason)
         return self._mismatch(rv, [(lane, *other)], f"at step {rv.seq} of {rv.signature.op} over "
                                                     f"{', '.join(map(repr, rv.signature.names))} (the "
-                                                    f"{_ordinal(index + 1)} collective of each device)")
+                                                    f"{ordinal(index + 1)} collective of each device)")
 
     def _check_stuck_locked(self) -> None:
         """No lane can make progress: every unfinished lane waits in a rendezvous that lacks someone. A
@@ -374,7 +374,7 @@ def _call_of(rv: Rendezvous, rank: int) -> tuple:
     return rv.signature, rv.sites[rank], rv.apis[rank]
 
 
-def _ordinal(n: int) -> str:
+def ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 

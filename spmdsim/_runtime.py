@@ -26,8 +26,8 @@ from spmdsim._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCo
                                  World, failure_hooks, observers, pause_hooks)
 from spmdsim._reports import describe, format_table, who  # noqa: F401  (describe, format_table: for the debugger)
 
-__all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "run_lanes", "outcome", "top_level_placement", "channel", "user_site",
-           "frames_label", "observers", "pause_hooks"]
+__all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "run_lanes", "outcome",
+           "top_level_placement", "channel", "user_site", "api_boundary", "frames_label", "observers", "pause_hooks"]
 
 _local = threading.local()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -222,6 +222,21 @@ def _explain(error: BaseException, label: str, others: list) -> None:
     if isinstance(error, ValueError) and "read-only" in str(error):
         error.add_note("spmdsim: a device's arguments are read-only views of the caller's arrays (JAX arrays are "
                        "immutable too). Write x = x + 1 instead of x += 1, or work on a copy: x = x.copy().")
+
+
+def api_boundary(fun: Callable) -> Callable:
+    """Decorator for a public entry point (a mapped function): an exception leaving it carries a traceback
+    without spmdsim's own frames (JAX filters its frames the same way), so the user's lines are what they see;
+    ``SPMDSIM_TRACEBACK_FILTERING=off`` keeps every frame."""
+    @functools.wraps(fun)
+    def entry(*args, **kwargs):
+        try:
+            return fun(*args, **kwargs)
+        except Exception as e:
+            if current_lane() is not None or not _FILTER_TRACEBACKS:
+                raise  # inside a device the outer call filters; unfiltered on request
+            raise e.with_traceback(_filtered(e.__traceback__)) from e.__cause__
+    return entry
 
 
 def _filtered(tb: types.TracebackType | None) -> types.TracebackType | None:

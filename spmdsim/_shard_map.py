@@ -122,7 +122,7 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[Hashable], *, dev
     need = math.prod(shape)
     if need > len(pool):
         raise ValueError(f"make_mesh: a mesh of shape {shape} needs {need} devices, but only {len(pool)} are "
-                         f"available. Use fewer, or more virtual devices: spmdsim.set_device_count({need}).")
+                         f"available. Use fewer, or more virtual devices: {_devices.more_devices_hint(need)}.")
     return Mesh(np.array(pool[:need], dtype=object).reshape(shape), names)
 
 
@@ -220,6 +220,7 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
     manual = tuple(n for n in mesh.axis_names if (not axis_names or n in axis_names) and n not in enclosing)
     axes = tuple((n, mesh.shape[n]) for n in manual)
 
+    @_runtime.api_boundary
     @functools.wraps(f)
     def mapped(*args):
         # In a multi-host run each host passes, and gets back, its process-local data: the part of each global

@@ -39,6 +39,16 @@ class _Collector:
         self.areas: dict[str, str] = {}
         self.counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.failures: list[str] = []
+        self.ulps: dict[str, dict[str, float]] = {}  # primitive -> dtype -> worst ulps against XLA
+
+    def _record_ulps(self, report) -> None:
+        """``test_lax_ops.py`` reports ``lax_ulps``: {"primitive|dtype": worst ulp distance measured}."""
+        for name, value in getattr(report, "user_properties", ()):
+            if name == "lax_ulps":
+                for key, distance in value.items():
+                    primitive, dtype = key.split("|")
+                    per_dtype = self.ulps.setdefault(primitive, {})
+                    per_dtype[dtype] = max(per_dtype.get(dtype, 0.0), distance)
 
     def pytest_collection_modifyitems(self, items):
         for item in items:
@@ -47,6 +57,7 @@ class _Collector:
             self.areas[item.nodeid] = marker.args[0] if marker else module.replace("_", "-")
 
     def pytest_runtest_logreport(self, report):
+        self._record_ulps(report)
         area = self.areas.get(report.nodeid, "other")
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             if hasattr(report, "wasxfail"):
@@ -69,8 +80,37 @@ def _environment(platform: str) -> dict:
             "machine": _platform.machine(), "date": datetime.date.today().isoformat()}
 
 
+def _format_ulps(value: float) -> str:
+    return "exact" if value == 0 else ("∞" if value == float("inf") else f"{value:.3g}")
+
+
+def _ulp_section(ulps: dict[str, dict[str, float]]) -> list[str]:
+    """The worst ulp distance from XLA:CPU measured per primitive and dtype, by family."""
+    if not ulps:
+        return []
+    try:
+        from conformance.lax_records import RECORDS
+        families = {r.primitive: r.family for r in RECORDS}
+    except ImportError:  # pragma: no cover - the report without the suite's records
+        families = {}
+    lines = ["", "## Primitives against XLA:CPU: worst distance in ulps", "",
+             "From `conformance/test_lax_ops.py` (one op record per primitive, every dtype JAX allows among "
+             "bool, int8-int64, uint8-uint64, float16, bfloat16, float32, float64, complex64, complex128; "
+             "scalars, empty and non-contiguous arrays, special values, parameter variants). \"exact\": "
+             "bit for bit on every value tested (integer and bool results are always compared exactly); "
+             "the allowed distances are `TOLERANCE` in `conformance/lax_records.py`.", "",
+             "| family | primitive | worst ulps per dtype |", "|---|---|---|"]
+    for primitive in sorted(ulps, key=lambda p: (families.get(p, "~"), p)):
+        per = ulps[primitive]
+        exact = [d for d, u in per.items() if u == 0]
+        inexact = [f"{d}: {_format_ulps(u)}" for d, u in sorted(per.items()) if u != 0]
+        text = "; ".join(inexact + ([f"exact for {', '.join(sorted(exact))}"] if exact else []))
+        lines.append(f"| {families.get(primitive, '')} | `{primitive}` | {text} |")
+    return lines
+
+
 def _markdown(env: dict, rows: list[tuple[str, collections.Counter]], total: collections.Counter,
-              failures: list[str]) -> str:
+              failures: list[str], ulps: dict | None = None) -> str:
     lines = [f"# spmdsim conformance against jax {env['jax']} ({env['backend']}, {env['device_count']} devices)", "",
              f"spmdsim {env['spmdsim']} · Python {env['python']} · {env['machine']} · device kind "
              f"`{env['device_kind']}` · {env['date']}", "",
@@ -85,6 +125,7 @@ def _markdown(env: dict, rows: list[tuple[str, collections.Counter]], total: col
         lines.append(f"| {area} | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |")
     if failures:
         lines += ["", "## Failures", ""] + [f"- `{f}`" for f in failures]
+    lines += _ulp_section(ulps or {})
     return "\n".join(lines) + "\n"
 
 
@@ -134,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
               f"write this run's report.")
         return int(code)
     report = pathlib.Path(args.report) if args.report else suite / "REPORT.md"
-    report.write_text(_markdown(env, rows, total, collector.failures))
+    report.write_text(_markdown(env, rows, total, collector.failures, collector.ulps))
     report.with_suffix(".json").write_text(json.dumps(
         {"environment": env, "areas": {a: {o: c[o] for o in OUTCOMES} for a, c in rows},
-         "total": {o: total[o] for o in OUTCOMES}, "failures": collector.failures}, indent=2) + "\n")
+         "total": {o: total[o] for o in OUTCOMES}, "failures": collector.failures,
+         "lax_worst_ulps": {p: {d: (u if u != float("inf") else "inf") for d, u in sorted(per.items())}
+                            for p, per in sorted(collector.ulps.items())}}, indent=2) + "\n")
     print(f"report: {report} and {report.with_suffix('.json')}")
     return int(code)

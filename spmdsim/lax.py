@@ -18,7 +18,7 @@ import operator
 import numpy as np
 
 from spmdsim import _primitives, _runtime, _tree
-from spmdsim._primitives import AxisError, bind, split_axis_names
+from spmdsim._primitives import AxisError, bind, canonical_axis, split_axis_names
 from spmdsim._values import as_array, is_python_scalar
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pshuffle",
@@ -38,14 +38,6 @@ def _group_size(named: tuple, axis_index_groups, prim: str, api: str) -> int:
     chan = _runtime.channel(_runtime.current_lane(), named, api)
     groups = _primitives.check_groups(axis_index_groups, chan.size, _primitives.PRIMITIVES[prim])
     return len(_primitives.own_group(groups, chan.rank, chan.size))
-
-
-def _canonical(axis, ndim: int, api: str, what: str) -> int:
-    axis = operator.index(axis)
-    if not -ndim <= axis < ndim:
-        raise AxisError(f"{api}: {what}={axis} is out of bounds for an array of dimension {ndim} "
-                        f"(valid: {-ndim}..{ndim - 1}).")
-    return axis % ndim
 
 
 def _bind_per_params(name: str, treedef, arrays: list, params: list[dict], api: str):
@@ -231,7 +223,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
         if tiled and a.ndim == 0:
             raise AxisError("all_gather: tiled=True needs operands of rank >= 1 (it concatenates along `axis`).")
         params.append({"axis_name": names, "axis_index_groups": axis_index_groups, "tiled": bool(tiled),
-                       "all_gather_dimension": _canonical(axis, a.ndim + (0 if tiled else 1), "all_gather", "axis")})
+                       "all_gather_dimension": canonical_axis(axis, a.ndim + (0 if tiled else 1), "all_gather", "axis")})
     if not arrays:
         _runtime.channel(_runtime.current_lane(), split_axis_names(axis_name)[0], "all_gather")
     return _bind_per_params("all_gather", treedef, arrays, params, "all_gather")
@@ -271,7 +263,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
             raise AxisError("psum_scatter: the operand must have rank >= 1 (it is split along scatter_dimension), "
                             "got a scalar.")
         params.append({"axis_name": names, "axis_index_groups": axis_index_groups, "tiled": bool(tiled),
-                       "scatter_dimension": _canonical(scatter_dimension, a.ndim, "psum_scatter",
+                       "scatter_dimension": canonical_axis(scatter_dimension, a.ndim, "psum_scatter",
                                                        "scatter_dimension")})
     return _bind_per_params("reduce_scatter", treedef, arrays, params, "psum_scatter")
 
@@ -314,8 +306,8 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
     for a in arrays:
         if a.ndim == 0:
             raise AxisError("all_to_all: the operand must have rank >= 1, got a scalar.")
-        s = _canonical(split_axis, a.ndim, "all_to_all", "split_axis")
-        c = _canonical(concat_axis, a.ndim, "all_to_all", "concat_axis")
+        s = canonical_axis(split_axis, a.ndim, "all_to_all", "split_axis")
+        c = canonical_axis(concat_axis, a.ndim, "all_to_all", "concat_axis")
         if tiled and a.shape[s] % n:
             raise ValueError(f"The size of all_to_all split_axis ({a.shape[s]}) has to be divisible by the size "
                              f"of the named axis {axis_name} ({n}).")

@@ -242,3 +242,16 @@ def test_vmap_basics_and_differences_from_pmap():
     assert spmdsim.vmap(lambda v: v * 0, out_axes=None)(np.arange(3)).tolist() == 0
     with pytest.raises(ValueError, match="len\\(in_axes\\)=2, len\\(args\\)=1"):
         spmdsim.vmap(lambda v: v, in_axes=(0, 0))(x)
+
+
+def test_too_many_devices_suggests_how_to_get_more():
+    import numpy as np
+    import pytest
+
+    import spmdsim
+    from spmdsim import _devices
+
+    with pytest.raises(ValueError, match=r"spmdsim.set_device_count\(16\) or SPMDSIM_NUM_DEVICES=16"):
+        spmdsim.pmap(lambda x: x)(np.zeros(16))
+    with _devices.devices_hint("--devices {n}"), pytest.raises(ValueError, match="more virtual devices: --devices 16"):
+        spmdsim.pmap(lambda x: x)(np.zeros(16))

@@ -172,6 +172,7 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     cache: dict = {}
     lock = threading.Lock()
 
+    @_runtime.api_boundary
     @functools.wraps(fun)
     def mapped(*args, **kwargs):
         statics, dyn_args, dyn_in_axes = _pmap.split_static(fun, args, in_axes, static)

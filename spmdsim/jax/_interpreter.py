@@ -41,12 +41,7 @@ _local = threading.local()
 
 def higher_order(*names: str):
     """Decorator: ``rule(executor, *operands, **params)`` computes the higher-order primitives ``names``."""
-    def register(rule):
-        for name in names:
-            assert name not in HIGHER_ORDER, f"duplicate higher-order rule for primitive {name!r}"
-            HIGHER_ORDER[name] = rule
-        return rule
-    return register
+    return _registry.register(HIGHER_ORDER, "higher-order", names)
 
 
 def supported_primitives() -> list[str]:
@@ -227,11 +222,20 @@ class Vectorized(Executor):
             return eval_jaxpr(jaxpr, [np.broadcast_to(np.asarray(c), (self.n, *np.shape(c))) for c in consts],
                               *args, executor=self)
 
+    def apply(self, eqn, operands: list):
+        out = super().apply(eqn, operands)
+        if not operands and eqn.primitive.name in self.rules:  # a nullary rule's value is the same everywhere
+            if eqn.primitive.multiple_results:
+                return [np.broadcast_to(o, (self.n, *np.shape(o)[1:])) for o in out]
+            return np.broadcast_to(out, (self.n, *np.shape(out)[1:]))
+        return out
+
     def missing(self, eqn, operands):
-        """A primitive without a vectorized rule: its per-device rule, device by device (a device that raises is
-        named, as in the thread executor)."""
+        """A per-device side effect (``jax.debug.print``/``callback``: no vectorized form on purpose) runs device
+        by device, in device order (a device that raises is named, as in the thread executor); any other
+        primitive without a vectorized rule is reported."""
         rule = _registry.PER_DEVICE.get(eqn.primitive.name)
-        if rule is None:
+        if rule is None or eqn.primitive.name not in _PER_DEVICE_SIDE_EFFECTS:
             missing_rule(eqn, self)
         outs = self.batch.per_device(lambda d: rule(*(x[d] for x in operands), **eqn.params))
         if eqn.primitive.multiple_results:
@@ -275,6 +279,9 @@ class Vectorized(Executor):
     def put_scanned(self, buffer, i, value):
         buffer[:, i] = value
 
+
+# Per-device rules that the vectorized executor runs device by device: side effects per device.
+_PER_DEVICE_SIDE_EFFECTS = {"debug_print", "debug_callback"}
 
 PER_DEVICE = PerDevice(compiled=True)
 REFERENCE = PerDevice(compiled=False)

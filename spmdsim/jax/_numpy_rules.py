@@ -1,19 +1,39 @@
-"""NumPy rules for JAX's array primitives (``jax.lax``), following XLA's semantics.
+"""NumPy rules for JAX's array primitives (``jax.lax``), following XLA:CPU's semantics, in both rule tables.
+
+Each primitive has a per-device rule (one device's arrays) and, beside it, its vectorized twin (every operand
+and result with a leading device axis; see :mod:`spmdsim.jax._registry`). The twins compute the same thing
+the same way, so that ``VECTORIZED[p](*xs)[d]`` equals ``PER_DEVICE[p](*(x[d] for x in xs))`` bit for bit:
+
+- elementwise rules run unchanged on the stacked operands (a per-device scalar becomes ``(n, 1, ..., 1)``);
+- rules with axis parameters get the axes shifted by one;
+- gather, scatter and the dynamic slices treat the device axis as a batching dimension of the operation;
+- matrix products (``dot_general`` here, convolutions in :mod:`._windows`) are batched ``np.matmul`` calls
+  whose every slice is the same ``(M, K) @ (K, N)`` product for both twins (BLAS results depend on the
+  shape of the call, so the device axis is only ever an outer batch axis, never folded into M or N).
 
 Conventions: results keep the dtypes the jaxpr expects (checked by the interpreter); float16 and bfloat16
-elementwise functions are computed in float32 and rounded once, as XLA:CPU does; integer arithmetic wraps;
-nothing is modified in place (inputs may be read-only views shared between devices).
+are computed in float32 and rounded once, as XLA:CPU does; integer arithmetic wraps; integer division by
+zero gives -1 (all bits set) and remainder by zero the dividend, as on XLA:CPU; nothing is modified in place
+(inputs may be read-only views shared between devices).
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import ml_dtypes
 import numpy as np
+import scipy.special
 
-from spmdsim.jax._interpreter import impl, specialize
+from spmdsim.jax import _xla_cpu_math
+from spmdsim.jax._registry import PER_DEVICE, per_device, specialize, vectorized
 
-_LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_LOW_FLOATS = LOW_FLOATS  # the name other modules used
+
+
+def is_float(dtype) -> bool:
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype) in LOW_FLOATS
 
 
 def _operand_dtype(eqn, i: int = 0) -> np.dtype | None:
@@ -24,242 +44,529 @@ def _operand_dtype(eqn, i: int = 0) -> np.dtype | None:
         return None
 
 
-def _via_f32(fn):
-    """Apply ``fn`` in float32 for float16/bfloat16 inputs, then round back to the input dtype."""
-    def rule(x, *rest, **params):
-        if x.dtype in _LOW_FLOATS:
-            return np.asarray(fn(x.astype(np.float32), *(r.astype(np.float32) for r in rest))).astype(x.dtype)
+def via_f32(fn):
+    """``fn`` in float32 for float16/bfloat16 inputs, rounded back once to the input dtype. Accepts the
+    elementwise parameters of JAX 0.10: ``accuracy`` (a hint XLA:CPU ignores) and ``out_dtype`` (``mul``:
+    both operands converted to it first, as the lowering does)."""
+    def rule(x, *rest, accuracy=None, out_dtype=None, input_dtype=None):
+        if out_dtype is not None and np.dtype(out_dtype) != x.dtype:
+            x, rest = _convert_element_type(x, new_dtype=out_dtype), tuple(
+                _convert_element_type(r, new_dtype=out_dtype) for r in rest)
+        if x.dtype in LOW_FLOATS:
+            out = np.asarray(fn(x.astype(np.float32), *(r.astype(np.float32) for r in rest)))
+            return out if out.dtype == np.bool_ else out.astype(x.dtype)
         return fn(x, *rest)
 
     @specialize
     def direct(eqn):  # the jaxpr says the dtype: no float32 detour needed, call the NumPy function itself
         dtype = _operand_dtype(eqn)
-        return fn if dtype is not None and dtype not in _LOW_FLOATS else None
+        trivial = all(v is None for v in eqn.params.values())
+        return fn if dtype is not None and dtype not in LOW_FLOATS and trivial else None
     return direct(rule)
+
+
+_via_f32 = via_f32
+
+
+def expand_to(x: np.ndarray, ndim: int) -> np.ndarray:
+    """A per-device scalar (shape ``(n,)``) as ``(n, 1, ..., 1)``, so it broadcasts against rank-``ndim``
+    stacked blocks."""
+    return x.reshape(x.shape + (1,) * (ndim - x.ndim)) if x.ndim < ndim else x
+
+
+def elementwise_vectorized(rule):
+    """The vectorized twin of an elementwise rule: the same rule on the stacked operands."""
+    def stacked(*xs, **params):
+        ndim = max(x.ndim for x in xs)
+        return rule(*(expand_to(x, ndim) for x in xs), **params)
+    stacked.__name__ = f"vectorized_{getattr(rule, '__name__', 'rule')}"
+    return stacked
+
+
+def elementwise(*names: str):
+    """Register ``rule`` per device, and its stacked form as the vectorized rule, for ``names``."""
+    def register(rule):
+        per_device(*names)(rule)
+        vectorized(*names)(elementwise_vectorized(rule))
+        return rule
+    return register
+
+
+def both(*names: str, vectorized_rule: Callable):
+    """Register ``rule`` per device and ``vectorized_rule`` as its twin."""
+    def register(rule):
+        per_device(*names)(rule)
+        vectorized(*names)(vectorized_rule)
+        return rule
+    return register
+
+
+def shift(axes) -> tuple:
+    return tuple(int(a) + 1 for a in axes)
 
 
 # -- elementwise -----------------------------------------------------------------------------------------
 
+def _rsqrt(x):
+    return np.asarray(1, x.dtype) / np.sqrt(x)
+
+
+def _sign(x):
+    if x.dtype.kind in "fc":
+        return np.where(x == 0, x, np.sign(x)).astype(x.dtype)  # XLA: sign(-0.0) is -0.0
+    return np.sign(x)
+
+
+def _xla_float32(port, other):
+    """float32 (and float16/bfloat16 through it) by XLA:CPU's own algorithm (:mod:`._xla_cpu_math`); other
+    dtypes (float64, complex) by ``other``."""
+    def fn(x):
+        return port(x) if x.dtype == np.float32 else other(x)
+    fn.__name__ = port.__name__
+    return fn
+
+
+_UNARY_XLA = {
+    "exp": (_xla_cpu_math.exp, np.exp), "log": (_xla_cpu_math.log, np.log),
+    "log1p": (_xla_cpu_math.log1p, np.log1p), "tanh": (_xla_cpu_math.tanh, np.tanh),
+    "erf": (_xla_cpu_math.erf, scipy.special.erf), "expm1": (_xla_cpu_math.expm1, np.expm1),
+    "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt),
+    "logistic": (_xla_cpu_math.logistic, lambda x: np.asarray(scipy.special.expit(x), x.dtype)
+                 if x.dtype.kind == "f" else np.asarray(1, x.dtype) / (np.asarray(1, x.dtype) + np.exp(-x))),
+}
+
+
 _UNARY = {
-    "neg": np.negative, "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
-    "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh,
+    "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite, "exp2": np.exp2,
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
     "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
-    "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": np.abs, "real": np.real, "imag": np.imag, "conj": np.conj,
-    "square": np.square,
-    "rsqrt": lambda x: np.asarray(1, x.dtype) / np.sqrt(x),
-    "logistic": lambda x: np.asarray(1, x.dtype) / (np.asarray(1, x.dtype) + np.exp(-x)),
+    "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": np.abs, "real": np.real, "imag": np.imag,
+    "conj": lambda x: np.conj(x) if x.dtype.kind == "c" else np.asarray(x, np.result_type(x, np.complex64)),
+    "square": np.square, "sign": _sign, "erfc": scipy.special.erfc,
+    "lgamma": lambda x: np.where(x == -np.inf, np.asarray(np.inf, x.dtype), scipy.special.gammaln(x)),
+    **{name: _xla_float32(port, other) for name, (port, other) in _UNARY_XLA.items()},
 }
+def _multiply(x, y):
+    """complex64 as XLA:CPU multiplies: (ac - bd) + (bc + ad)i with one product of each part fused."""
+    if x.dtype == np.complex64 and np.result_type(x, y) == np.complex64:
+        a, b, c, d = np.real(x), np.imag(x), np.real(y), np.imag(y)
+        fma = _xla_cpu_math.fma
+        return _complex(fma(a, c, -(b * d)), fma(b, c, a * d))
+    return np.multiply(x, y)
+
+
 _BINARY = {
-    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
-    "atan2": np.arctan2, "nextafter": np.nextafter, "rem": np.fmod,
-    "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
-    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-    "ge": np.greater_equal,
+    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": _multiply, "atan2": np.arctan2,
 }
+_COMPARISONS = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+                "ge": np.greater_equal}
+_BITWISE = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
 
-for _name, _fn in _UNARY.items():
-    impl(_name)(_via_f32(_fn))
-for _name, _fn in _BINARY.items():
-    impl(_name)(_via_f32(_fn) if _name not in ("eq", "ne", "lt", "le", "gt", "ge") else
-                specialize(lambda eqn, fn=_fn: fn)((lambda fn: lambda x, y: fn(x, y))(_fn)))
+for _name, _fn in {**_UNARY, **_BINARY}.items():
+    elementwise(_name)(via_f32(_fn))
+for _name, _fn in {**_COMPARISONS, **_BITWISE}.items():
+    elementwise(_name)(specialize(lambda eqn, fn=_fn: fn)((lambda fn: lambda x, y: fn(x, y))(_fn)))
 
 
-@impl("not")
+def _complex_pick(x, y, greater: bool):
+    """XLA's complex max/min: lexicographic on (real, imaginary), the second operand where not greater."""
+    xr, xi, yr, yi = np.real(x), np.imag(x), np.real(y), np.imag(y)
+    first = (xr > yr) | ((xr == yr) & (xi > yi)) if greater else (xr < yr) | ((xr == yr) & (xi < yi))
+    return np.where(first, x, y)
+
+
+def _float_max(x, y):
+    if np.result_type(x, y).kind == "c":
+        return _complex_pick(x, y, True)
+    out = np.maximum(x, y)
+    if is_float(out.dtype):  # XLA orders -0.0 below +0.0
+        out = np.where((x == 0) & (y == 0), x + y, out)
+    return out
+
+
+def _float_min(x, y):
+    if np.result_type(x, y).kind == "c":
+        return _complex_pick(x, y, False)
+    out = np.minimum(x, y)
+    if is_float(out.dtype):
+        out = np.where((x == 0) & (y == 0), -((-x) + (-y)), out)
+    return out
+
+
+elementwise("max")(via_f32(_float_max))
+elementwise("min")(via_f32(_float_min))
+
+
+@elementwise("not")
 def _not(x):
     return np.invert(x)
 
 
+def _division_guard(x, y):
+    """The divisor with the cases C leaves undefined replaced by 1: zero, and INT_MIN / -1."""
+    bad = y == 0
+    overflow = np.zeros_like(bad)
+    if x.dtype.kind == "i":
+        overflow = (x == np.iinfo(x.dtype).min) & (y == -1)
+    return np.where(bad | overflow, np.ones((), y.dtype), y), bad, overflow
+
+
+def _all_ones(dtype) -> np.ndarray:
+    return np.asarray(np.iinfo(dtype).max if np.dtype(dtype).kind == "u" else -1, dtype=dtype)
+
+
 def _float_divide(eqn):
     dtype = _operand_dtype(eqn)
-    return np.true_divide if dtype is not None and dtype.kind in "fc" and dtype not in _LOW_FLOATS else None
+    return np.true_divide if dtype is not None and dtype.kind in "fc" and dtype not in LOW_FLOATS else None
 
 
-@impl("div")
+@elementwise("div")
 @specialize(_float_divide)
 def _div(x, y):
-    if x.dtype.kind in "iu":  # C semantics: round toward zero
-        q = np.floor_divide(x, np.where(y == 0, 1, y))
-        fix = (np.remainder(x, np.where(y == 0, 1, y)) != 0) & ((x < 0) != (y < 0))
-        return (q + fix.astype(x.dtype)).astype(x.dtype)
-    return _via_f32(np.true_divide)(x, y)
+    if x.dtype.kind in "iu":  # C semantics: round toward zero; x / 0 is -1 (all bits set), INT_MIN / -1 INT_MIN
+        safe, zero, overflow = _division_guard(x, y)
+        q = np.floor_divide(x, safe)
+        fix = (np.remainder(x, safe) != 0) & ((x < 0) != (safe < 0))
+        q = (q + fix.astype(x.dtype)).astype(x.dtype)
+        return np.where(zero, _all_ones(x.dtype), np.where(overflow, x, q)).astype(x.dtype)
+    return via_f32(np.true_divide)(x, y)
 
 
-@impl("pow")
+@elementwise("rem")
+def _rem(x, y):
+    if x.dtype.kind in "iu":  # C remainder; x % 0 is x, INT_MIN % -1 is 0
+        safe, zero, overflow = _division_guard(x, y)
+        return np.where(zero, x, np.fmod(x, safe)).astype(x.dtype)
+    return via_f32(np.fmod)(x, y)
+
+
+@elementwise("pow")
 def _pow(x, y):
-    return _via_f32(np.power)(x, y.astype(x.dtype)).astype(x.dtype)
+    return via_f32(np.power)(x, y.astype(x.dtype)).astype(x.dtype)
+
+
+@elementwise("nextafter")
+def _nextafter(x, y):
+    """The next representable value of x's own format towards y (bf16 and f16 step by their own ulp)."""
+    if x.dtype not in LOW_FLOATS:
+        return np.nextafter(x, y)
+    bits = np.dtype(f"u{x.dtype.itemsize}")
+    xb = np.asarray(x, order="C").view(bits)
+    sign = np.asarray(1 << (8 * x.dtype.itemsize - 1), bits)
+    x32, y32 = x.astype(np.float32), y.astype(np.float32)
+    away = (x32 < y32) == (x32 > 0)          # moving away from zero: the magnitude grows
+    stepped = np.where(away, xb + np.asarray(1, bits), xb - np.asarray(1, bits)).astype(bits)
+    smallest = np.where(y32 > 0, np.asarray(1, bits), sign | np.asarray(1, bits)).astype(bits)
+    out = np.where(x32 == 0, smallest, stepped).view(x.dtype)
+    out = np.where(x32 == y32, y, out)
+    return np.where(np.isnan(x32) | np.isnan(y32), np.asarray(np.nan, x.dtype), out).astype(x.dtype)
 
 
 def _specialize_integer_pow(eqn):
     y, dtype = eqn.params["y"], _operand_dtype(eqn)
-    if y == 2 and dtype is not None and dtype not in _LOW_FLOATS:
+    if y == 2 and dtype is not None and dtype not in LOW_FLOATS:
         return lambda x: x * x  # what the expansion below does for y=2, without the loop
     return None
 
 
-@impl("integer_pow")
+@elementwise("integer_pow")
 @specialize(_specialize_integer_pow)
 def _integer_pow(x, *, y):
-    """Binary exponentiation with multiplications in x's dtype, as XLA expands it."""
+    """Binary exponentiation with multiplications in x's dtype, as XLA expands it (complex64 products fused
+    as XLA:CPU fuses them)."""
     def power(a):
         acc, base, n = None, a, abs(y)
         while n:
             if n & 1:
-                acc = base if acc is None else acc * base
+                acc = base if acc is None else _multiply(acc, base)
             n >>= 1
             if n:
-                base = base * base
+                base = _multiply(base, base)
         acc = np.ones_like(a) if acc is None else acc
         return np.asarray(1, a.dtype) / acc if y < 0 else acc
-    return _via_f32(power)(x).astype(x.dtype)
+    return np.asarray(power(x), x.dtype)  # float16/bfloat16: rounded after every multiplication, as on XLA:CPU
 
 
-@impl("round")
+@elementwise("round")
 def _round(x, *, rounding_method):
     if int(rounding_method) == 1:  # TO_NEAREST_EVEN
         return np.round(x)
-    return _via_f32(lambda a: np.sign(a) * np.floor(np.abs(a) + np.asarray(0.5, a.dtype)))(x).astype(x.dtype)
+    def away(a):
+        t = np.trunc(a)
+        return np.where(np.abs(a - t) >= np.asarray(0.5, a.dtype), t + np.copysign(np.ones((), a.dtype), a), t)
+    return via_f32(away)(x).astype(x.dtype)
 
 
-def _vectorize(fn):
-    return lambda x: np.vectorize(fn, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)
-
-
-impl("erf")(_via_f32(_vectorize(math.erf)))
-impl("erfc")(_via_f32(_vectorize(math.erfc)))
-impl("lgamma")(_via_f32(_vectorize(math.lgamma)))
-
-
-@impl("erf_inv")
+@elementwise("erf_inv")
 def _erf_inv(x):
-    """Giles' single-precision approximation of erfinv, the polynomial XLA uses for float32."""
-    def f32(a):
-        a = a.astype(np.float32)
-        w = -np.log1p(-a * a)
-        small = w < np.float32(5.0)
-        ws = w - np.float32(2.5)
-        wl = np.sqrt(w) - np.float32(3.0)
-        p_small = np.float32(2.81022636e-08)
-        for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
-                  -0.00417768164, 0.246640727, 1.50140941):
-            p_small = np.float32(c) + p_small * ws
-        p_large = np.float32(-0.000200214257)
-        for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
-                  0.00943887047, 1.00167406, 2.83297682):
-            p_large = np.float32(c) + p_large * wl
-        out = np.where(small, p_small, p_large) * a
-        return np.where(np.abs(a) == 1, a * np.float32(np.inf), out).astype(np.float32)
+    """float32 (and float16/bfloat16 through it): Giles' single-precision polynomial with XLA's log1p, as
+    XLA:CPU computes it; float64: scipy.special.erfinv."""
     if x.dtype == np.float64:
-        return _vectorize(_erfinv64)(x)
-    return f32(x).astype(x.dtype)
+        return scipy.special.erfinv(x)
+    fma = _xla_cpu_math.fma
+    a = x.astype(np.float32)
+    w = -_xla_cpu_math.log1p(-a * a)
+    small = w < np.float32(5.0)
+    ws = w - np.float32(2.5)
+    wl = np.sqrt(w) - np.float32(3.0)
+    p_small = np.float32(2.81022636e-08)
+    for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+              -0.00417768164, 0.246640727, 1.50140941):
+        p_small = fma(p_small, ws, np.float32(c))
+    p_large = np.float32(-0.000200214257)
+    for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+              0.00943887047, 1.00167406, 2.83297682):
+        p_large = fma(p_large, wl, np.float32(c))
+    out = np.where(small, p_small, p_large) * a
+    out = np.where(np.abs(a) == 1, a * np.float32(np.inf), _xla_cpu_math.ftz(out))
+    return np.where(np.abs(a) > 1, np.float32(np.nan), out).astype(np.float32).astype(x.dtype)
 
 
-def _erfinv64(y: float) -> float:
-    if abs(y) >= 1:
-        return math.copysign(math.inf, y) if abs(y) == 1 else math.nan
-    x = math.copysign(math.sqrt(-math.log((1 - abs(y)) / 2)), y) if abs(y) > 0.7 else y
-    for _ in range(60):  # Newton on erf(x) - y
-        x -= (math.erf(x) - y) / (2 / math.sqrt(math.pi) * math.exp(-x * x))
-    return x
-
-
-@impl("population_count")
+@elementwise("population_count")
 def _popcount(x):
-    bits = np.unpackbits(x.view(np.uint8).reshape(*x.shape, x.dtype.itemsize), axis=-1)
+    bits = np.unpackbits(np.asarray(x, order="C").reshape(-1).view(np.uint8).reshape((*x.shape, x.dtype.itemsize)),
+                         axis=-1)
     return bits.sum(axis=-1).astype(x.dtype)
+
+
+@elementwise("clz")
+def _clz(x):
+    bits = x.dtype.itemsize * 8
+    u = np.asarray(x, order="C").view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
+    out = np.full(x.shape, bits, dtype=np.int64)
+    for b in range(bits):
+        hit = (u >> np.uint64(bits - 1 - b)) & np.uint64(1)
+        out = np.where((out == bits) & (hit == 1), b, out)
+    return out.astype(x.dtype)
 
 
 def _shift_amount_ok(y, bits):
     return (y >= 0) & (y < bits)
 
 
-@impl("shift_left")
+@elementwise("shift_left")
 def _shift_left(x, y):
     bits = x.dtype.itemsize * 8
     ok = _shift_amount_ok(y, bits)
     return np.where(ok, np.left_shift(x, np.where(ok, y, 0).astype(x.dtype)), 0).astype(x.dtype)
 
 
-@impl("shift_right_logical")
+@elementwise("shift_right_logical")
 def _shift_right_logical(x, y):
     bits = x.dtype.itemsize * 8
     unsigned = np.dtype(f"u{x.dtype.itemsize}")
     ok = _shift_amount_ok(y, bits)
-    shifted = np.right_shift(x.view(unsigned), np.where(ok, y, 0).astype(unsigned))
+    shifted = np.right_shift(np.asarray(x, order="C").view(unsigned), np.where(ok, y, 0).astype(unsigned))
     return np.where(ok, shifted, 0).astype(unsigned).view(x.dtype)
 
 
-@impl("shift_right_arithmetic")
+@elementwise("shift_right_arithmetic")
 def _shift_right_arithmetic(x, y):
     bits = x.dtype.itemsize * 8
     signed = np.dtype(f"i{x.dtype.itemsize}")
-    xs = x.view(signed)
-    amount = np.clip(y, 0, bits - 1).astype(signed)
+    xs = np.asarray(x, order="C").view(signed)
+    amount = np.where(_shift_amount_ok(y, bits), y, bits - 1).astype(signed)
     return np.right_shift(xs, amount).astype(signed).view(x.dtype)
 
 
-@impl("complex")
+@elementwise("mulhi")
+def _mulhi(x, y):
+    """The high half of the double-width product."""
+    bits = 8 * x.dtype.itemsize
+    if bits < 64:
+        wide = np.dtype(f"{x.dtype.kind}{2 * x.dtype.itemsize}")
+        return (x.astype(wide) * y.astype(wide) >> np.asarray(bits, wide)).astype(x.dtype)
+    # 64 bits: schoolbook on 32-bit halves, in uint64, then the signed correction
+    u = np.dtype(np.uint64)
+    xu, yu = x.astype(u), y.astype(u)
+    lo32, m32 = np.uint64(32), np.uint64(0xFFFFFFFF)
+    x0, x1, y0, y1 = xu & m32, xu >> lo32, yu & m32, yu >> lo32
+    p00, p01, p10, p11 = x0 * y0, x0 * y1, x1 * y0, x1 * y1
+    middle = (p00 >> lo32) + (p01 & m32) + (p10 & m32)
+    high = p11 + (p01 >> lo32) + (p10 >> lo32) + (middle >> lo32)
+    if x.dtype.kind == "i":
+        high = high - np.where(x < 0, yu, np.uint64(0)) - np.where(y < 0, xu, np.uint64(0))
+    return high.astype(x.dtype)
+
+
+def _ordered_key(x: np.ndarray) -> np.ndarray:
+    """An unsigned integer key per element, ordered as XLA's total order compares x: -NaN < -inf < ... <
+    -0.0 < +0.0 < ... < +inf < +NaN for floats; the values themselves for integers and bools."""
+    if x.dtype == np.bool_:
+        return x.astype(np.uint8)
+    if x.dtype.kind == "u":
+        return x
+    size = x.dtype.itemsize
+    unsigned = np.dtype(f"u{size}")
+    top = np.asarray(1 << (8 * size - 1), unsigned)
+    if x.dtype.kind == "i":
+        return (np.asarray(x, order="C").view(unsigned) ^ top).astype(unsigned)
+    bits = np.asarray(x, order="C").view(unsigned)
+    negative = (bits & top) != 0
+    return np.where(negative, ~bits, bits | top).astype(unsigned)
+
+
+@elementwise("eq_to")
+def _eq_to(x, y):
+    return _ordered_key(x) == _ordered_key(y)
+
+
+@elementwise("lt_to")
+def _lt_to(x, y):
+    return _ordered_key(x) < _ordered_key(y)
+
+
+@elementwise("le_to")
+def _le_to(x, y):
+    return _ordered_key(x) <= _ordered_key(y)
+
+
+@elementwise("complex")
 def _complex(x, y):
     dtype = np.complex64 if x.dtype == np.float32 else np.complex128
-    return (x + 1j * y).astype(dtype)
+    out = np.empty(np.broadcast_shapes(x.shape, y.shape), dtype=dtype)
+    out.real, out.imag = x, y
+    return out
 
 
-@impl("select_n")
+@elementwise("select_n")
 def _select_n(which, *cases):
     if len(cases) == 1:
         return cases[0]
-    shape = np.broadcast_shapes(*(c.shape for c in cases))
+    shape = np.broadcast_shapes(which.shape, *(c.shape for c in cases))
+    if len(cases) == 2:
+        return np.where(np.broadcast_to(which, shape).astype(bool), cases[1], cases[0])
     return np.choose(np.broadcast_to(which, shape).astype(np.intp), [np.broadcast_to(c, shape) for c in cases])
 
 
-@impl("clamp")
+@elementwise("clamp")
 def _clamp(lo, x, hi):
-    return np.minimum(np.maximum(x, lo), hi).astype(x.dtype)
+    return np.asarray(_float_min(_float_max(x, lo), hi), dtype=x.dtype)
 
 
-@impl("convert_element_type")
+def _float_to_int(x: np.ndarray, new_dtype: np.dtype) -> np.ndarray:
+    """XLA's float-to-integer conversion: truncate toward zero, saturate, NaN to 0."""
+    info = np.iinfo(new_dtype)
+    y = np.trunc(x.astype(np.float64))
+    out = np.where(np.isnan(y), 0, np.clip(y, info.min, info.max))
+    big = y >= float(info.max)          # float(2**63 - 1) rounds up to 2**63: no cast of such values
+    small = y <= float(info.min)
+    out = np.where(big | small, 0, out).astype(new_dtype)
+    out = np.where(big, np.asarray(info.max, new_dtype), out)
+    return np.where(small, np.asarray(info.min, new_dtype), out).astype(new_dtype)
+
+
+@elementwise("convert_element_type")
 def _convert_element_type(x, *, new_dtype, weak_type=False, sharding=None):
     new_dtype = np.dtype(new_dtype)
+    if x.dtype == new_dtype:
+        return x
     if x.dtype.kind == "c" and new_dtype.kind != "c":
-        x = np.real(x)
-    if x.dtype.kind == "f" or x.dtype in _LOW_FLOATS:
-        if new_dtype.kind in "iu":  # XLA saturates, NaN becomes 0
-            info = np.iinfo(new_dtype)
-            y = np.trunc(x.astype(np.float64))
-            y = np.where(np.isnan(y), 0, np.clip(y, info.min, info.max))
-            return y.astype(new_dtype)
-        if new_dtype == np.bool_:
-            return x != 0
+        x = np.real(x)  # XLA drops the imaginary part, also for bool
+    if new_dtype == np.bool_:
+        return x != 0
+    if is_float(x.dtype) and new_dtype.kind in "iu":
+        return _float_to_int(x.astype(np.float32) if x.dtype in LOW_FLOATS else x, new_dtype)
+    if new_dtype in LOW_FLOATS and x.dtype not in (np.dtype(np.float32),):
+        # XLA:CPU converts float64, integers and the other 16-bit format through float32
+        x = x.astype(np.float32)
     return x.astype(new_dtype)
 
 
-@impl("bitcast_convert_type")
+@elementwise("bitcast_convert_type")
 def _bitcast_convert_type(x, *, new_dtype):
     new_dtype = np.dtype(new_dtype)
+    x = np.asarray(x, order="C")
     if new_dtype.itemsize == x.dtype.itemsize:
-        return np.ascontiguousarray(x).view(new_dtype)
+        return x.view(new_dtype)
     if new_dtype.itemsize < x.dtype.itemsize:
-        return np.ascontiguousarray(x).view(new_dtype).reshape(*x.shape, x.dtype.itemsize // new_dtype.itemsize)
-    return np.ascontiguousarray(x).view(new_dtype).reshape(x.shape[:-1])
+        return x.view(new_dtype).reshape((*x.shape, x.dtype.itemsize // new_dtype.itemsize))
+    return x.view(new_dtype).reshape(x.shape[:-1])
 
 
-@impl("reduce_precision")
+_FORMATS = {np.dtype(np.float16): (5, 10), np.dtype(ml_dtypes.bfloat16): (8, 7), np.dtype(np.float32): (8, 23),
+            np.dtype(np.float64): (11, 52)}
+
+
+@elementwise("reduce_precision")
 def _reduce_precision(x, *, exponent_bits, mantissa_bits):
-    target = {(8, 7): ml_dtypes.bfloat16, (5, 10): np.float16, (8, 23): np.float32, (11, 52): np.float64}.get(
-        (exponent_bits, mantissa_bits))
-    if target is None:
-        raise NotImplementedError(f"reduce_precision to {exponent_bits} exponent / {mantissa_bits} mantissa bits")
-    return x.astype(target).astype(x.dtype)
+    """XLA's ReducePrecision on x's own bits: round the mantissa to nearest even, then flush exponents out
+    of range to zero or infinity (NaN stays NaN while mantissa bits remain)."""
+    src_exponent, src_mantissa = _FORMATS[x.dtype]
+    nbits = 8 * x.dtype.itemsize
+    u = np.dtype(f"u{x.dtype.itemsize}")
+    c = lambda v: np.asarray(v, u)  # noqa: E731
+    bits = np.asarray(x, order="C").view(u)
+    if mantissa_bits < src_mantissa:
+        drop = src_mantissa - mantissa_bits
+        last = c(1 << drop)
+        rounding = ((bits & last) >> c(drop)) + c((1 << (drop - 1)) - 1)
+        bits = ((bits + rounding) & ~c((1 << drop) - 1)).astype(u)
+    if exponent_bits < src_exponent:
+        sign_mask = c(1 << (nbits - 1))
+        exponent_mask = c(((1 << src_exponent) - 1) << src_mantissa)
+        bias, reduced_bias = (1 << (src_exponent - 1)) - 1, (1 << (exponent_bits - 1)) - 1
+        exponent = bits & exponent_mask
+        overflows = exponent > c((bias + reduced_bias) << src_mantissa)
+        underflows = exponent <= c((bias - reduced_bias) << src_mantissa)
+        signed_zero = bits & sign_mask
+        bits = np.where(overflows, signed_zero | exponent_mask, np.where(underflows, signed_zero, bits)).astype(u)
+    out = bits.view(x.dtype)
+    return np.asarray(np.where(np.isnan(x), x, out), dtype=x.dtype)  # NaN stays NaN (measured on XLA:CPU)
 
 
-@impl("copy", "copy_p", "pvary", "sharding_constraint", "pcast", "stop_gradient")
+@elementwise("copy", "copy_p", "pvary", "sharding_constraint", "pcast", "stop_gradient", "stage", "random_clone")
 def _identity(x, **_):
     return x
 
 
-@impl("optimization_barrier")
-def _optimization_barrier(*xs, **_):
+@elementwise("optimization_barrier", "device_put")
+def _identities(*xs, **_):
     return list(xs)
+
+
+@elementwise("dce_sink")
+def _dce_sink(*xs, **_):
+    return []
+
+
+@per_device("platform_index")
+def _platform_index(*, platforms):
+    """spmdsim computes as XLA:CPU does: the branch listing ``cpu``, else the default (None) branch."""
+    default = None
+    for i, names in enumerate(platforms):
+        if names is None:
+            default = i
+        elif "cpu" in names:
+            return np.int32(i)
+    if default is None:
+        raise NotImplementedError(f"platform_index: no branch for cpu in {platforms}")
+    return np.int32(default)
+
+
+# Primitives without operands: their vectorized rules return the value with a leading axis of size 1, which
+# the executor broadcasts to every device (as it broadcasts literals).
+vectorized("platform_index")(lambda *, platforms: np.asarray(_platform_index(platforms=platforms)).reshape(1))
+
+
+@per_device("empty")
+def _empty(*, shape, dtype, out_sharding=None):
+    """lax.empty: XLA:CPU fills it with zeros."""
+    return np.zeros(tuple(shape), np.dtype(dtype))
+
+
+@per_device("empty2")
+def _empty2(*, dtype, memory_space=None):
+    return np.zeros((), np.dtype(dtype))
+
+
+vectorized("empty")(lambda *, shape, dtype, out_sharding=None: _empty(shape=shape, dtype=dtype)[np.newaxis])
+vectorized("empty2")(lambda *, dtype, memory_space=None: _empty2(dtype=dtype)[np.newaxis])
+
+
+@elementwise("tie")
+def _tie(x, y):
+    return y
 
 
 # -- shapes ----------------------------------------------------------------------------------------------
@@ -281,106 +588,194 @@ def _static_broadcast(eqn):
     return lambda x: np.broadcast_to(x.reshape(expanded), shape)
 
 
-@impl("broadcast_in_dim")
+@per_device("broadcast_in_dim")
 @specialize(_static_broadcast)
 def _broadcast_in_dim(x, *dyn_shape, shape, broadcast_dimensions, sharding=None):
     return np.broadcast_to(x.reshape(_expanded_shape(x.shape, shape, broadcast_dimensions)), shape)
 
 
-@impl("reshape")
+@vectorized("broadcast_in_dim")
+def _broadcast_in_dim_v(x, *dyn_shape, shape, broadcast_dimensions, sharding=None):
+    return _broadcast_in_dim(x, shape=(x.shape[0], *shape), broadcast_dimensions=(0, *shift(broadcast_dimensions)))
+
+
+@per_device("reshape")
 def _reshape(x, *dyn, new_sizes, dimensions=None, sharding=None):
     if dimensions is not None:
         x = np.transpose(x, dimensions)
     return np.reshape(x, new_sizes)
 
 
-@impl("squeeze")
+@vectorized("reshape")
+def _reshape_v(x, *dyn, new_sizes, dimensions=None, sharding=None):
+    if dimensions is not None:
+        x = np.transpose(x, (0, *shift(dimensions)))
+    return x.reshape((x.shape[0], *new_sizes))
+
+
+@both("squeeze", vectorized_rule=lambda x, *, dimensions: np.squeeze(x, axis=shift(dimensions)))
 def _squeeze(x, *, dimensions):
     return np.squeeze(x, axis=tuple(dimensions))
 
 
-@impl("expand_dims")
+@both("expand_dims", vectorized_rule=lambda x, *, dimensions: np.expand_dims(x, shift(dimensions)))
 def _expand_dims(x, *, dimensions):
     return np.expand_dims(x, tuple(dimensions))
 
 
-@impl("transpose")
+@both("transpose", vectorized_rule=lambda x, *, permutation: np.transpose(x, (0, *shift(permutation))))
 def _transpose(x, *, permutation):
     return np.transpose(x, permutation)
 
 
-@impl("rev")
+@both("rev", vectorized_rule=lambda x, *, dimensions: np.flip(x, shift(dimensions)) if dimensions else x)
 def _rev(x, *, dimensions):
     return np.flip(x, tuple(dimensions)) if dimensions else x
 
 
-@impl("pad")
-def _pad(x, padding_value, *, padding_config):
+def pad_array(x: np.ndarray, padding_value, padding_config) -> np.ndarray:
+    """lax.pad: per axis (low, high, interior); negative low/high crop. ``padding_value`` broadcasts."""
     out = x
     for axis, (lo, hi, interior) in enumerate(padding_config):
         if interior:
             n = out.shape[axis]
             shape = list(out.shape)
             shape[axis] = n + (n - 1) * interior if n else 0
-            spaced = np.full(shape, padding_value, dtype=x.dtype)
+            spaced = np.empty(shape, dtype=x.dtype)
+            spaced[...] = padding_value
             index = [slice(None)] * out.ndim
             index[axis] = slice(None, None, interior + 1)
             spaced[tuple(index)] = out
             out = spaced
-        pad_width = [(0, 0)] * out.ndim
-        pad_width[axis] = (max(lo, 0), max(hi, 0))
-        out = np.pad(out, pad_width, constant_values=padding_value)
-        index = [slice(None)] * out.ndim
-        index[axis] = slice(max(-lo, 0), out.shape[axis] - max(-hi, 0))
-        out = out[tuple(index)]
+        if lo > 0 or hi > 0:
+            shape = list(out.shape)
+            shape[axis] += max(lo, 0) + max(hi, 0)
+            grown = np.empty(shape, dtype=x.dtype)
+            grown[...] = padding_value
+            index = [slice(None)] * out.ndim
+            index[axis] = slice(max(lo, 0), max(lo, 0) + out.shape[axis])
+            grown[tuple(index)] = out
+            out = grown
+        if lo < 0 or hi < 0:
+            index = [slice(None)] * out.ndim
+            index[axis] = slice(max(-lo, 0), out.shape[axis] - max(-hi, 0))
+            out = out[tuple(index)]
     return out
 
 
-@impl("concatenate")
+@per_device("pad")
+def _pad(x, padding_value, *, padding_config):
+    return pad_array(x, padding_value, padding_config)
+
+
+@vectorized("pad")
+def _pad_v(x, padding_value, *, padding_config):
+    return pad_array(x, expand_to(padding_value, x.ndim), ((0, 0, 0), *padding_config))
+
+
+@both("concatenate", vectorized_rule=lambda *xs, dimension: np.concatenate(xs, axis=dimension + 1))
 def _concatenate(*xs, dimension):
     return np.concatenate(xs, axis=dimension)
 
 
-@impl("stack")
+@both("stack", vectorized_rule=lambda *xs, axis: np.stack(xs, axis=axis + 1))
 def _stack(*xs, axis):
     return np.stack(xs, axis=axis)
 
 
-@impl("split")
+@both("unstack", vectorized_rule=lambda x, *, axis: [np.take(x, i, axis=axis + 1) for i in range(x.shape[axis + 1])])
+def _unstack(x, *, axis):
+    return [np.take(x, i, axis=axis) for i in range(x.shape[axis])]
+
+
+@both("split", vectorized_rule=lambda x, *, sizes, axis: np.split(x, np.cumsum(sizes)[:-1], axis=axis + 1))
 def _split(x, *, sizes, axis):
     return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 
-@impl("slice")
+@per_device("tile")
+def _tile(x, *, reps):
+    return np.tile(x, tuple(reps))
+
+
+@vectorized("tile")
+def _tile_v(x, *, reps):
+    return np.tile(x, (1, *reps))
+
+
+@per_device("slice")
 def _slice(x, *, start_indices, limit_indices, strides):
     strides = strides or (1,) * x.ndim
-    return x[tuple(slice(s, l, st) for s, l, st in zip(start_indices, limit_indices, strides))]
+    return x[tuple(slice(s, l, st) for s, l, st in zip(start_indices, limit_indices, strides, strict=True))]
 
 
-def _clamped_starts(shape, starts, sizes):
-    return [int(np.clip(int(s), 0, d - n)) for s, d, n in zip(starts, shape, sizes)]
+@vectorized("slice")
+def _slice_v(x, *, start_indices, limit_indices, strides):
+    strides = strides or (1,) * (x.ndim - 1)
+    return x[(slice(None), *(slice(s, l, st) for s, l, st in zip(start_indices, limit_indices, strides,
+                                                                  strict=True)))]
 
 
-@impl("dynamic_slice")
+def _clamped_starts(shape, starts, sizes) -> np.ndarray:
+    """Start indices clamped so the slice fits, per device: shape ``(n, rank)`` (XLA's dynamic-slice rule)."""
+    starts = np.stack([np.asarray(s).astype(np.int64).reshape(-1) for s in starts], axis=-1) if starts else \
+        np.zeros((1, 0), np.int64)
+    return np.clip(starts, 0, np.maximum(np.asarray(shape, np.int64) - np.asarray(sizes, np.int64), 0))
+
+
+def _window_indices(starts: np.ndarray, sizes) -> tuple:
+    """Fancy indices of a ``sizes`` window at per-device ``starts`` (shape (n, rank)): device axis first."""
+    n, rank = starts.shape
+    index = [np.arange(n).reshape((n,) + (1,) * rank)]
+    for d, size in enumerate(sizes):
+        shape = [n] + [1] * rank
+        shape[d + 1] = size
+        index.append((starts[:, d].reshape((n,) + (1,) * rank) + np.arange(size).reshape(shape[1:]).reshape(
+            [1] + shape[1:])))
+    return tuple(index)
+
+
+@per_device("dynamic_slice")
 def _dynamic_slice(x, *starts_and_dyn, slice_sizes):
-    starts = _clamped_starts(x.shape, starts_and_dyn[:x.ndim], slice_sizes)
-    return x[tuple(slice(s, s + n) for s, n in zip(starts, slice_sizes))]
+    starts = _clamped_starts(x.shape, starts_and_dyn[:x.ndim], slice_sizes)[0]
+    return x[tuple(slice(int(s), int(s) + n) for s, n in zip(starts, slice_sizes, strict=True))]
 
 
-@impl("dynamic_update_slice")
+@vectorized("dynamic_slice")
+def _dynamic_slice_v(x, *starts_and_dyn, slice_sizes):
+    starts = _clamped_starts(x.shape[1:], starts_and_dyn[:x.ndim - 1], slice_sizes)
+    starts = np.broadcast_to(starts, (x.shape[0], x.ndim - 1))
+    return x[_window_indices(starts, slice_sizes)]
+
+
+@per_device("dynamic_update_slice")
 def _dynamic_update_slice(x, update, *starts):
-    starts = _clamped_starts(x.shape, starts, update.shape)
+    starts = _clamped_starts(x.shape, starts, update.shape)[0]
     out = x.copy()
-    out[tuple(slice(s, s + n) for s, n in zip(starts, update.shape))] = update
+    out[tuple(slice(int(s), int(s) + n) for s, n in zip(starts, update.shape, strict=True))] = update
     return out
 
 
-@impl("iota")
+@vectorized("dynamic_update_slice")
+def _dynamic_update_slice_v(x, update, *starts):
+    starts = np.broadcast_to(_clamped_starts(x.shape[1:], starts, update.shape[1:]), (x.shape[0], x.ndim - 1))
+    out = x.copy()
+    out[_window_indices(starts, update.shape[1:])] = update
+    return out
+
+
+@per_device("iota")
 def _iota(*dyn, dtype, shape, dimension, sharding=None):
     ramp = np.arange(shape[dimension], dtype=dtype)
     expanded = [1] * len(shape)
     expanded[dimension] = shape[dimension]
     return np.broadcast_to(ramp.reshape(expanded), shape)
+
+
+@vectorized("iota")
+def _iota_v(*dyn, dtype, shape, dimension, sharding=None):
+    """Without operands: a leading axis of size 1, broadcast to the devices by the executor."""
+    return _iota(dtype=dtype, shape=shape, dimension=dimension)[np.newaxis]
 
 
 # -- gather and scatter (XLA semantics, vectorised with advanced indexing) --------------------------------
@@ -389,7 +784,7 @@ def _mode_name(mode) -> str:
     return getattr(mode, "name", str(mode)).upper()
 
 
-def _window_index(operand_shape, indices, dnums, slice_sizes, *, start_index_map, collapsed, operand_batching,
+def _window_index(operand_shape, indices, slice_sizes, *, start_index_map, collapsed, operand_batching,
                   indices_batching):
     """For every batch position and window offset, the operand coordinate, as arrays for fancy indexing.
 
@@ -399,13 +794,13 @@ def _window_index(operand_shape, indices, dnums, slice_sizes, *, start_index_map
     starts = [np.zeros(batch_shape, dtype=np.int64) for _ in operand_shape]
     for k, d in enumerate(start_index_map):
         starts[d] = indices[..., k].astype(np.int64)
-    for od, idim in zip(operand_batching, indices_batching):
+    for od, idim in zip(operand_batching, indices_batching, strict=True):
         ramp = np.arange(batch_shape[idim]).reshape([-1 if a == idim else 1 for a in range(nb)])
         starts[od] = np.broadcast_to(ramp, batch_shape).astype(np.int64)
     in_bounds = np.ones(batch_shape, dtype=bool)
     for d, size in enumerate(slice_sizes):
         in_bounds &= (starts[d] >= 0) & (starts[d] <= operand_shape[d] - size)
-        starts[d] = np.clip(starts[d], 0, operand_shape[d] - size)
+        starts[d] = np.clip(starts[d], 0, max(operand_shape[d] - size, 0))
     window_dims = [d for d in range(len(operand_shape)) if d not in collapsed and d not in operand_batching]
     index = []
     for d, size in enumerate(slice_sizes):
@@ -420,22 +815,32 @@ def _window_index(operand_shape, indices, dnums, slice_sizes, *, start_index_map
     return tuple(index), batch_shape, window_dims, in_bounds
 
 
-@impl("gather")
+def _default_fill(dtype):
+    if is_float(dtype) or np.dtype(dtype).kind == "c":
+        return np.nan
+    if np.dtype(dtype).kind == "i":
+        return np.iinfo(dtype).min
+    if np.dtype(dtype).kind == "u":
+        return np.iinfo(dtype).max
+    return True
+
+
+@per_device("gather")
 def _gather(operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value=None, indices_are_sorted=False,
             unique_indices=False):
     dn = dimension_numbers
     index, batch_shape, window_dims, in_bounds = _window_index(
-        operand.shape, indices, dn, slice_sizes, start_index_map=dn.start_index_map,
+        operand.shape, indices, slice_sizes, start_index_map=dn.start_index_map,
         collapsed=dn.collapsed_slice_dims, operand_batching=dn.operand_batching_dims,
         indices_batching=dn.start_indices_batching_dims)
-    out = operand[index]  # shape: batch_shape + window dims (in operand order)
+    if operand.size == 0:
+        out = np.zeros(tuple(np.broadcast_shapes(*(i.shape for i in index))), operand.dtype)
+    else:
+        out = operand[index]  # shape: batch_shape + window dims (in operand order)
     if _mode_name(mode).endswith("FILL_OR_DROP"):
-        if fill_value is None:
-            fill_value = np.nan if operand.dtype.kind in "fc" or operand.dtype in _LOW_FLOATS else (
-                np.iinfo(operand.dtype).min if operand.dtype.kind == "i" else
-                np.iinfo(operand.dtype).max if operand.dtype.kind == "u" else True)
+        fill = _default_fill(operand.dtype) if fill_value is None else fill_value
         mask = in_bounds.reshape(batch_shape + (1,) * len(window_dims))
-        out = np.where(mask, out, np.asarray(fill_value).astype(operand.dtype))
+        out = np.where(mask, out, np.asarray(fill).astype(operand.dtype))
     # move window dims to offset_dims positions in the output
     nb = len(batch_shape)
     rank = nb + len(window_dims)
@@ -449,97 +854,240 @@ def _gather(operand, indices, *, dimension_numbers, slice_sizes, mode, fill_valu
     return np.transpose(out, perm)
 
 
+def _device_batched_gather_dnums(dn):
+    return type(dn)(offset_dims=shift(dn.offset_dims), collapsed_slice_dims=shift(dn.collapsed_slice_dims),
+                    start_index_map=shift(dn.start_index_map),
+                    operand_batching_dims=(0, *shift(dn.operand_batching_dims)),
+                    start_indices_batching_dims=(0, *shift(dn.start_indices_batching_dims)))
+
+
+@vectorized("gather")
+def _gather_v(operand, indices, *, dimension_numbers, slice_sizes, **params):
+    """The device axis as a batching dimension of the operand and of the indices."""
+    indices = np.broadcast_to(indices, (operand.shape[0], *indices.shape[1:]))
+    return _gather(operand, indices, dimension_numbers=_device_batched_gather_dnums(dimension_numbers),
+                   slice_sizes=(1, *slice_sizes), **params)
+
+
 def _scatter(combine):
     def rule(operand, indices, updates, *, dimension_numbers, mode, update_jaxpr=None, update_consts=(),
              indices_are_sorted=False, unique_indices=False):
         dn = dimension_numbers
-        window_sizes = []
         uw = list(dn.update_window_dims)
         update_window_shape = [updates.shape[d] for d in uw]
         it = iter(update_window_shape)
-        for d in range(operand.ndim):
-            if d in dn.inserted_window_dims or d in dn.operand_batching_dims:
-                window_sizes.append(1)
-            else:
-                window_sizes.append(next(it))
+        window_sizes = [1 if d in dn.inserted_window_dims or d in dn.operand_batching_dims else next(it)
+                        for d in range(operand.ndim)]
         index, batch_shape, window_dims, in_bounds = _window_index(
-            operand.shape, indices, dn, window_sizes, start_index_map=dn.scatter_dims_to_operand_dims,
+            operand.shape, indices, window_sizes, start_index_map=dn.scatter_dims_to_operand_dims,
             collapsed=dn.inserted_window_dims, operand_batching=dn.operand_batching_dims,
             indices_batching=dn.scatter_indices_batching_dims)
-        # updates: put scatter (batch) dims first, window dims after, like the gathered layout
+        # updates: scatter (batch) dims first, window dims after, like the gathered layout
         batch_axes = [d for d in range(updates.ndim) if d not in uw]
         upd = np.transpose(updates, batch_axes + uw)
-        keep = in_bounds.reshape(batch_shape + (1,) * len(window_dims))
-        keep = np.broadcast_to(keep, upd.shape)
+        if _mode_name(mode).endswith("CLIP"):
+            in_bounds = np.ones_like(in_bounds)
+        keep = np.broadcast_to(in_bounds.reshape(batch_shape + (1,) * len(window_dims)), upd.shape)
         out = operand.copy()
         full_index = tuple(np.broadcast_to(i, upd.shape)[keep] for i in index)
-        combine(out, full_index, upd[keep])
+        combine(out, full_index, upd[keep])  # float16/bfloat16: rounded after every update, as XLA:CPU does
         return out
-    return rule
+
+    def stacked(operand, indices, updates, *, dimension_numbers, **params):
+        """The device axis as a batching dimension of the operand and of the indices."""
+        dn = dimension_numbers
+        n = operand.shape[0]
+        dnums = type(dn)(update_window_dims=shift(dn.update_window_dims),
+                         inserted_window_dims=shift(dn.inserted_window_dims),
+                         scatter_dims_to_operand_dims=shift(dn.scatter_dims_to_operand_dims),
+                         operand_batching_dims=(0, *shift(dn.operand_batching_dims)),
+                         scatter_indices_batching_dims=(0, *shift(dn.scatter_indices_batching_dims)))
+        return rule(operand, np.broadcast_to(indices, (n, *indices.shape[1:])),
+                    np.broadcast_to(updates, (n, *updates.shape[1:])), dimension_numbers=dnums, **params)
+    return rule, stacked
 
 
 def _assign(out, index, values):
     out[index] = values
 
 
-impl("scatter")(_scatter(_assign))
-impl("scatter-add", "scatter_add")(_scatter(lambda o, i, v: np.add.at(o, i, v)))
-impl("scatter-mul", "scatter_mul")(_scatter(lambda o, i, v: np.multiply.at(o, i, v)))
-impl("scatter-min", "scatter_min")(_scatter(lambda o, i, v: np.minimum.at(o, i, v)))
-impl("scatter-max", "scatter_max")(_scatter(lambda o, i, v: np.maximum.at(o, i, v)))
+for _names, _combine in ((("scatter",), _assign),
+                         (("scatter-add", "scatter_add"), lambda o, i, v: np.add.at(o, i, v)),
+                         (("scatter-sub", "scatter_sub"), lambda o, i, v: np.subtract.at(o, i, v)),
+                         (("scatter-mul", "scatter_mul"), lambda o, i, v: np.multiply.at(o, i, v)),
+                         (("scatter-min", "scatter_min"), lambda o, i, v: np.minimum.at(o, i, v)),
+                         (("scatter-max", "scatter_max"), lambda o, i, v: np.maximum.at(o, i, v))):
+    _rule, _stacked = _scatter(_combine)
+    per_device(*_names)(_rule)
+    vectorized(*_names)(_stacked)
 
 
 # -- reductions ------------------------------------------------------------------------------------------
 
-def _reduction(ufunc):
+def _canonical(x: np.ndarray, axes) -> np.ndarray:
+    """x with the reduced axes moved last and merged: ``(kept..., R)``, contiguous. Reducing its last axis
+    sums every output element in the same order whatever the leading (device) axes are."""
+    axes = tuple(sorted(int(a) for a in axes))
+    kept = [d for d in range(x.ndim) if d not in axes]
+    moved = np.transpose(x, kept + list(axes))
+    return np.asarray(moved, order="C").reshape((*(x.shape[d] for d in kept), math.prod(x.shape[d] for d in axes)))
+
+
+def _reduction(ufunc, name):
+    accumulate = ufunc in (np.add, np.multiply)
+
     def rule(x, *, axes, out_sharding=None):
-        if x.dtype in _LOW_FLOATS and ufunc in (np.add, np.multiply):
-            return ufunc.reduce(x.astype(np.float32), axis=tuple(axes)).astype(x.dtype)
-        return ufunc.reduce(x, axis=tuple(axes), dtype=x.dtype if ufunc in (np.add, np.multiply) else None)
+        if x.dtype in LOW_FLOATS and accumulate:
+            return ufunc.reduce(_canonical(x.astype(np.float32), axes), axis=-1).astype(x.dtype)
+        if x.dtype.kind == "f" and ufunc is np.maximum:
+            return _reduce_float_extremum(_canonical(x, axes), _float_max)
+        if x.dtype.kind == "f" and ufunc is np.minimum:
+            return _reduce_float_extremum(_canonical(x, axes), _float_min)
+        if x.dtype in LOW_FLOATS and ufunc in (np.maximum, np.minimum):
+            return rule(x.astype(np.float32), axes=axes).astype(x.dtype)
+        flat = _canonical(x, axes)
+        if flat.shape[-1] == 0 and not accumulate:
+            return np.full(flat.shape[:-1], _reduction_identity(ufunc, x.dtype), x.dtype)
+        return ufunc.reduce(flat, axis=-1, dtype=x.dtype if accumulate else None)
 
-    @specialize
-    def direct(eqn):
-        dtype = _operand_dtype(eqn)
-        if dtype is None or dtype in _LOW_FLOATS:
-            return None
-        axis, acc = tuple(eqn.params["axes"]), dtype if ufunc in (np.add, np.multiply) else None
-        return lambda x: ufunc.reduce(x, axis=axis, dtype=acc)
-    return direct(rule)
-
-
-impl("reduce_sum")(_reduction(np.add))
-impl("reduce_prod")(_reduction(np.multiply))
-impl("reduce_max")(_reduction(np.maximum))
-impl("reduce_min")(_reduction(np.minimum))
-impl("reduce_and")(_reduction(np.bitwise_and))
-impl("reduce_or")(_reduction(np.bitwise_or))
-impl("reduce_xor")(_reduction(np.bitwise_xor))
+    per_device(name)(rule)
+    vectorized(name)(lambda x, *, axes, out_sharding=None: rule(x, axes=shift(axes)))
 
 
-@impl("argmax")
-def _argmax(x, *, axes, index_dtype):
-    return np.argmax(x, axis=axes[0]).astype(index_dtype)
+def _reduction_identity(ufunc, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return ufunc in (np.minimum, np.bitwise_and)
+    if ufunc is np.bitwise_and:
+        return np.asarray(-1).astype(dtype) if dtype.kind == "i" else np.iinfo(dtype).max
+    if ufunc in (np.bitwise_or, np.bitwise_xor):
+        return 0
+    info = np.iinfo(dtype)
+    return info.min if ufunc is np.maximum else info.max
 
 
-@impl("argmin")
-def _argmin(x, *, axes, index_dtype):
-    return np.argmin(x, axis=axes[0]).astype(index_dtype)
+def _reduce_float_extremum(x: np.ndarray, pick) -> np.ndarray:
+    if x.shape[-1] == 0:
+        return np.full(x.shape[:-1], -np.inf if pick is _float_max else np.inf, x.dtype)
+    out = x[..., 0]
+    for k in range(1, x.shape[-1]):
+        out = pick(out, x[..., k])
+    return np.asarray(out, x.dtype)
 
 
-def _cumulative(fn):
+for _name, _ufunc in (("reduce_sum", np.add), ("reduce_prod", np.multiply), ("reduce_max", np.maximum),
+                      ("reduce_min", np.minimum), ("reduce_and", np.bitwise_and), ("reduce_or", np.bitwise_or),
+                      ("reduce_xor", np.bitwise_xor)):
+    _reduction(_ufunc, _name)
+
+
+def _argextremum(x, axis, index_dtype, largest: bool):
+    if x.dtype.kind == "c":
+        raise NotImplementedError("argmax/argmin of complex")
+    if is_float(x.dtype):  # NaN wins (the first one); -0.0 and +0.0 tie (the first one)
+        x32 = x.astype(np.float32) if x.dtype in LOW_FLOATS else x
+        nan = np.isnan(x32)
+        best = np.argmax(x32, axis=axis) if largest else np.argmin(x32, axis=axis)
+        return np.where(nan.any(axis=axis), np.argmax(nan, axis=axis), best).astype(index_dtype)
+    return (np.argmax(x, axis=axis) if largest else np.argmin(x, axis=axis)).astype(index_dtype)
+
+
+both("argmax", vectorized_rule=lambda x, *, axes, index_dtype: _argextremum(x, axes[0] + 1, index_dtype, True))(
+    lambda x, *, axes, index_dtype: _argextremum(x, axes[0], index_dtype, True))
+both("argmin", vectorized_rule=lambda x, *, axes, index_dtype: _argextremum(x, axes[0] + 1, index_dtype, False))(
+    lambda x, *, axes, index_dtype: _argextremum(x, axes[0], index_dtype, False))
+
+
+def _cumulative(fn, name):
     def rule(x, *, axis, reverse):
+        if x.dtype in LOW_FLOATS:
+            return rule(x.astype(np.float32), axis=axis, reverse=reverse).astype(x.dtype)
         y = np.flip(x, axis) if reverse else x
         y = fn(y, axis)
         return (np.flip(y, axis) if reverse else y).astype(x.dtype)
-    return rule
+
+    per_device(name)(rule)
+    vectorized(name)(lambda x, *, axis, reverse: rule(x, axis=axis + 1, reverse=reverse))
 
 
-impl("cumsum")(_cumulative(lambda x, a: np.cumsum(x, axis=a, dtype=x.dtype)))
-impl("cumprod")(_cumulative(lambda x, a: np.cumprod(x, axis=a, dtype=x.dtype)))
-impl("cummax")(_cumulative(lambda x, a: np.maximum.accumulate(x, axis=a)))
-impl("cummin")(_cumulative(lambda x, a: np.minimum.accumulate(x, axis=a)))
-impl("cumlogsumexp")(_cumulative(lambda x, a: np.logaddexp.accumulate(x, axis=a)))
+def _accumulate_extremum(pick):
+    def fn(x, axis):
+        if x.dtype.kind != "f":
+            return (np.maximum if pick is _float_max else np.minimum).accumulate(x, axis=axis)
+        out = np.array(x, copy=True)
+        moved = np.moveaxis(out, axis, 0)
+        for k in range(1, moved.shape[0]):
+            moved[k] = pick(moved[k - 1], moved[k])
+        return out
+    return fn
 
+
+_cumulative(lambda x, a: np.cumsum(x, axis=a, dtype=x.dtype), "cumsum")
+_cumulative(lambda x, a: np.cumprod(x, axis=a, dtype=x.dtype), "cumprod")
+_cumulative(_accumulate_extremum(_float_max), "cummax")
+_cumulative(_accumulate_extremum(_float_min), "cummin")
+_cumulative(lambda x, a: np.logaddexp.accumulate(x, axis=a), "cumlogsumexp")
+
+
+# -- the generic reduce: a reducer jaxpr, evaluated on whole arrays ---------------------------------------------
+
+def eval_elementwise_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
+    """Evaluate a scalar jaxpr (a reducer, a selector) on arrays of any shape with the per-device rules: its
+    equations are elementwise, so the same rules compute every element at once."""
+    env = {}
+    for v, a in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = np.asarray(a)
+    for v, a in zip(jaxpr.invars, args, strict=True):
+        env[v] = a
+
+    def read(v):
+        return np.asarray(v.val, dtype=np.dtype(v.aval.dtype)) if not hasattr(v, "count") and hasattr(v, "val") \
+            else env[v]
+
+    for eqn in jaxpr.eqns:
+        rule = PER_DEVICE.get(eqn.primitive.name)
+        if rule is None:
+            raise NotImplementedError(f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} inside a "
+                                      f"reducer (params {dict(eqn.params)})")
+        invals = [read(v) for v in eqn.invars]
+        ndim = max((x.ndim for x in invals), default=0)
+        out = rule(*(expand_to(x, ndim) if x.ndim else x for x in invals), **eqn.params)
+        outs = out if eqn.primitive.multiple_results else [out]
+        for v, o in zip(eqn.outvars, outs, strict=True):
+            env[v] = np.asarray(o)
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _reduce_generic(*operands_and_inits, computation=None, jaxpr, dimensions):
+    """lax.reduce with any reducer: a sequential fold over the reduced axes in row-major order."""
+    n = len(operands_and_inits) // 2
+    operands, inits = operands_and_inits[:n], operands_and_inits[n:]
+    inner, consts = (jaxpr.jaxpr, jaxpr.consts) if hasattr(jaxpr, "consts") else (jaxpr, ())
+    flat = [_canonical(x, dimensions) for x in operands]
+    acc = [np.broadcast_to(np.asarray(i, x.dtype), f.shape[:-1]) for i, x, f in zip(inits, operands, flat,
+                                                                                    strict=True)]
+    for k in range(flat[0].shape[-1]):
+        acc = eval_elementwise_jaxpr(inner, consts, *acc, *(f[..., k] for f in flat))
+        acc = [np.asarray(a, x.dtype) for a, x in zip(acc, operands, strict=True)]
+    return [np.array(np.broadcast_to(a, f.shape[:-1])) for a, f in zip(acc, flat, strict=True)]
+
+
+per_device("reduce")(_reduce_generic)
+
+
+@vectorized("reduce")
+def _reduce_generic_v(*operands_and_inits, computation=None, jaxpr, dimensions):
+    n = len(operands_and_inits) // 2
+    operands, inits = operands_and_inits[:n], [np.asarray(i) for i in operands_and_inits[n:]]
+    if all(i.size == 0 or (i == i.reshape(-1)[0]).all() for i in inits):  # the usual case: literal inits
+        firsts = [i.reshape(-1)[0] for i in inits]
+        return _reduce_generic(*operands, *firsts, jaxpr=jaxpr, dimensions=shift(dimensions))
+    per_device = [_reduce_generic(*(x[d] for x in operands), *(i[d] for i in inits), jaxpr=jaxpr,
+                                  dimensions=dimensions) for d in range(operands[0].shape[0])]
+    return [np.stack(outs) for outs in zip(*per_device, strict=True)]
+
+
+# -- dot_general: one canonical batched matmul for both twins ------------------------------------------------
 
 def _dot_general_plan(lhs_shape, rhs_shape, dimension_numbers):
     """Transpositions and shapes that turn dot_general into a batched matmul: lhs to (batch, free,
@@ -554,75 +1102,157 @@ def _dot_general_plan(lhs_shape, rhs_shape, dimension_numbers):
             (*batch, *(lhs_shape[i] for i in lf), *(rhs_shape[i] for i in rf)))
 
 
-def _dot_general_with(plan, compute, out_dtype):
-    lhs_perm, lhs_shape, rhs_perm, rhs_shape, out_shape = plan
-
-    def dot(lhs, rhs):
-        a = np.transpose(lhs, lhs_perm).astype(compute, copy=False).reshape(lhs_shape)
-        b = np.transpose(rhs, rhs_perm).astype(compute, copy=False).reshape(rhs_shape)
-        return np.matmul(a, b).reshape(out_shape).astype(out_dtype, copy=False)
-    return dot
-
-
-def _dot_general_dtypes(lhs_dtype, rhs_dtype, preferred_element_type):
+def product_dtypes(lhs_dtype, rhs_dtype, preferred_element_type) -> tuple[np.dtype, np.dtype]:
+    """(compute dtype, result dtype) of a dot_general or convolution: float16/bfloat16 computed in float32 and
+    bool in int32, as XLA:CPU does; the result in ``preferred_element_type`` or the operands' common type."""
     out = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(lhs_dtype,
                                                                                                       rhs_dtype)
-    return (np.dtype(np.float32) if out in _LOW_FLOATS else out), out
+    if out in LOW_FLOATS:
+        return np.dtype(np.float32), out
+    if out == np.bool_:
+        return np.dtype(np.int32), out
+    return out, out
+
+
+def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(..., M, K) @ (..., K, N)`` as one BLAS call per ``(M, K) @ (K, N)`` slice on contiguous copies, so
+    that the result of a slice never depends on how many slices there are."""
+    a, b = np.asarray(a, order="C"), np.asarray(b, order="C")
+    if a.shape[-1] == 0:
+        return np.zeros((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]),
+                        np.result_type(a, b))
+    return np.matmul(a, b)
+
+
+def _dot_general_with(plan, compute, out_dtype, leading: int = 0):
+    lhs_perm, lhs_shape, rhs_perm, rhs_shape, out_shape = plan
+    lead = tuple(range(leading))
+    lhs_perm = lead + tuple(p + leading for p in lhs_perm)
+    rhs_perm = lead + tuple(p + leading for p in rhs_perm)
+
+    def dot(lhs, rhs):
+        n = lhs.shape[:leading]
+        a = np.transpose(lhs, lhs_perm).astype(compute, copy=False).reshape((*n, *lhs_shape))
+        b = np.transpose(rhs, rhs_perm).astype(compute, copy=False).reshape((*n, *rhs_shape))
+        return matmul_slices(a, b).reshape((*n, *out_shape)).astype(out_dtype, copy=False)
+    return dot
 
 
 def _specialize_dot_general(eqn):
     lhs, rhs = eqn.invars
-    dtypes = _dot_general_dtypes(np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype),
+    dtypes = product_dtypes(np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype),
                                  eqn.params.get("preferred_element_type"))
-    (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
-    lhs_ndim, rhs_ndim = len(lhs.aval.shape), len(rhs.aval.shape)
-    if (not lb and tuple(lc) == (lhs_ndim - 1,) and tuple(rc) == (0,) and rhs_ndim <= 2 and lhs_ndim >= 1
-            and dtypes[0] == dtypes[1] == lhs.aval.dtype == rhs.aval.dtype and dtypes[1].kind in "fciu"):
-        return np.dot  # the last axis of lhs with the first of rhs: matrix-vector, vector-matrix, matrix-matrix
     return _dot_general_with(_dot_general_plan(lhs.aval.shape, rhs.aval.shape, eqn.params["dimension_numbers"]),
                              *dtypes)
 
 
-@impl("dot_general")
+@per_device("dot_general")
 @specialize(_specialize_dot_general)
 def _dot_general(lhs, rhs, *, dimension_numbers, precision=None, preferred_element_type=None, out_sharding=None,
                  **_):
     """As a batched matmul: lhs to (batch, free, contracting), rhs to (batch, contracting, free)."""
     plan = _dot_general_plan(lhs.shape, rhs.shape, dimension_numbers)
-    return _dot_general_with(plan, *_dot_general_dtypes(lhs.dtype, rhs.dtype, preferred_element_type))(lhs, rhs)
+    return _dot_general_with(plan, *product_dtypes(lhs.dtype, rhs.dtype, preferred_element_type))(lhs, rhs)
 
 
-@impl("sort")
+@vectorized("dot_general")
+def _dot_general_v(lhs, rhs, *, dimension_numbers, precision=None, preferred_element_type=None,
+                   out_sharding=None, **_):
+    """The per-device product with the device axis as an outer batch axis of the same matmul slices."""
+    plan = _dot_general_plan(lhs.shape[1:], rhs.shape[1:], dimension_numbers)
+    dot = _dot_general_with(plan, *product_dtypes(lhs.dtype, rhs.dtype, preferred_element_type), leading=1)
+    n = max(lhs.shape[0], rhs.shape[0])
+    return dot(np.broadcast_to(lhs, (n, *lhs.shape[1:])), np.broadcast_to(rhs, (n, *rhs.shape[1:])))
+
+
+# -- sorting ---------------------------------------------------------------------------------------------------
+
+def _sort_keys(x: np.ndarray) -> list[np.ndarray]:
+    """JAX's sort comparator on one operand, as lexicographic unsigned keys: floats with -0.0 = +0.0 and every
+    NaN equal and last; complex numbers by (real, imaginary)."""
+    if x.dtype.kind == "c":
+        return _sort_keys(np.real(x)) + _sort_keys(np.imag(x))
+    if is_float(x.dtype):
+        canonical = np.where(x == 0, np.zeros((), x.dtype), x)
+        canonical = np.where(np.isnan(canonical), np.asarray(np.nan, x.dtype), canonical).astype(x.dtype)
+        return [_ordered_key(canonical)]
+    return [_ordered_key(x)]
+
+
+def sort_order(keys: list[np.ndarray], axis: int) -> np.ndarray:
+    """The stable ascending order along ``axis`` of lexicographic keys (first key most significant)."""
+    moved = [np.moveaxis(k, axis, -1) for k in keys]
+    if len(moved) == 1:
+        order = np.argsort(moved[0], axis=-1, kind="stable")
+    else:
+        order = np.lexsort(tuple(reversed(moved)), axis=-1)
+    return np.moveaxis(order, -1, axis)
+
+
+@per_device("sort")
 def _sort(*operands, dimension, is_stable, num_keys):
-    keys = [np.moveaxis(k, dimension, -1) for k in operands[:num_keys]]
-    order = np.lexsort(tuple(reversed(keys)), axis=-1) if num_keys > 1 else np.argsort(keys[0], axis=-1, kind="stable")
-    return [np.moveaxis(np.take_along_axis(np.moveaxis(o, dimension, -1), order, axis=-1), -1, dimension)
-            for o in operands]
+    keys = [k for x in operands[:num_keys] for k in _sort_keys(x)]
+    order = sort_order(keys, dimension)
+    return [np.take_along_axis(o, order, axis=dimension) for o in operands]
 
 
-@impl("top_k")
-def _top_k(x, *, k, **_):
-    order = np.argsort(-x.astype(np.float64) if x.dtype.kind != "u" else ~x, axis=-1, kind="stable")[..., :k]
-    return [np.take_along_axis(x, order, axis=-1), order.astype(np.int32)]
+vectorized("sort")(lambda *operands, dimension, is_stable, num_keys: _sort(
+    *operands, dimension=dimension + 1, is_stable=is_stable, num_keys=num_keys))
 
 
-@impl("clz")
-def _clz(x):
-    bits = x.dtype.itemsize * 8
-    u = x.view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
-    out = np.full(x.shape, bits, dtype=np.int64)
-    for b in range(bits):
-        hit = (u >> np.uint64(bits - 1 - b)) & np.uint64(1)
-        out = np.where((out == bits) & (hit == 1), b, out)
-    return out.astype(x.dtype)
+def _top(x, k, axis, largest: bool):
+    """The first k along ``axis`` in XLA's order (total order, descending for top_k; ties: lower index)."""
+    key = _ordered_key(x)
+    key = ~key if largest else key
+    order = np.take(np.argsort(np.moveaxis(key, axis, -1), axis=-1, kind="stable"), np.arange(k), axis=-1)
+    order = np.moveaxis(order, -1, axis)
+    return [np.take_along_axis(x, order, axis=axis), order.astype(np.int32)]
 
+
+@per_device("top_k")
+def _top_k(x, *, k, axis=-1, **_):
+    return _top(x, int(k), axis % x.ndim, True)
+
+
+vectorized("top_k")(lambda x, *, k, axis=-1, **_: _top(x, int(k), axis % (x.ndim - 1) + 1, True))
+
+
+def _approx_top_k_size(x_shape, k, reduction_dimension, recall_target, aggregate_to_topk,
+                       reduction_input_size_override) -> int:
+    if aggregate_to_topk:
+        return int(k)
+    from jax._src.lib import _jax
+
+    size = x_shape[reduction_dimension]
+    return int(_jax.approx_top_k_reduction_output_size(size, len(x_shape), int(k), recall_target, aggregate_to_topk,
+                                                       reduction_input_size_override)[0])
+
+
+@per_device("approx_top_k")
+def _approx_top_k(x, *, k, reduction_dimension, recall_target, is_max_k, reduction_input_size_override,
+                  aggregate_to_topk):
+    """XLA:CPU's fallback: an exact sort along the reduction dimension, the first entries kept."""
+    axis = reduction_dimension % x.ndim
+    size = _approx_top_k_size(x.shape, k, axis, recall_target, aggregate_to_topk, reduction_input_size_override)
+    return _top(x, size, axis, bool(is_max_k))
+
+
+@vectorized("approx_top_k")
+def _approx_top_k_v(x, *, k, reduction_dimension, recall_target, is_max_k, reduction_input_size_override,
+                    aggregate_to_topk):
+    axis = reduction_dimension % (x.ndim - 1)
+    size = _approx_top_k_size(x.shape[1:], k, axis, recall_target, aggregate_to_topk,
+                              reduction_input_size_override)
+    return _top(x, size, axis + 1, bool(is_max_k))
 
 
 # -- jax.debug.print and jax.debug.callback: run per device on concrete values -------------------------------
 # What they print goes through spmdsim's ordered output: labelled with the device and released in device
-# order at each rendezvous.
+# order at each rendezvous. They have no vectorized rule on purpose: a callback is a per-device side effect (a
+# print per device, a user function called once per device with that device's values, in device order), which
+# a stacked evaluation cannot reproduce; the vectorized executor reports them as unsupported.
 
-@impl("debug_print")
+@per_device("debug_print")
 def _debug_print(*args, fmt, in_tree, static_args=(), np_printoptions=(), **_):
     import jax
 
@@ -635,7 +1265,7 @@ def _debug_print(*args, fmt, in_tree, static_args=(), np_printoptions=(), **_):
     return []
 
 
-@impl("debug_callback")
+@per_device("debug_callback")
 def _debug_callback(*args, callback, **_):
     callback(*args)
     return []

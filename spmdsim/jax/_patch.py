@@ -66,7 +66,10 @@ def patched_jax(n_devices: int, executor: str = "threads", host=None):
     if host is not None:
         replaced += host_replacements(host)
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
-    with spmdsim.set_device_count(n_devices) if host is None else contextlib.nullcontext():
+    from spmdsim import _devices
+
+    with (spmdsim.set_device_count(n_devices) if host is None else contextlib.nullcontext()), \
+            _devices.devices_hint("--devices {n} (spmdsim run's option)"):
         for owner, name, value in replaced:
             setattr(owner, name, value)
         try:

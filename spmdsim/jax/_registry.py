@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["PER_DEVICE", "VECTORIZED", "per_device", "vectorized", "specialize"]
+__all__ = ["PER_DEVICE", "VECTORIZED", "per_device", "vectorized", "specialize", "register"]
 
 PER_DEVICE: dict[str, Callable] = {}
 VECTORIZED: dict[str, Callable] = {}
 
 
-def _register(table: dict, kind: str, names: tuple[str, ...]):
+def register(table: dict, kind: str, names: tuple[str, ...]):
+    """Decorator: put the rule it decorates in ``table`` under ``names`` (a second rule for a name is a bug)."""
     def register(rule):
         for name in names:
             assert name not in table, f"duplicate {kind} rule for primitive {name!r}"
@@ -36,12 +37,12 @@ def _register(table: dict, kind: str, names: tuple[str, ...]):
 
 def per_device(*names: str):
     """Decorator: ``rule`` computes primitives ``names`` on one device's operands."""
-    return _register(PER_DEVICE, "per-device", names)
+    return register(PER_DEVICE, "per-device", names)
 
 
 def vectorized(*names: str):
     """Decorator: ``rule`` computes primitives ``names`` for all devices at once (leading device axis)."""
-    return _register(VECTORIZED, "vectorized", names)
+    return register(VECTORIZED, "vectorized", names)
 
 
 def specialize(specializer):

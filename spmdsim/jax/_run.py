@@ -10,6 +10,7 @@ stand before a ``--``.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get(_launch.CHILD_ENV) != "1":
             return _launch.run_as_host_child(["run", *raw])
         host = _hosts.mpi_host(args.devices)
+        _whole_lines()
         if args.hosts not in (None, host.count):
             raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
     elif args.hosts is not None and args.hosts > 1:
@@ -104,6 +106,20 @@ def main(argv: list[str] | None = None) -> int:
         if host is not None:
             host.exit_process("returned" if status == 0 else f"exited with status {status}")
     return status
+
+
+def _whole_lines() -> None:
+    """A host's stdout and stderr write whole lines (line-buffered, even under PYTHONUNBUFFERED=1): ``mpiexec``
+    forwards each host's writes as they come, so a line written in pieces would be cut by another host's."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, io.TextIOWrapper):
+            continue
+        if isinstance(stream.buffer, io.RawIOBase):  # unbuffered: give it a buffer
+            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(stream.buffer), encoding=stream.encoding,
+                                                errors=stream.errors, line_buffering=True))
+        else:
+            stream.reconfigure(line_buffering=True)
 
 
 def _host_argv(args, program) -> list[str]:

@@ -1,0 +1,238 @@
+"""Every lax primitive against XLA:CPU, table-driven (the op records of ``conformance/lax_records.py``), and
+every vectorized rule against its per-device twin, bit for bit.
+
+For each record (a primitive, the dtypes JAX allows for it, argument shapes including scalars, empty and
+non-contiguous arrays, parameter variants), one function applies the primitive to every case and returns all
+results; it runs
+
+- on XLA:CPU: ``jax.jit(op)(*args)``, the expected values;
+- on spmdsim: ``spmdsim.jax.eval_jaxpr`` of ``jax.make_jaxpr(op)(*args)``, compared value by value within
+  ``TOLERANCE`` (ulps per primitive and dtype, exact unless listed), shape and dtype exactly;
+- equation by equation over 3 devices: each equation's ``VECTORIZED`` rule on the devices' stacked operands
+  against its ``PER_DEVICE`` rule on each device's operands, bit for bit (NaN payloads aside).
+
+64-bit dtypes run with ``jax_enable_x64`` on (``wide=True``), the others with JAX's default. The worst ulp
+distance measured per primitive and dtype goes to the conformance report (``spmdsim conformance``).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.extend import core as ext_core
+
+import spmdsim.jax as sjax
+from conformance.lax_records import RECORDS, TOLERANCE, WIDE, tolerance
+from spmdsim.jax._coverage import LEAD_OWNED
+from spmdsim.jax._interpreter import HIGHER_ORDER, REFERENCE
+from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
+
+DEVICES = 3
+_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+          "custom_jvp_call": "call_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr"}
+
+
+def ordered(x: np.ndarray) -> np.ndarray:
+    """Floats as unsigned integers in the order of their values (adjacent floats differ by 1)."""
+    u = np.ascontiguousarray(x).view(np.dtype(f"u{x.dtype.itemsize}"))
+    top = np.asarray(1 << (8 * x.dtype.itemsize - 1), u.dtype)
+    return np.where((u & top) != 0, ~u, u | top).astype(u.dtype)
+
+
+def ulps(actual: np.ndarray, expected: np.ndarray) -> float:
+    """The largest distance in units in the last place between two float (or complex) arrays; inf where one is
+    NaN and the other not, or infinities differ."""
+    if actual.size == 0:
+        return 0.0
+    if actual.dtype.kind == "c":
+        return max(ulps(np.real(actual), np.real(expected)), ulps(np.imag(actual), np.imag(expected)))
+    a, e = ordered(actual), ordered(expected)
+    distance = np.where(a > e, a - e, e - a).astype(np.float64)
+    an, en = np.isnan(actual.astype(np.float32) if actual.dtype.itemsize < 4 else actual), \
+        np.isnan(expected.astype(np.float32) if expected.dtype.itemsize < 4 else expected)
+    distance = np.where(an & en, 0.0, np.where(an | en, np.inf, distance))
+    return float(distance.max())
+
+
+def _is_float(dtype) -> bool:
+    return np.dtype(dtype).kind in "fc" or np.dtype(dtype).name in ("bfloat16", "float16")
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if _is_float(a.dtype):
+        return ulps(a, b) == 0
+    return np.array_equal(a, b)
+
+
+def _per_device_call(eqn):
+    """The per-device function the interpreter binds for ``eqn``: the rule's specialisation, else the rule
+    (for a higher-order primitive, its rule with the reference executor)."""
+    if eqn.primitive.name in HIGHER_ORDER:
+        return functools.partial(HIGHER_ORDER[eqn.primitive.name], REFERENCE, **eqn.params)
+    rule = PER_DEVICE[eqn.primitive.name]
+    specializer = getattr(rule, "specialize", None)
+    call = specializer(eqn) if specializer is not None else None
+    return call if call is not None else functools.partial(rule, **eqn.params)
+
+
+def check_vectorized(jaxpr, consts, device_args: list[list], problems: list, where: str = "") -> list[list]:
+    """Evaluate ``jaxpr`` per device, checking every equation's vectorized rule on the stacked operands
+    against the per-device results; returns each device's outputs."""
+    from spmdsim.jax._dtypes import numpy_dtype
+
+    def read(env, v):
+        if isinstance(v, ext_core.Literal):
+            return np.asarray(v.val, dtype=numpy_dtype(v.aval.dtype))
+        return env[v]
+
+    envs = [dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args)) for args in device_args]
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        ins = [[np.asarray(read(env, v)) for v in eqn.invars] for env in envs]
+        if name in _CALLS:
+            sub = eqn.params[_CALLS[name]]
+            inner, sub_consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
+            outs = check_vectorized(inner, sub_consts, ins, problems, where + f"{name}/")
+        else:
+            call = _per_device_call(eqn)
+            outs = []
+            for d in range(len(envs)):
+                with np.errstate(all="ignore"):
+                    out = call(*ins[d])
+                outs.append(list(out) if eqn.primitive.multiple_results else [out])
+            if name not in LEAD_OWNED:
+                if name not in VECTORIZED:
+                    problems.append(f"{where}{name}: no vectorized rule")
+                else:
+                    stacked = [np.broadcast_to(np.asarray(read(envs[0], v)), (len(envs), *np.shape(read(envs[0], v))))
+                               if isinstance(v, ext_core.Literal) else np.stack([i[k] for i in ins])
+                               for k, v in enumerate(eqn.invars)]
+                    with np.errstate(all="ignore"):
+                        vout = VECTORIZED[name](*stacked, **eqn.params)
+                    vout = list(vout) if eqn.primitive.multiple_results else [vout]
+                    for k, v in enumerate(vout):
+                        v = np.asarray(v)
+                        if not eqn.invars:  # nullary: one value with a leading axis of 1, broadcast to the devices
+                            v = np.broadcast_to(v, (len(envs), *v.shape[1:]))
+                        for d in range(len(envs)):
+                            if not _same_bits(v[d], np.asarray(outs[d][k])):
+                                problems.append(f"{where}{name} (params {_short(eqn.params)}): vectorized result "
+                                                f"{k} differs from device {d}'s per-device result")
+                                break
+        for env, out in zip(envs, outs):
+            for var, value in zip(eqn.outvars, out):
+                if not isinstance(var, ext_core.DropVar):
+                    env[var] = np.asarray(value)
+    return [[np.asarray(read(env, v)) for v in jaxpr.outvars] for env in envs]
+
+
+def _short(params) -> str:
+    text = ", ".join(f"{k}={v}" for k, v in params.items() if "jaxpr" not in k)
+    return text if len(text) < 200 else text[:200] + "..."
+
+
+def _widths(record) -> list[bool]:
+    """The x64 settings a record has dtypes for: False for dtypes up to 32 bits, True for 64-bit ones."""
+    if record.wide is not None:
+        return [record.wide]
+    return sorted({name in WIDE for name in record.dtypes})
+
+
+PARAMS = [pytest.param(r, wide, id=f"{'64-bit' if wide else '32-bit'}-{r.primitive}" + (f"-{r.label}" if r.label
+                                                                                    else ""))
+          for r in RECORDS for wide in _widths(r)]
+
+
+@pytest.mark.area("lax primitives vs XLA:CPU")
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")
+@pytest.mark.parametrize("record, wide", PARAMS)
+def test_lax_op(record, wide, record_property):
+    with jax.enable_x64(wide):
+        cases = record.cases(wide, DEVICES)
+        assert cases, f"{record.primitive}: JAX rejected every case of this record (check its function and variants)"
+        flat = [a for c in cases for a in c.device_args[0]]
+        counts = [len(c.device_args[0]) for c in cases]
+
+        def op(*args):
+            outs, i = [], 0
+            for c, n in zip(cases, counts):
+                outs.append(jax.tree_util.tree_leaves(c.fn(*args[i:i + n])))
+                i += n
+            return outs
+
+        expected = jax.jit(op)(*flat)
+        closed = jax.make_jaxpr(op)(*flat)
+        out_tree = jax.tree_util.tree_structure(expected)
+        actual = jax.tree_util.tree_unflatten(out_tree, sjax.eval_jaxpr(closed.jaxpr, closed.consts, *flat))
+        problems, worst = [], {}
+        for case, exp, act in zip(cases, expected, actual):
+            for k, (e, a) in enumerate(zip(exp, act)):
+                e, a = np.asarray(e), np.asarray(a)
+                what = f"{case.describe()} output {k}"
+                if a.shape != e.shape or a.dtype != e.dtype:
+                    problems.append(f"{what}: spmdsim {a.dtype}{list(a.shape)}, XLA {e.dtype}{list(e.shape)}")
+                    continue
+                if _is_float(e.dtype):
+                    distance = ulps(a, e)
+                    key = (case.primitive, e.dtype.name)
+                    worst[key] = max(worst.get(key, 0.0), distance)
+                    allowed = tolerance(case.primitive, e.dtype.name)
+                    if isinstance(allowed, tuple):  # ("norm", eps): max |a - e| <= eps * max |e| (finite values)
+                        a64, e64 = a.astype(np.complex128), e.astype(np.complex128)
+                        same = (a64 == e64) | (np.isnan(a64) & np.isnan(e64))
+                        finite = np.isfinite(e64)
+                        scale = float(np.max(np.abs(e64[finite]))) if finite.any() else 0.0
+                        with np.errstate(invalid="ignore"):  # inf - inf where both are the same infinity
+                            error = float(np.max(np.abs(a64 - e64)[~same])) if (~same).any() else 0.0
+                        if not error <= allowed[1] * max(scale, 1e-30):
+                            problems.append(f"{what}: error {error:g} > {allowed[1]:g} x max|XLA| = {scale:g}")
+                        continue
+                    if distance > allowed:
+                        same = (a == e) | (np.isnan(a.astype(np.complex128)) & np.isnan(e.astype(np.complex128)))
+                        bad = np.argwhere(~same) if a.ndim else [()]
+                        first = tuple(bad[0]) if len(bad) else ()
+                        problems.append(f"{what}: {distance:g} ulps > {allowed:g} allowed (e.g. at {first}: spmdsim "
+                                        f"{a[first]!r}, XLA {e[first]!r})")
+                elif not np.array_equal(a, e):
+                    bad = np.argwhere(a != e) if a.ndim else [()]
+                    first = tuple(bad[0]) if len(bad) else ()
+                    problems.append(f"{what}: values differ (e.g. at {first}: spmdsim {a[first]!r}, XLA {e[first]!r})")
+        # the vectorized rules against the per-device rules, over DEVICES devices
+        device_args = [[a for c in cases for a in c.device_args[d]] for d in range(DEVICES)]
+        check_vectorized(closed.jaxpr, closed.consts, device_args, problems)
+        record_property("lax_ulps", {f"{p}|{d}": u for (p, d), u in worst.items()})
+        if problems:
+            pytest.fail(f"{record.primitive}: {len(problems)} problem(s)\n" + "\n".join(problems[:40]) +
+                        f"\nRepro: pytest 'conformance/test_lax_ops.py::test_lax_op[{'64-bit' if wide else '32-bit'}-"
+                        f"{record.primitive}{'-' + record.label if record.label else ''}]'")
+
+
+@pytest.mark.area("lax primitives vs XLA:CPU")
+def test_tolerance_table_names_only_recorded_primitives():
+    recorded = {r.primitive for r in RECORDS}
+    assert set(p for p, _ in TOLERANCE) <= recorded, set(p for p, _ in TOLERANCE) - recorded
+
+
+@pytest.mark.area("lax primitives vs XLA:CPU")
+def test_vectorized_dot_general_equals_threads_bit_for_bit():
+    """Issue 13's case: einsum('scd,dh->sch') (rank 3 x rank 2) on 8 devices, both executors, every bit."""
+    import spmdsim
+
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((8, 4, 16, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+
+    def f(block, weights):
+        return jax.numpy.einsum("scd,dh->sch", block, weights)
+
+    with spmdsim.set_device_count(8):
+        threads = np.asarray(sjax.pmap(f, "i", in_axes=(0, None))(x, w))
+        vectorized = np.asarray(sjax.pmap(f, "i", in_axes=(0, None), executor="vectorized")(x, w))
+    assert threads.shape == (8, 4, 16, 64) and threads.tobytes() == vectorized.tobytes()
+    real = np.asarray(jax.jit(jax.vmap(f, in_axes=(0, None)))(x, w))
+    assert ulps(threads, real) <= tolerance("dot_general", "float32")

@@ -1,0 +1,469 @@
+"""Linear algebra, FFT and ``custom_linear_solve``, in both rule tables.
+
+XLA:CPU computes ``jax.lax.linalg``'s decompositions with LAPACK — the LAPACK that SciPy ships: jaxlib takes
+its routines from ``scipy.linalg.cython_lapack`` — one matrix at a time, with the optimal workspace. The rules
+here call the same routines through ``scipy.linalg.lapack`` the same way (same routine, job and uplo options,
+optimal workspace, column-major copies), so results equal XLA:CPU's bit for bit in the cases measured, and
+follow its conventions: eigenvector and Q/R signs are LAPACK's, LU pivots are 0-based, a failed factorization
+(``info != 0``) is NaN, ``qr`` is ``geqrf`` then ``orgqr``/``ungqr`` as JAX lowers it.
+
+A batch of matrices is a loop of LAPACK calls on its leading axes; the vectorized twins make the device axis
+one more leading batch axis of the same loop (the same calls, so the same bits). float16 and bfloat16 are
+computed in float32 and rounded.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.linalg.blas as _blas
+import scipy.linalg.lapack as _lapack
+
+from spmdsim.jax._numpy_rules import LOW_FLOATS, matmul_slices, per_device, vectorized
+
+
+def _both(name: str):
+    """Register a rule that works on any leading batch axes as its own vectorized twin."""
+    def register(rule):
+        per_device(name)(rule)
+        vectorized(name)(rule)
+        return rule
+    return register
+
+
+def _prefix(dtype) -> str:
+    return {np.dtype(np.float32): "s", np.dtype(np.float64): "d", np.dtype(np.complex64): "c",
+            np.dtype(np.complex128): "z"}[np.dtype(dtype)]
+
+
+def _routine(name: str, dtype):
+    prefix = _prefix(dtype)
+    if name.startswith("or") and prefix in "cz":
+        name = "un" + name[2:]
+    if name.startswith("sy") and prefix in "cz":
+        name = "he" + name[2:]
+    return getattr(_lapack, prefix + name)
+
+
+def _compute_dtype(dtype) -> np.dtype:
+    return np.dtype(np.float32) if np.dtype(dtype) in LOW_FLOATS else np.dtype(dtype)
+
+
+def _lwork(value) -> int:
+    return max(1, int(np.real(np.asarray(value).reshape(-1)[0])))
+
+
+def _per_matrix(fn, arrays, core_ndims, out_dtypes):
+    """Apply ``fn`` (NumPy arrays of one problem -> tuple of arrays) to every problem of a batch: the leading
+    axes of ``arrays`` beyond their ``core_ndims`` trailing axes. Returns the stacked results."""
+    batch = arrays[0].shape[:arrays[0].ndim - core_ndims[0]]
+    count = math.prod(batch)
+    flat = [np.reshape(a, (count, *a.shape[a.ndim - k:])) for a, k in zip(arrays, core_ndims, strict=True)]
+    results = [fn(*(f[i] for f in flat)) for i in range(count)]
+    if count == 0:
+        shapes = fn.empty_shapes(*(f.shape[1:] for f in flat))
+        return [np.zeros((*batch, *s), d) for s, d in zip(shapes, out_dtypes, strict=True)]
+    return [np.stack([np.asarray(r[k]) for r in results]).reshape((*batch, *np.shape(results[0][k]))).astype(d)
+            for k, d in enumerate(out_dtypes)]
+
+
+def _nan_if(failed: bool, *arrays):
+    return tuple(np.full_like(a, np.nan) if failed else a for a in arrays)
+
+
+# -- Cholesky --------------------------------------------------------------------------------------------------
+
+@_both("cholesky")
+def _cholesky(x):
+    compute = _compute_dtype(x.dtype)
+
+    def one(a):
+        potrf = _routine("potrf", compute)
+        c, info = potrf(np.asfortranarray(a, compute), lower=1, clean=0)
+        return _nan_if(info != 0, c)
+    one.empty_shapes = lambda s: [s]
+    return _per_matrix(one, [x], [2], [x.dtype])[0]
+
+
+@_both("cholesky_update")
+def _cholesky_update(r, w):
+    """JAX's rank-one update of an upper Cholesky factor by Givens rotations (its CPU lowering), vectorized
+    over any leading batch axes."""
+    r, z = np.array(r, copy=True), np.array(w, copy=True)
+    n = z.shape[-1]
+    one, zero = np.asarray(1, r.dtype), np.asarray(0, r.dtype)
+    for k in range(n):
+        x, y = r[..., k, k], z[..., k]
+        with np.errstate(all="ignore"):
+            ax, ay = np.abs(x), np.abs(y)
+            denominator = np.where(ax > ay, ax, ay)
+            xs, ys = x / denominator, y / denominator
+            rh = one / np.sqrt(xs ** 2 + ys ** 2)
+        c = np.where(y == 0, one, xs * rh).astype(r.dtype)
+        s = np.where(y == 0, zero, -ys * rh).astype(r.dtype)
+        row = r[..., k, :]
+        new_row = c[..., None] * row - s[..., None] * z
+        z = c[..., None] * z + s[..., None] * row
+        r[..., k, :] = new_row
+    return r
+
+
+# -- eigendecompositions ---------------------------------------------------------------------------------------
+
+def _eigh(x, *, lower, sort_eigenvalues=True, subset_by_index=None, algorithm=None):
+    n = x.shape[-1]
+    if subset_by_index is not None and tuple(subset_by_index) != (0, n):
+        raise NotImplementedError("eigh with subset_by_index: XLA:CPU does not support it either")
+    compute = _compute_dtype(x.dtype)
+
+    def one(a):
+        w, v, info = _routine("syevd", compute)(np.asfortranarray(a, compute), compute_v=1, lower=int(bool(lower)))
+        return _nan_if(info != 0, v, w)
+    one.empty_shapes = lambda s: [s, s[:-1]]
+    return _per_matrix(one, [x], [2], [x.dtype, np.dtype(x.dtype).type(0).real.dtype if x.dtype.kind == "c"
+                                       else x.dtype])
+
+
+_both("eigh")(_eigh)
+
+
+def _unpack_eigenvectors(wi, packed, dtype):
+    """LAPACK's real-geev packing (a conjugate pair in two columns) as complex eigenvectors, as jaxlib does."""
+    out = packed.astype(dtype)
+    j = 0
+    n = len(wi)
+    while j < n:
+        if wi[j] == 0 or np.isnan(wi[j]):
+            j += 1
+            continue
+        re, im = packed[:, j], packed[:, j + 1] if j + 1 < n else np.zeros_like(packed[:, j])
+        out[:, j].real, out[:, j].imag = re, im
+        if j + 1 < n:
+            out[:, j + 1].real, out[:, j + 1].imag = re, -im
+        j += 2
+    return out
+
+
+@_both("eig")
+def _eig(x, *, compute_left_eigenvectors, compute_right_eigenvectors, enable_eigvec_derivs=False,
+         implementation=None):
+    compute = _compute_dtype(x.dtype)
+    complex_dtype = np.result_type(compute, np.complex64)
+    out_complex = np.result_type(x.dtype if x.dtype not in LOW_FLOATS else np.float32, np.complex64)
+    left, right = int(bool(compute_left_eigenvectors)), int(bool(compute_right_eigenvectors))
+
+    def one(a):
+        a = np.asfortranarray(a, compute)
+        n = a.shape[0]
+        if not np.isfinite(a).all():  # jaxlib: info = -4, everything NaN
+            nan = np.full((n, n), np.nan, complex_dtype)
+            return (np.full(n, np.nan, complex_dtype), nan, nan)
+        geev = _routine("geev", compute)
+        lwork = _lwork(getattr(_lapack, _prefix(compute) + "geev_lwork")(n, compute_vl=left, compute_vr=right)[0])
+        if compute.kind == "c":
+            w, vl, vr, info = geev(a, compute_vl=left, compute_vr=right, lwork=lwork)
+        else:
+            wr, wi, vl, vr, info = geev(a, compute_vl=left, compute_vr=right, lwork=lwork)
+            w = wr + 1j * wi
+            vl = _unpack_eigenvectors(wi, vl, complex_dtype) if left else vl
+            vr = _unpack_eigenvectors(wi, vr, complex_dtype) if right else vr
+        return _nan_if(info != 0, np.asarray(w, complex_dtype), np.asarray(vl, complex_dtype),
+                       np.asarray(vr, complex_dtype))
+    one.empty_shapes = lambda s: [s[:-1], s, s]
+    w, vl, vr = _per_matrix(one, [x], [2], [out_complex] * 3)
+    return [w] + ([vl] if left else []) + ([vr] if right else [])
+
+
+@_both("schur")
+def _schur(x, *, compute_schur_vectors, sort_eig_vals=False, select_callable=None):
+    if sort_eig_vals or select_callable is not None:
+        raise NotImplementedError("schur with sorted eigenvalues (select_callable)")
+    compute = _compute_dtype(x.dtype)
+    jobvs = int(bool(compute_schur_vectors))
+
+    def one(a):
+        gees = _routine("gees", compute)
+        a = np.asfortranarray(a, compute)
+        query = gees(lambda *args: 0, a, compute_v=jobvs, sort_t=0, lwork=-1)
+        lwork = _lwork(query[-2])
+        result = gees(lambda *args: 0, a, compute_v=jobvs, sort_t=0, lwork=lwork)
+        t, vs, info = result[0], result[-3], result[-1]
+        return _nan_if(info != 0, t, vs if jobvs else np.zeros_like(t))
+    one.empty_shapes = lambda s: [s, s]
+    t, vs = _per_matrix(one, [x], [2], [x.dtype, x.dtype])
+    return [t, vs] if compute_schur_vectors else [t]
+
+
+@_both("hessenberg")
+def _hessenberg(x):
+    compute = _compute_dtype(x.dtype)
+
+    def one(a):
+        n = a.shape[0]
+        gehrd = _routine("gehrd", compute)
+        lwork = _lwork(getattr(_lapack, _prefix(compute) + "gehrd_lwork")(n)[0])
+        h, tau, info = gehrd(np.asfortranarray(a, compute), lwork=lwork)
+        return _nan_if(info != 0, h, np.asarray(tau)[:max(n - 1, 0)])
+    one.empty_shapes = lambda s: [s, (max(s[-1] - 1, 0),)]
+    return _per_matrix(one, [x], [2], [x.dtype, x.dtype])
+
+
+@_both("tridiagonal")
+def _tridiagonal(x, *, lower):
+    compute = _compute_dtype(x.dtype)
+    real = np.dtype(x.dtype).type(0).real.dtype if x.dtype.kind == "c" else x.dtype
+
+    def one(a):
+        n = a.shape[0]
+        sytrd = _routine("sytrd", compute)
+        name = _prefix(compute) + ("hetrd" if compute.kind == "c" else "sytrd") + "_lwork"
+        lwork = _lwork(getattr(_lapack, name)(n, lower=int(bool(lower)))[0])
+        c, d, e, tau, info = sytrd(np.asfortranarray(a, compute), lower=int(bool(lower)), lwork=lwork)
+        return _nan_if(info != 0, c, d, e, tau)
+    one.empty_shapes = lambda s: [s, s[:-1], (s[-1] - 1,), (s[-1] - 1,)]
+    return _per_matrix(one, [x], [2], [x.dtype, real, real, x.dtype])
+
+
+# -- LU, QR, SVD --------------------------------------------------------------------------------------------------
+
+@_both("lu")
+def _lu(x):
+    compute = _compute_dtype(x.dtype)
+    m, n = x.shape[-2:]
+
+    def one(a):
+        lu, piv, info = _routine("getrf", compute)(np.asfortranarray(a, compute))
+        piv = np.asarray(piv, np.int32)[:min(m, n)]
+        return lu, piv, _pivots_to_permutation(piv, m)
+    one.empty_shapes = lambda s: [s, (min(s),), (s[0],)]
+    return _per_matrix(one, [x], [2], [x.dtype, np.int32, np.int32])
+
+
+def _pivots_to_permutation(pivots: np.ndarray, size: int) -> np.ndarray:
+    """Row swaps (0-based, applied in order) as a permutation, over any leading batch axes."""
+    batch = pivots.shape[:-1]
+    perm = np.broadcast_to(np.arange(size, dtype=np.int32), (*batch, size)).copy()
+    flat, piv = perm.reshape(-1, size), pivots.reshape(-1, pivots.shape[-1])
+    rows = np.arange(flat.shape[0])
+    for i in range(pivots.shape[-1]):  # JAX's loop: read perm[j] clamped, write perm[j] only in bounds
+        j = piv[:, i]
+        inside = (j >= 0) & (j < size)
+        a, b = flat[rows, i].copy(), flat[rows, np.clip(j, 0, size - 1)].copy()
+        flat[rows, i] = b
+        flat[rows[inside], j[inside]] = a[inside]
+    return flat.reshape(perm.shape)
+
+
+@_both("lu_pivots_to_permutation")
+def _lu_pivots_to_permutation(pivots, *, permutation_size):
+    return _pivots_to_permutation(np.asarray(pivots, np.int32), int(permutation_size))
+
+
+def _geqrf(a, compute):
+    geqrf = _routine("geqrf", compute)
+    m, n = a.shape
+    lwork = _lwork(getattr(_lapack, _prefix(compute) + "geqrf_lwork")(m, n)[0])
+    r, tau, _, info = geqrf(np.asfortranarray(a, compute), lwork=lwork)
+    return r, tau
+
+
+def _orgqr(a, tau, compute):
+    orgqr = _routine("orgqr", compute)
+    if a.shape[1] == 0:
+        return np.asfortranarray(a, compute)
+    a = np.asfortranarray(a, compute)
+    lwork = _lwork(orgqr(a, tau, lwork=-1)[1])
+    q, _, info = orgqr(a, tau, lwork=lwork)
+    return q
+
+
+@_both("householder_product")
+def _householder_product(a, taus):
+    compute = _compute_dtype(a.dtype)
+
+    def one(x, t):
+        return (_orgqr(x, np.asarray(t, compute), compute),)
+    one.empty_shapes = lambda s, t: [s]
+    return _per_matrix(one, [a, taus], [2, 1], [a.dtype])[0]
+
+
+@_both("ormqr")
+def _ormqr(a, taus, c, *, left, transpose):
+    compute = _compute_dtype(a.dtype)
+    side = "L" if left else "R"
+    trans = ("C" if compute.kind == "c" else "T") if transpose else "N"
+
+    def one(x, t, y):
+        ormqr = _routine("ormqr", compute)
+        t = np.asarray(t, compute)
+        x, y = np.asfortranarray(x[:, :len(t)], compute), np.asfortranarray(y, compute)  # the k reflectors
+        lwork = _lwork(ormqr(side, trans, x, t, y, lwork=-1)[1])
+        cq, _, info = ormqr(side, trans, x, t, y, lwork=lwork)
+        return (cq,)
+    one.empty_shapes = lambda s, t, u: [u]
+    return _per_matrix(one, [a, taus, c], [2, 1, 2], [c.dtype])[0]
+
+
+@_both("qr")
+def _qr(x, *, pivoting=False, full_matrices=True, use_magma=None):
+    """JAX's QR lowering: geqrf (geqp3 with pivoting), then orgqr on R (padded to m x m for full matrices
+    with m > n), then the upper triangle of R."""
+    compute = _compute_dtype(x.dtype)
+    m, n = x.shape[-2:]
+    k = m if full_matrices else min(m, n)
+
+    def one(a):
+        if m == 0 or n == 0:
+            q = np.eye(m, k, dtype=compute)
+            return q, np.zeros((k, n), compute), np.zeros(n, np.int32)
+        p = np.zeros(n, np.int32)
+        if pivoting:
+            geqp3 = _routine("geqp3", compute)
+            af = np.asfortranarray(a, compute)
+            lwork = _lwork(geqp3(af, lwork=-1)[3])
+            r, jpvt, tau, _, info = geqp3(af, lwork=lwork)
+            p = np.asarray(jpvt, np.int32) - 1
+        else:
+            r, tau = _geqrf(a, compute)
+        if m < n:
+            q = _orgqr(r[:m, :m], tau, compute)
+        elif full_matrices:
+            q = _orgqr(np.concatenate([r, np.zeros((m, m - n), compute)], axis=1), tau, compute)
+        else:
+            q = _orgqr(r, tau, compute)
+            r = r[:n, :n]
+        return q, np.triu(r), p
+    one.empty_shapes = lambda s: [(m, k), (k, n), (n,)]
+    q, r, p = _per_matrix(one, [x], [2], [x.dtype, x.dtype, np.int32])
+    return [q, r, p] if pivoting else [q, r]
+
+
+@_both("svd")
+def _svd(x, *, full_matrices, compute_uv, subset_by_index=None, algorithm=None):
+    compute = _compute_dtype(x.dtype)
+    real = np.dtype(x.dtype).type(0).real.dtype if x.dtype.kind == "c" else x.dtype
+    m, n = x.shape[-2:]
+    if subset_by_index is not None and tuple(subset_by_index) != (0, min(m, n)):
+        raise NotImplementedError("svd with subset_by_index: XLA:CPU does not support it either")
+    algo = getattr(algorithm, "name", str(algorithm)).upper() if algorithm is not None else "DEFAULT"
+    routine = "gesvd" if algo == "QR" else "gesdd"
+    uv, full = int(bool(compute_uv)), int(bool(full_matrices))
+    ku, kv = (m, n) if full else (min(m, n), min(m, n))
+
+    def one(a):
+        if m == 0 or n == 0:
+            return np.zeros(0, real), np.eye(m, ku, dtype=compute), np.eye(kv, n, dtype=compute)
+        fn = _routine(routine, compute)
+        lwork_fn = getattr(_lapack, _prefix(compute) + routine + "_lwork")
+        lwork = _lwork(lwork_fn(m, n, compute_uv=uv, full_matrices=full)[0])
+        u, s, vt, info = fn(np.asfortranarray(a, compute), compute_uv=uv, full_matrices=full, lwork=lwork)
+        if not uv:
+            u, vt = np.zeros((m, ku), compute), np.zeros((kv, n), compute)
+        return _nan_if(info != 0, s, u, vt)
+    one.empty_shapes = lambda sh: [(min(m, n),), (m, ku), (kv, n)]
+    s, u, vt = _per_matrix(one, [x], [2], [real, x.dtype, x.dtype])
+    return [s, u, vt] if compute_uv else [s]
+
+
+# -- solves and products -----------------------------------------------------------------------------------------
+
+@_both("triangular_solve")
+def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_diagonal):
+    """BLAS trsm with alpha = 1, as XLA:CPU calls it (a conjugated first when not transposed)."""
+    compute = _compute_dtype(b.dtype)
+    if conjugate_a and not transpose_a:
+        a, conjugate_a = np.conj(a), False
+    trans = (2 if conjugate_a else 1) if transpose_a else 0
+    prefix = {"f": "s", "d": "d", "F": "c", "D": "z"}[np.dtype(compute).char]
+    trsm = getattr(_blas, prefix + "trsm")
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = np.broadcast_to(a, (*batch, *a.shape[-2:]))
+    b = np.broadcast_to(b, (*batch, *b.shape[-2:]))
+
+    def one(x, y):
+        if y.size == 0:
+            return (np.asarray(y, compute),)
+        return (trsm(1.0, np.asfortranarray(x, compute), np.asfortranarray(y, compute), side=0 if left_side else 1,
+                     lower=int(bool(lower)), trans_a=trans, diag=int(bool(unit_diagonal))),)
+    one.empty_shapes = lambda s, t: [t]
+    return _per_matrix(one, [a, b], [2, 2], [b.dtype])[0]
+
+
+@_both("tridiagonal_solve")
+def _tridiagonal_solve(dl, d, du, b, *, perturb_singular=False):
+    """LAPACK gtsv (jaxlib passes dl from its second element: JAX's dl[0] and du[-1] are padding)."""
+    if perturb_singular:
+        raise NotImplementedError("tridiagonal_solve with perturb_singular=True (jaxlib's own kernel)")
+    compute = _compute_dtype(b.dtype)
+
+    def one(lo, mid, up, rhs):
+        n = mid.shape[0]
+        if n == 0 or rhs.size == 0:
+            return (np.asarray(rhs, compute),)
+        gtsv = _routine("gtsv", compute)
+        _, _, _, x, info = gtsv(np.asarray(lo[1:], compute), np.asarray(mid, compute), np.asarray(up[:n - 1], compute),
+                                np.asfortranarray(rhs, compute))
+        return _nan_if(info != 0, x)
+    one.empty_shapes = lambda a, m, u, r: [r]
+    return _per_matrix(one, [dl, d, du, b], [1, 1, 1, 2], [b.dtype])[0]
+
+
+@_both("symmetric_product")
+def _symmetric_product(a, c, *, alpha, beta):
+    """alpha A A^T + beta C, as JAX lowers it on CPU (a batched matmul at HIGHEST precision)."""
+    compute = _compute_dtype(a.dtype)
+    at = np.swapaxes(a, -1, -2)
+    product = matmul_slices(a.astype(compute), at.astype(compute))
+    return (np.asarray(alpha, compute) * product + np.asarray(beta, compute) * c.astype(compute)).astype(c.dtype)
+
+
+# -- FFT ----------------------------------------------------------------------------------------------------------
+
+@_both("fft")
+def _fft(x, *, fft_type, fft_lengths):
+    """numpy.fft (pocketfft, in the operand's precision) over the trailing len(fft_lengths) axes."""
+    kind = getattr(fft_type, "name", str(fft_type)).upper().rsplit(".", 1)[-1]
+    axes = tuple(range(x.ndim - len(fft_lengths), x.ndim))
+    lengths = tuple(int(n) for n in fft_lengths)
+    if kind == "FFT":
+        out = np.fft.fftn(x, axes=axes)
+        dtype = x.dtype
+    elif kind == "IFFT":
+        out = np.fft.ifftn(x, axes=axes)
+        dtype = x.dtype
+    elif kind == "RFFT":
+        out = np.fft.rfftn(x, axes=axes)
+        dtype = np.result_type(x.dtype, np.complex64)
+    else:  # IRFFT
+        out = np.fft.irfftn(x, s=lengths, axes=axes)
+        dtype = np.dtype(x.dtype).type(0).real.dtype
+    return np.asarray(out).astype(dtype, copy=False)
+
+
+# -- custom_linear_solve --------------------------------------------------------------------------------------------
+
+def _solve_parts(args, const_lengths):
+    counts = [const_lengths.matvec, const_lengths.vecmat, const_lengths.solve, const_lengths.transpose_solve]
+    starts = np.cumsum([0] + counts)
+    solve_consts = args[starts[2]:starts[3]]
+    return solve_consts, args[starts[4]:]
+
+
+@per_device("custom_linear_solve")
+def _custom_linear_solve(*args, const_lengths, jaxprs):
+    """The forward value of a custom linear solve is its ``solve`` jaxpr applied to b (matvec and the
+    transposes only matter to autodiff, which JAX has already done)."""
+    from spmdsim.jax._interpreter import eval_jaxpr
+
+    solve_consts, b = _solve_parts(args, const_lengths)
+    return eval_jaxpr(jaxprs.solve.jaxpr, jaxprs.solve.consts, *solve_consts, *b)
+
+
+@vectorized("custom_linear_solve")
+def _custom_linear_solve_v(*args, const_lengths, jaxprs):
+    """For now, the solve jaxpr once per device with the per-device evaluator (a higher-order primitive: its
+    batched form belongs with the vectorized executor's own evaluation of sub-jaxprs)."""
+    n = max(np.shape(a)[0] for a in args)
+    outs = [_custom_linear_solve(*(np.broadcast_to(a, (n, *np.shape(a)[1:]))[d] for a in args),
+                                 const_lengths=const_lengths, jaxprs=jaxprs) for d in range(n)]
+    return [np.stack([np.asarray(o[k]) for o in outs]) for k in range(len(outs[0]))]
