@@ -92,16 +92,15 @@ def test_the_vectorized_executor_across_hosts_gives_the_same_numbers(tmp_path):
             assert a[key].tobytes() == b[key].tobytes(), key
 
 
-def test_same_script_same_numbers_as_real_jax_multi_process_with_gloo(tmp_path):
-    """The example on real JAX, 2 processes x 2 CPU devices (jax.distributed.initialize, gloo on loopback), and
-    under spmdsim run --hosts 2 (where initialize only checks its arguments). Data moved between hosts is equal
-    bit for bit; values also computed outside the collectives within float32 rounding (XLA's own reductions)."""
+def real_jax_and_spmdsim(script: str, tmp_path) -> tuple[list[dict], list[dict]]:
+    """``script`` on real JAX, 2 processes x 2 CPU devices (jax.distributed.initialize, gloo on loopback), and
+    under spmdsim run --hosts 2 (where initialize only checks its arguments): each host's saved results."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COORDINATOR": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2"}
-    real = [subprocess.Popen([sys.executable, EXAMPLE, "--out", str(tmp_path / "real")],
+    real = [subprocess.Popen([sys.executable, script, "--out", str(tmp_path / "real")],
                              env={**env, "JAX_PROCESS_ID": str(h)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for h in range(2)]
     try:
@@ -111,10 +110,16 @@ def test_same_script_same_numbers_as_real_jax_multi_process_with_gloo(tmp_path):
         for p in real:
             p.kill()
             p.communicate()
-    sim = spmdsim_run(EXAMPLE, "--out", str(tmp_path / "sim"), hosts=2,
+    sim = spmdsim_run(script, "--out", str(tmp_path / "sim"), hosts=2,
                       env={**ENV, "JAX_COORDINATOR": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2"})
     assert sim.returncode == 0, sim.stderr
-    for r, s in zip(load(tmp_path / "real", 2), load(tmp_path / "sim", 2), strict=True):
+    return load(tmp_path / "real", 2), load(tmp_path / "sim", 2)
+
+
+def test_same_training_script_same_numbers_as_real_jax_multi_process_with_gloo(tmp_path):
+    """Data moved between hosts is equal bit for bit; values also computed outside the collectives within
+    float32 rounding (XLA's own reductions)."""
+    for r, s in zip(*real_jax_and_spmdsim(EXAMPLE, tmp_path), strict=True):
         assert set(r) == set(s)
         for key in ("hosts_first_rows", "from_host_0"):
             assert r[key].dtype == s[key].dtype and r[key].tobytes() == s[key].tobytes(), key
@@ -124,12 +129,26 @@ def test_same_script_same_numbers_as_real_jax_multi_process_with_gloo(tmp_path):
         np.testing.assert_array_equal(s["gathered"], np.stack([s["w"]] * 2))
 
 
+def test_shard_map_on_global_arrays_from_process_local_data_same_as_real_jax_bit_for_bit(tmp_path):
+    """make_array_from_process_local_data over a (hosts, devices) mesh, a jitted shard_map with psums over
+    both axes and over one, process_allgather of global and process-local values: every host's results equal
+    real JAX multi-process's bit for bit (shapes and dtypes included)."""
+    script = os.path.join(ROOT, "examples", "jax", "multihost_shard_map.py")
+    real, sim = real_jax_and_spmdsim(script, tmp_path)
+    for r, s in zip(real, sim, strict=True):
+        assert set(r) == set(s) == {"shape", "total", "centred", "per_host", "host_rows"}
+        for key in r:
+            assert r[key].dtype == s[key].dtype and r[key].shape == s[key].shape, key
+            assert r[key].tobytes() == s[key].tobytes(), key
+    assert sim[0]["shape"].tolist() == [16, 3]
+
+
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_a_mismatch_across_hosts_names_each_call_and_line(hosts):
     proc = spmdsim_run(CASES, "mismatch", hosts=hosts, devices=2 * hosts)
     assert proc.returncode == 1
     assert "spmdsim.errors.CollectiveMismatchError: devices called different collectives at step 0" in proc.stderr
-    assert re.search(r"host 0 device 0 \[i=0\]: psum\(float32\[\], axis_name='i'\) at \S*_multihost_cases.py:27:",
+    assert re.search(r"host \d device (\d) \[i=\1\]: psum\(float32\[\], axis_name='i'\) at \S*_multihost_cases.py:27:",
                      proc.stderr)
     assert re.search(r"host 1 device [23] \[i=[23]\]: pmax\(float32\[\], axis_name='i'\) at \S*_multihost_cases.py:36:",
                      proc.stderr)

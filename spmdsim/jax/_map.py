@@ -117,11 +117,20 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
     when an output replicated along some mesh axes differs between the devices along them."""
     in_specs, out_specs = _numpy_specs(jaxpr, in_specs, out_specs)
     if isinstance(ex, Vectorized) or (ex is None and executor == "vectorized"):
-        return _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex)
+        return _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex, api)
     body_ex = REFERENCE if executor == "reference" else PER_DEVICE
-    local = axes if ex is not None or _runtime.current_lane() is not None else _local_mesh(axes)
-    blocks = [_split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
     inner, consts = jaxpr.jaxpr, jaxpr.consts
+    mine = _global_arrays(api, axes, ex)
+    if mine is not None:  # shard_map across hosts: global arrays in and out
+        blocks = [_split(x, spec, axes)[mine] for x, spec in zip(args, in_specs, strict=True)]
+        per_device = _runtime.run_mapped(lambda i: body_ex.eval_jaxpr(inner, consts, [b[i] for b in blocks]), axes,
+                                         is_device=True)
+        stacked = _every_hosts_blocks([np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))])
+        if check_replicated:
+            _check_replicated(stacked, out_specs, axes, api)
+        return [_sharding.assemble(o, spec, axes) for o, spec in zip(stacked, out_specs, strict=True)]
+    local = axes if _runtime.current_lane() is not None else _local_mesh(axes)  # top level: this host's box
+    blocks = [_split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
 
     def body(i: int) -> list:
         return body_ex.eval_jaxpr(inner, consts, [b[i] for b in blocks])
@@ -131,6 +140,25 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
         stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))]
         _check_replicated(stacked, out_specs, local, api)
     return [_assemble([device[k] for device in per_device], spec, local) for k, spec in enumerate(out_specs)]
+
+
+def _global_arrays(api: str, axes: tuple, ex) -> slice | None:
+    """A top-level ``shard_map`` in a multi-host run takes and returns *global* arrays, as ``jax.Array``s are in a
+    multi-process JAX job (JAX traces it with their global shapes): the slice of the mesh's devices that this host
+    runs, or None for any other map (pmap takes process-local data: see :func:`_local_mesh`)."""
+    if api != "shard_map" or isinstance(ex, Vectorized) or _runtime.current_lane() is not None \
+            or _local_mesh(axes) == axes:
+        return None
+    host = _hosts.current()
+    return slice(host.index * host.local, (host.index + 1) * host.local)
+
+
+def _every_hosts_blocks(stacked: list[np.ndarray]) -> list[np.ndarray]:
+    """Every device's blocks, from this host's ``(L, *block)`` stacks: gathered from every host (one step of the
+    hosts, the blocks moved unchanged), ``(N, *block)`` in global device order. In JAX the other hosts' shards of
+    a global array are not addressable; in spmdsim every host's JAX holds all of them (see the README)."""
+    from spmdsim import multihost
+    return multihost.process_allgather(stacked, tiled=True)
 
 
 def _local_mesh(axes: tuple) -> tuple:
@@ -192,12 +220,19 @@ def _read_only(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized | None") -> list[np.ndarray]:
+def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized | None",
+                         api: str = "pmap") -> list[np.ndarray]:
     if ex is None and _runtime.current_lane() is None and _local_mesh(axes) != axes:
-        local = _local_mesh(axes)  # a multi-host run: this host's devices, their collectives across hosts
+        # a multi-host run: this host's devices, their collectives across hosts
+        mine = _global_arrays(api, axes, ex)
+        local = axes if mine is not None else _local_mesh(axes)
         stacked = [_sharding.split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
+        if mine is not None:
+            stacked = [x[mine] for x in stacked]
         outs = _hosts.current().run_vectorized(
             lambda batch: Vectorized(batch).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked), axes)
+        if mine is not None:
+            outs = _every_hosts_blocks(list(outs))
         return [_sharding.assemble(o, spec, local) for o, spec in zip(outs, out_specs, strict=True)]
     if ex is None:  # top level: the mesh alone
         stacked = [_sharding.split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
@@ -239,8 +274,10 @@ def _impl(*args, **params):
 
 def global_avals(params) -> list:
     """The map's output avals: the body's, assembled by the out_specs (plain arrays, no varying axes); in a
-    multi-host run, this host's part of them (its process-local data)."""
-    return _global_avals(params["jaxpr"], params["out_specs"], _local_mesh(params["axes"]))
+    multi-host run, this host's part of them (its process-local data), except a shard_map's (global arrays)."""
+    axes = params["axes"]
+    return _global_avals(params["jaxpr"], params["out_specs"], axes if params.get("api") == "shard_map" else
+                         _local_mesh(axes))
 
 
 @weakref_lru_cache
@@ -254,7 +291,7 @@ def _unshard(aval, spec, axes):
 
 def _abstract_eval(*avals, jaxpr, axes, **params):
     names = [name for name, _ in axes]
-    return global_avals({"jaxpr": jaxpr, "out_specs": params["out_specs"], "axes": axes}), \
+    return global_avals({"jaxpr": jaxpr, "axes": axes, **params}), \
         core.filter_named_axis_effects(jaxpr.effects, names)
 
 

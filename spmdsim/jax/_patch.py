@@ -68,8 +68,11 @@ def patched_jax(n_devices: int, executor: str = "threads", host=None):
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
     from spmdsim import _devices
 
+    # In a multi-host job a host's JAX puts new arrays on its first local device.
+    default_device = contextlib.nullcontext() if host is None else \
+        jax.default_device(jax.devices()[host.index * host.local])
     with (spmdsim.set_device_count(n_devices) if host is None else contextlib.nullcontext()), \
-            _devices.devices_hint("--devices {n} (spmdsim run's option)"):
+            _devices.devices_hint("--devices {n} (spmdsim run's option)"), default_device:
         for owner, name, value in replaced:
             setattr(owner, name, value)
         try:
@@ -142,6 +145,24 @@ def host_replacements(host) -> list[tuple]:
     def shutdown():
         state["initialized"] = False
 
+    local_ids = set(range(host.index * host.local, (host.index + 1) * host.local))
+
+    def spans_hosts(x) -> bool:
+        """A jax.Array with shards on other hosts' devices: in JAX not fully addressable, a global array."""
+        return isinstance(x, jax.Array) and not {d.id for d in x.sharding.device_set} <= local_ids
+
+    def process_allgather(in_tree, tiled: bool = False):
+        """``multihost_utils.process_allgather``: a global array's value as it is (every host has it), every
+        process-local leaf gathered from every host (:func:`spmdsim.multihost.process_allgather`)."""
+        leaves, treedef = jax.tree_util.tree_flatten(in_tree)
+        local = [k for k, x in enumerate(leaves) if not spans_hosts(x)]
+        if len(local) < len(leaves) and not tiled:
+            raise ValueError("Gathering global non-fully-addressable arrays only supports tiled=True")  # JAX's
+        gathered = dict(zip(local, multihost.process_allgather([np.asarray(leaves[k]) for k in local], tiled=tiled)
+                            if local else [], strict=True))
+        return jax.tree_util.tree_unflatten(treedef, [gathered[k] if k in gathered else np.asarray(x)
+                                                      for k, x in enumerate(leaves)])
+
     def leaves_of(fn):
         def wrapped(in_tree, *args, **kwargs):
             leaves, treedef = jax.tree_util.tree_flatten(in_tree)
@@ -151,11 +172,50 @@ def host_replacements(host) -> list[tuple]:
         wrapped.__doc__ = fn.__doc__
         return wrapped
 
+    def make_array_from_process_local_data(sharding, local_data, global_shape=None):
+        """``jax.make_array_from_process_local_data`` under spmdsim's hosts: this host's part of a global array
+        (laid over its box of the mesh), gathered from every host through spmdsim's collectives into the global
+        array, which every host's JAX holds whole (in JAX the other hosts' shards are not addressable)."""
+        return jax.device_put(_global_from_process_local(sharding, np.asarray(local_data), global_shape), sharding)
+
     return [(jax, "process_index", process_index), (jax, "process_count", process_count),
+            (jax, "make_array_from_process_local_data", make_array_from_process_local_data),
             (jax, "process_indices", process_indices), (jax, "local_devices", local_devices),
             (jax, "local_device_count", local_device_count), (jax.distributed, "initialize", initialize),
             (jax.distributed, "is_initialized", is_initialized), (jax.distributed, "shutdown", shutdown),
-            (mhu, "process_allgather", leaves_of(multihost.process_allgather)),
+            (mhu, "process_allgather", process_allgather),
             (mhu, "broadcast_one_to_all", leaves_of(multihost.broadcast_one_to_all)),
             (mhu, "assert_equal", leaves_of(multihost.assert_equal)),
             (mhu, "sync_global_devices", multihost.sync_global_devices)]
+
+
+def _global_from_process_local(sharding, local_data, global_shape):
+    """The global array of which ``local_data`` is this host's part, by a ``NamedSharding`` over every host's
+    devices (see :func:`spmdsim._hosts.local_mesh`).
+
+    Raises:
+      NotImplementedError: a sharding other than a NamedSharding, or a mesh whose devices are not in id order.
+      ValueError: ``global_shape`` is not the shape the hosts' parts make.
+    """
+    import numpy as np
+
+    from spmdsim import _hosts, _sharding, multihost
+    from spmdsim.jax._shard_map import _spec_dims
+
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not hasattr(sharding, "spec"):
+        raise NotImplementedError(f"make_array_from_process_local_data under spmdsim's hosts takes a NamedSharding, "
+                                  f"got {type(sharding).__name__}.")
+    if [d.id for d in mesh.devices.flat] != list(range(mesh.devices.size)):
+        raise NotImplementedError("make_array_from_process_local_data under spmdsim's hosts needs a mesh of the "
+                                  "devices in id order (jax.make_mesh gives one).")
+    if global_shape is not None and tuple(global_shape) == local_data.shape:
+        return local_data  # every host passed the whole array
+    axes = tuple(zip(mesh.axis_names, mesh.devices.shape))
+    dims = _spec_dims(sharding.spec, local_data.ndim)
+    blocks = _sharding.split(local_data, dims, _hosts.local_mesh(axes, "the sharding's mesh"))
+    whole = _sharding.assemble(multihost.process_allgather(blocks, tiled=True), dims, axes)
+    if global_shape is not None and tuple(global_shape) != whole.shape:
+        raise ValueError(f"make_array_from_process_local_data: global_shape {tuple(global_shape)}, but the hosts' "
+                         f"local data of shape {local_data.shape} make an array of shape {whole.shape}.")
+    return whole
