@@ -9,6 +9,7 @@ never imported by pytest): ``python -m spmdsim run --hosts H --devices N _multih
 - ``late``: host 1's program ends after one mapped call; the others make a second.
 - ``sleeping``: host 1 sleeps a minute before its second mapped call (for Ctrl-C); host 0 prints ``waiting``.
 - ``initialize``: ``jax.distributed.initialize`` with a process count that is not the run's.
+- ``transforms``: ``jax.jit`` and ``jax.grad`` around a pmap across hosts; prints each host's results.
 """
 import os
 import signal
@@ -41,6 +42,11 @@ elif case == "raising":
         jax.debug.callback(check, jax.lax.axis_index("i"))
         return psum(v)
     f = jax.pmap(f_raising, "i")
+elif case == "transforms":
+    f = jax.jit(jax.pmap(lambda v: psum(v) + jax.lax.axis_index("i"), "i"))
+    g = jax.grad(lambda v: jax.pmap(lambda u: psum(u * u), "i")(v).sum())
+    print(f"host {host}: {np.asarray(f(x)).tolist()} {np.asarray(g(x)).tolist()}")
+    sys.exit(0)
 elif case == "initialize":
     jax.distributed.initialize(coordinator_address="127.0.0.1:1234", num_processes=jax.process_count() + 1)
 else:

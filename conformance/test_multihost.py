@@ -239,6 +239,14 @@ def test_trace_of_a_multihost_run_has_a_process_track_per_host(tmp_path):
     assert len(psums) == 5 * 2 * 4  # 5 steps, the two pmeans, 4 devices
 
 
+def test_jit_and_grad_around_a_pmap_across_hosts():
+    """Host h passes [10h, 10h + 1]: the psum over the 4 devices is 22, plus each device's global axis index;
+    the gradient of the sum over every host's outputs of psum(u * u) is 4 devices x 2u."""
+    proc = spmdsim_run(CASES, "transforms", hosts=2)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["host 0: [22.0, 23.0] [0.0, 8.0]", "host 1: [24.0, 25.0] [80.0, 88.0]"]
+
+
 def test_jax_distributed_initialize_checks_its_arguments_against_the_run():
     proc = spmdsim_run(CASES, "initialize", hosts=2)
     assert proc.returncode == 1
