@@ -9,6 +9,8 @@ never imported by pytest): ``python -m spmdsim run --hosts H --devices N _multih
 - ``late``: host 1's program ends after one mapped call; the others make a second.
 - ``sleeping``: host 1 sleeps a minute before its second mapped call (for Ctrl-C); host 0 prints ``waiting``.
 - ``initialize``: ``jax.distributed.initialize`` with a process count that is not the run's.
+- ``gone``: host 1 ends before any mapped call; host 2 (of 3) reaches the first one after host 0 has.
+- ``submesh``: a shard_map over the first two devices only.
 - ``transforms``: ``jax.jit`` and ``jax.grad`` around a pmap across hosts; prints each host's results.
 """
 import os
@@ -42,6 +44,16 @@ elif case == "raising":
         jax.debug.callback(check, jax.lax.axis_index("i"))
         return psum(v)
     f = jax.pmap(f_raising, "i")
+elif case == "gone":
+    if host == 1:
+        sys.exit(0)
+    if host == 2:
+        time.sleep(1.0)
+    f = jax.pmap(psum, "i")
+elif case == "submesh":
+    mesh = jax.make_mesh((2,), ("i",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+    f = jax.shard_map(psum, mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P())
+    x = np.ones(2, np.float32)
 elif case == "transforms":
     f = jax.jit(jax.pmap(lambda v: psum(v) + jax.lax.axis_index("i"), "i"))
     g = jax.grad(lambda v: jax.pmap(lambda u: psum(u * u), "i")(v).sum())

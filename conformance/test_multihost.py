@@ -55,8 +55,14 @@ def spmdsim_run(*args, hosts: int | None = None, devices: int = 4, env=None) -> 
     try:
         proc = subprocess.run(command, capture_output=True, text=True, env=env or ENV, timeout=TIMEOUT)
     finally:
-        no_process_left(args[0])
+        no_process_left(next(a for a in args if a.endswith(".py")))  # the script names the run's processes
     return proc
+
+
+def line_of(path: str, text: str) -> int:
+    """The number of the first line of ``path`` that contains ``text``."""
+    with open(path) as f:
+        return next(n for n, line in enumerate(f, 1) if text in line)
 
 
 def load(prefix, hosts: int) -> list[dict]:
@@ -105,7 +111,8 @@ def real_jax_and_spmdsim(script: str, tmp_path) -> tuple[list[dict], list[dict]]
                              text=True) for h in range(2)]
     try:
         for p in real:
-            assert p.wait(timeout=TIMEOUT) == 0, p.stderr.read()
+            _, err = p.communicate(timeout=TIMEOUT)
+            assert p.returncode == 0, err
     finally:
         for p in real:
             p.kill()
@@ -148,10 +155,11 @@ def test_a_mismatch_across_hosts_names_each_call_and_line(hosts):
     proc = spmdsim_run(CASES, "mismatch", hosts=hosts, devices=2 * hosts)
     assert proc.returncode == 1
     assert "spmdsim.errors.CollectiveMismatchError: devices called different collectives at step 0" in proc.stderr
-    assert re.search(r"host \d device (\d) \[i=\1\]: psum\(float32\[\], axis_name='i'\) at \S*_multihost_cases.py:27:",
-                     proc.stderr)
-    assert re.search(r"host 1 device [23] \[i=[23]\]: pmax\(float32\[\], axis_name='i'\) at \S*_multihost_cases.py:36:",
-                     proc.stderr)
+    psum_line, pmax_line = line_of(CASES, 'jax.lax.psum(v, "i")'), line_of(CASES, 'jax.lax.pmax(v, "i")')
+    assert re.search(rf"host \d device (\d) \[i=\1\]: psum\(float32\[\], axis_name='i'\) at "
+                     rf"\S*_multihost_cases.py:{psum_line}:", proc.stderr)
+    assert re.search(rf"host 1 device [23] \[i=[23]\]: pmax\(float32\[\], axis_name='i'\) at "
+                     rf"\S*_multihost_cases.py:{pmax_line}:", proc.stderr)
     assert proc.stderr.count("CollectiveMismatchError: devices called") == hosts  # every host raises it
 
 
@@ -173,7 +181,7 @@ def test_a_device_raising_on_one_host_ends_every_host_with_its_error_and_line(ho
     assert proc.returncode == 1
     assert proc.stderr.count(f"ValueError: device {last} found a bad value") == hosts
     assert proc.stderr.count(f"spmdsim: raised on host {hosts - 1} device {last} [i={last}].") == hosts
-    assert f"_multihost_cases.py\", line " in proc.stderr and "in check" in proc.stderr
+    assert "_multihost_cases.py\", line " in proc.stderr and "in check" in proc.stderr
 
 
 @pytest.mark.parametrize("hosts", [2, 4])
@@ -237,6 +245,23 @@ def test_trace_of_a_multihost_run_has_a_process_track_per_host(tmp_path):
                        (2, "host 1 device 3 [processes=1, local_devices=1]")}
     psums = [e for e in events if e["ph"] == "X" and e["name"] == "psum(batch)"]
     assert len(psums) == 5 * 2 * 4  # 5 steps, the two pmeans, 4 devices
+
+
+def test_a_host_gone_before_a_step_others_reach_at_different_times_is_named_on_every_host():
+    proc = spmdsim_run(CASES, "gone", hosts=3, devices=3)
+    assert proc.returncode == 1
+    assert proc.stderr.count("CollectiveDeadlockError: the 1st step of the hosts (map over [i=3] (threads), at ") == 2
+    assert proc.stderr.count("host 1 finished its program without reaching it") == 2
+    assert "host 1  finished after 0 steps (returned)" in proc.stderr
+    assert "KeyError" not in proc.stderr
+
+
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_a_mapped_call_over_part_of_the_hosts_devices_is_a_value_error(executor):
+    proc = spmdsim_run("--executor", executor, CASES, "submesh", hosts=2)
+    assert proc.returncode == 1
+    assert proc.stderr.count("ValueError: a top-level mapped call in a multi-host run spans every host's devices "
+                             "(2 hosts x 2 local devices = 4), but this one's mesh (i=2) has 2.") == 2
 
 
 def test_jit_and_grad_around_a_pmap_across_hosts():

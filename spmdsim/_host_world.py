@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import os
 import pickle
 import signal
@@ -40,14 +41,12 @@ import time
 import traceback
 from typing import Any, Callable, NamedTuple
 
-import math
-
 import numpy as np
 
 from spmdsim import _hosts, _output, _primitives, _reduction, _runtime
 from spmdsim._axes import Unnamed
 from spmdsim._reports import Signature, describe, format_table, mismatch_text
-from spmdsim._rendezvous import ABORTED, DONE, JOINING, RAISED, RUNNING, WAITING, Aborted, World, ordinal
+from spmdsim._rendezvous import DONE, JOINING, RAISED, RUNNING, WAITING, Aborted, World, ordinal
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError, HostLostError, RemoteError
 
 __all__ = ["Host", "RemoteWorld", "CallDesc", "run_spoofed", "portable"]
@@ -159,7 +158,8 @@ class Host:
         self.calls = 0
         self.call = None              # the global call in progress here: _CoordinatorCall, RemoteWorld, VectorCall
         self.meeting: dict = {}       # coordinator: call -> {host: CallDesc}
-        self.exited: dict = {}        # coordinator: host -> (calls made, how its program ended, its result)
+        self.exited: dict = {}        # coordinator: host -> (calls made, how its program ended)
+        self.failed: dict = {}        # coordinator: call -> the error its meeting ended with
         self.answers: dict = {}       # call -> None (go) or the error the meeting ended with
         self.outcomes: dict = {}      # call -> None or the error every host raises
         self.vector: dict = {}        # call -> messages of a vectorized call (see VectorCall)
@@ -299,7 +299,7 @@ class Host:
                 lost = self.lost_error()
             for k, h, desc in late:  # a lost host, not the coordinator's end, is why these steps cannot complete
                 answered.add((k, h))
-                self.send(h, ("answer", k, lost or self._finished_error(k, desc, h), None))
+                self.send(h, ("answer", k, lost or self.failed.get(k) or self._finished_error(k, desc, h), None))
             if done and not late:
                 break
         for h in range(1, self.count):
@@ -355,7 +355,7 @@ class Host:
                 if any(h in self.lost for h in missing):
                     return ("lost", self.lost_error(missing))
                 if any(h in self.exited for h in missing):
-                    return ("exited", missing)
+                    return ("exited", [h for h in missing if h in self.exited])
                 return None if missing else ("all", None)
             state, detail = self.wait_for(settled, hosts=())
             arrived = self.meeting.pop(k, {})
@@ -374,6 +374,7 @@ class Host:
         for h in arrived:
             self.send(h, ("answer", k, portable(error), payloads))
         if error is not None:
+            self.failed[k] = portable(error)  # also the answer to a host that reaches this step later
             raise error
         return payloads
 
@@ -383,9 +384,11 @@ class Host:
             if h in descs:
                 rows.append((f"host {h}", f"waiting in its {ordinal(k + 1)} step", descs[h].text(),
                              descs[h].site))
-            else:
+            elif h in self.exited:
                 calls, how = self.exited[h]
                 rows.append((f"host {h}", f"finished after {_steps(calls)} ({how})", "", ""))
+            else:
+                rows.append((f"host {h}", f"running, not yet at its {ordinal(k + 1)} step", "", ""))
         return rows
 
     def _meeting_deadlock(self, k: int, descs: dict, missing: list) -> CollectiveDeadlockError:
@@ -409,9 +412,20 @@ class Host:
                 + f"\n\n{FIX}")
         return CollectiveMismatchError(text, [" ".join(r).strip() for r in rows])
 
+    def _check_spans(self, axes: tuple) -> None:
+        """A mapped call made by the hosts spans every host's devices: ValueError otherwise."""
+        total = math.prod(size for _, size in axes)
+        if total != self.count * self.local:
+            raise ValueError(f"a top-level mapped call in a multi-host run spans every host's devices "
+                             f"({self.count} hosts x {self.local} local devices = {self.count * self.local}), "
+                             f"but this one's mesh ({', '.join(f'{n}={s}' for n, s in axes)}) has {total}. Build "
+                             f"the mesh from every device (jax.devices(), spmdsim.devices()), or map over the "
+                             f"local devices (pmap's mapped axis is the host's local device count).")
+
     def run(self, body: Callable[[int], Any], axes: tuple) -> list:
         """A top-level mapped call over the global mesh ``axes`` on the thread executor: ``body(j)`` runs this
         host's j-th device; returns this host's devices' results (see the module docstring)."""
+        self._check_spans(axes)
         k, desc = self.begin("threads", axes)
         # The call's state exists before the meeting ends: the other hosts' devices send to it right after.
         call = _CoordinatorCall(self, k, World(self)) if self.index == COORDINATOR else RemoteWorld(self, k)
@@ -467,6 +481,7 @@ class Host:
         this host's devices (a :class:`~spmdsim._primitives.Batch` of the global mesh holding them), its
         collectives across hosts going through a :class:`VectorCall`. Returns ``fn``'s result; raises the error of
         the first host (in host order) that failed."""
+        self._check_spans(axes)
         k, desc = self.begin("vectorized", axes)
         self.meet(k, desc)
         call = VectorCall(self, k)
@@ -647,8 +662,8 @@ class VectorCall:
             inbox = host.wait_for(ready)
         if inbox[0] != "ended":
             return inbox[0]
-        steps, error = host.vector[self.k][("end", source)][:2]
-        if error is not None:
+        steps, error, peer_failed = host.vector[self.k][("end", source)][:3]
+        if error is not None or peer_failed:  # it ended because a device failed somewhere: not a deadlock
             raise _PeerFailed
         raise self._deadlock(source, what, steps)
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 from spmdsim import _runtime
 
 __all__ = ["current", "layout", "process_index", "process_count", "local_devices", "run_hosts", "local_mesh",
-           "host_prefix", "mpi_host"]
+           "mpi_host"]
 
 _local = threading.local()          # .host: the Host of a spoofed host thread
 _process_host = None                 # the Host of this process under MPI
@@ -69,12 +69,6 @@ def local_devices() -> list:
     devices = _devices.devices()
     host = current()
     return devices if host is None else devices[host.index * host.local:(host.index + 1) * host.local]
-
-
-def host_prefix(device: int) -> str:
-    """``"host 1 "`` for global device ``device`` in a multi-host run, ``""`` otherwise."""
-    found = layout()
-    return "" if found is None else f"host {device // found[1]} "
 
 
 def local_mesh(axes: Sequence[tuple[Any, int]], what: str = "the mesh") -> tuple:

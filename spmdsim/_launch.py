@@ -5,7 +5,8 @@
 (whose report names the wrong process) but end by themselves within seconds with a
 :class:`~spmdsim.errors.HostLostError` naming the host. MPICH's process manager kills every process of the job
 when one of *its* processes dies of a signal, even then; so each host runs in a child of the process that
-``mpiexec`` started (:func:`run_as_host_child`), which only waits for it and exits normally with its status. It runs in its own session, so that one Ctrl-C reaches
+``mpiexec`` started (:func:`run_as_host_child`), which only waits for it and exits normally with its status.
+It runs in its own session, so that one Ctrl-C reaches
 it exactly once (from here; it passes Ctrl-C on to every host); it gets SIGINT if this launcher dies. A second
 Ctrl-C, or hosts still running ``STOP_SECONDS`` after the first, make ``mpiexec`` abort them.
 """

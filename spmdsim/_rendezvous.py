@@ -30,8 +30,8 @@ from spmdsim._reports import (TABLE_HEADER, Signature, deadlock_text, describe, 
                               shown_avals)
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
-__all__ = ["Lane", "World", "Rendezvous", "Aborted", "CallCount", "observers", "pause_hooks", "failure_hooks", "RUNNING", "WAITING", "JOINING",
-           "DONE", "RAISED", "ABORTED"]
+__all__ = ["Lane", "World", "Rendezvous", "Aborted", "CallCount", "observers", "pause_hooks", "failure_hooks",
+           "RUNNING", "WAITING", "JOINING", "DONE", "RAISED", "ABORTED"]
 
 # Objects with ``record(rendezvous, released_at)``, called once per completed collective, and
 # ``lane(label, start, end, outcome)``, once per device call (see spmdsim._trace), and ``thread``: the ident of

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from typing import Callable
 
 __all__ = ["Transport", "Fabric", "ThreadTransport", "MPITransport", "launched_by_mpi"]
@@ -126,6 +127,18 @@ class MPITransport(Transport):
     # -- the messenger thread ----------------------------------------------------------------------------
 
     def _serve(self) -> None:
+        """The messenger: receives for this host, watches the others. If it fails (a message that does not
+        unpickle here, a bug), this host could never hear from the others again: it says why on stderr and ends
+        the process, which the other hosts then report as a lost host."""
+        try:
+            self._messenger_loop()
+        except BaseException:  # noqa: BLE001 - reported, then the process ends
+            sys.stderr.write(f"spmdsim: the messenger of host {self.index} failed; this host stops:\n"
+                             f"{traceback.format_exc()}")
+            sys.stderr.flush()
+            os._exit(1)
+
+    def _messenger_loop(self) -> None:
         _fine_timer_slack()
         status = self.MPI.Status()
         idle_since = time.monotonic()
@@ -140,8 +153,15 @@ class MPITransport(Transport):
                 self._watch(now)
             if self.remote and now >= next_beat:
                 next_beat = now + HEARTBEAT_SECONDS
-                for h in self.remote:
-                    self.send(h, ("heartbeat",))
+                # Never blocking here: a large send of another thread may hold the lock until the peer
+                # receives, and the peer's messenger may be sending to us too; any message counts as a beat.
+                if self._send_lock.acquire(blocking=False):
+                    try:
+                        for h in self.remote:
+                            if h not in self._lost:
+                                self.comm.send(("heartbeat",), dest=h, tag=0)
+                    finally:
+                        self._send_lock.release()
             quiet = now - idle_since
             time.sleep(POLL_SECONDS[0] if quiet < 0.01 else POLL_SECONDS[1] if quiet < 0.2 else POLL_SECONDS[2])
 

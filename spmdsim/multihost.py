@@ -33,7 +33,8 @@ def process_allgather(in_tree, tiled: bool = False):
     Args:
       in_tree: a pytree of arrays; each leaf must have the same shape and dtype on every host.
       tiled: False: stack the hosts' leaves on a new axis 0, shape ``(process_count(), *shape)``; True:
-        concatenate them along axis 0 (a scalar leaf is stacked either way).
+        concatenate them along axis 0 (a scalar leaf is stacked either way, but returned as it is with one
+        host, as in JAX).
 
     Returns: the pytree of NumPy arrays, identical on every host.
 
@@ -42,8 +43,8 @@ def process_allgather(in_tree, tiled: bool = False):
     """
     leaves, treedef = _tree.flatten(in_tree)
     arrays = [np.asarray(x) for x in leaves]
-    if _hosts.process_count() == 1:
-        return _tree.unflatten(treedef, [a if tiled and a.ndim else a[None] for a in arrays])
+    if _hosts.process_count() == 1:  # as JAX: the leaves as they are (tiled), or with a leading axis of 1
+        return _tree.unflatten(treedef, [a if tiled else a[None] for a in arrays])
     arrays = [a if tiled and a.ndim else a[None] for a in arrays]
     out = _over_hosts(lambda b: lax.all_gather(b[0], "processes", tiled=True), arrays)
     return _tree.unflatten(treedef, [np.asarray(o) for o in out])

@@ -222,7 +222,7 @@ def _read_only(x: np.ndarray) -> np.ndarray:
 
 def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized | None",
                          api: str = "pmap") -> list[np.ndarray]:
-    if ex is None and _runtime.current_lane() is None and _local_mesh(axes) != axes:
+    if ex is None and _runtime.current_lane() is None and _hosts.layout() is not None:
         # a multi-host run: this host's devices, their collectives across hosts
         mine = _global_arrays(api, axes, ex)
         local = axes if mine is not None else _local_mesh(axes)
@@ -248,8 +248,8 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
         stacked.append(np.swapaxes(blocks, 0, 1).reshape(ex.n * inner, *blocks.shape[2:]))
     ids = None if outer.ids is None else (outer.ids[:, None] * inner + np.arange(inner)).ravel()
     try:
-        outs = Vectorized(_primitives.Batch(outer.axes + tuple(axes), ids, outer.host)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts,
-                                                                                       stacked)
+        batch = _primitives.Batch(outer.axes + tuple(axes), ids, outer.host)
+        outs = Vectorized(batch).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
     except _primitives.Diverged as d:  # a collective over an outer axis: the outer devices, as the outer batch counts
         raise _primitives.Diverged([(np.unique(group // inner), *call) for group, *call in d.calls]) from None
     result = []

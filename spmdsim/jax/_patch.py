@@ -197,7 +197,6 @@ def _global_from_process_local(sharding, local_data, global_shape):
       NotImplementedError: a sharding other than a NamedSharding, or a mesh whose devices are not in id order.
       ValueError: ``global_shape`` is not the shape the hosts' parts make.
     """
-    import numpy as np
 
     from spmdsim import _hosts, _sharding, multihost
     from spmdsim.jax._shard_map import _spec_dims
