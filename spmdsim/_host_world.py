@@ -959,6 +959,10 @@ def _interrupt_main(host: Host, error: HostLostError) -> None:
     threading.Thread(target=end, name="spmdsim lost host", daemon=True).start()
 
 
+STOP_SECONDS = 1.0  # after Ctrl-C, how long run_spoofed waits for the host threads (one busy in its own code
+#                    runs on, a daemon, until its next mapped call, which raises)
+
+
 def run_spoofed(count: int, local: int, fn: Callable, args: tuple, kwargs: dict) -> list:
     """``spmdsim.run_hosts`` in one process: ``count`` host threads, each running ``fn`` as its host."""
     from spmdsim import _hosts, _transport
@@ -981,8 +985,17 @@ def run_spoofed(count: int, local: int, fn: Callable, args: tuple, kwargs: dict)
                for h in range(count)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:  # Ctrl-C: every host loses the others, so that every wait ends, then stops
+        for host in hosts:
+            for h in range(count):
+                if h != host.index:
+                    host._lose(h, f"host {h} stopped by Ctrl-C")
+        for t in threads:
+            t.join(timeout=STOP_SECONDS)
+        raise
     kind, item = outcome[0]
     if kind == "error":
         raise item

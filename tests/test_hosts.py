@@ -201,3 +201,31 @@ def test_mistakes_are_value_errors_with_the_fix():
             spmdsim.set_device_count(6):
         spmdsim.run_hosts(3, lambda: spmdsim.shard_map(lambda b: b, mesh=spmdsim.make_mesh((2, 3), ("x", "y")),
                                                        in_specs=P("x"), out_specs=P("x"))(np.ones(2)))
+
+
+def test_ctrl_c_during_spoofed_hosts_ends_the_run_and_every_host_waiting_in_a_call():
+    """A real SIGINT while host 0's devices wait in a psum for host 1 (busy in its own code): KeyboardInterrupt
+    within seconds, and host 0's thread has ended (its wait ended with the lost host)."""
+    import os
+    import subprocess
+    import sys
+    program = """
+import os, signal, threading, time, numpy as np, spmdsim
+spmdsim.set_device_count(4)
+def fn():
+    if spmdsim.process_index() == 1:
+        time.sleep(20)
+    return spmdsim.pmap(lambda x: spmdsim.lax.psum(x, "i"), "i")(np.ones(2))
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    spmdsim.run_hosts(2, fn)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic() - start < 3)
+print("left", sorted(t.name for t in threading.enumerate() if t.name.startswith("spmdsim host")))
+os._exit(0)
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert proc.stdout.splitlines() == ["interrupted True", "left ['spmdsim host 1']"], proc.stdout + proc.stderr

@@ -77,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         from spmdsim import _launch
         if os.environ.get(_launch.CHILD_ENV) != "1":
             return _launch.run_as_host_child(["run", *raw])
-        host = _hosts.mpi_host(args.devices)
         _whole_lines()
+        try:
+            host = _hosts.mpi_host(args.devices)
+        except ValueError as e:  # the devices do not split over the processes mpiexec started
+            raise UsageError(f"--devices {args.devices}: {e}") from None
         if args.hosts not in (None, host.count):
             raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
     elif args.hosts is not None and args.hosts > 1:
