@@ -20,6 +20,7 @@ faster form is a separate layer, tested equal to this loop on the conformance su
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable
 
@@ -51,12 +52,18 @@ def supported_primitives() -> list[str]:
 
 def site_of(eqn) -> str:
     """``file:line (function)`` of the user's code that produced ``eqn``; '' for an equation of JAX's own
-    code (see :func:`current_site`)."""
+    code (see :func:`current_site`). Worked out once per equation's source info (a collective needs it at
+    every call, for its reports and trace)."""
     try:
-        from jax._src import source_info_util
-        return source_info_util.summarize(eqn.source_info)
+        return _summarize(eqn.source_info)
     except Exception:  # noqa: BLE001 - source info is a nicety, never an error
         return "<unknown>"
+
+
+@functools.lru_cache(maxsize=8192)
+def _summarize(source_info) -> str:
+    from jax._src import source_info_util
+    return source_info_util.summarize(source_info)
 
 
 def eqn_stack() -> list:
