@@ -171,6 +171,11 @@ class Host:
         self.finished = False
         transport.start(self._deliver, self._lose)
 
+    @property
+    def devices(self) -> range:
+        """The global indices of this host's devices: ``index * local`` up to ``(index + 1) * local``."""
+        return range(self.index * self.local, (self.index + 1) * self.local)
+
     # -- messages ---------------------------------------------------------------------------------------
 
     def send(self, dest: int, message: tuple) -> None:
@@ -464,10 +469,9 @@ class Host:
         return results[:L]
 
     def _follow(self, k: int, body: Callable, axes: tuple, world: "RemoteWorld") -> list:
-        first = self.index * self.local
-        lanes = _runtime.top_level_placement(axes).lanes_in(world, indices=range(first, first + self.local))
-        for j, lane in enumerate(lanes):
-            world.keys[lane], world.by_key[(first + j,)] = (first + j,), lane
+        lanes = _runtime.top_level_placement(axes).lanes_in(world, indices=self.devices)
+        for d, lane in zip(self.devices, lanes, strict=True):
+            world.keys[lane], world.by_key[(d,)] = (d,), lane
         results, _ = _runtime.run_lanes(world, lanes, body, None)
         with self.cond:
             error = self.wait_for(lambda: (self.outcomes.pop(k),) if k in self.outcomes else None,
@@ -488,9 +492,8 @@ class Host:
         with self.cond:
             self.call = call
         error, result = None, None
-        first = self.index * self.local
         try:
-            result = fn(_primitives.Batch(axes, np.arange(first, first + self.local), host=call))
+            result = fn(_primitives.Batch(axes, np.arange(self.devices.start, self.devices.stop), host=call))
         except BaseException as e:  # noqa: BLE001 - every host learns of it
             error = e
         finally:

@@ -68,7 +68,7 @@ def local_devices() -> list:
     from spmdsim import _devices
     devices = _devices.devices()
     host = current()
-    return devices if host is None else devices[host.index * host.local:(host.index + 1) * host.local]
+    return devices if host is None else devices[host.devices.start:host.devices.stop]
 
 
 def local_mesh(axes: Sequence[tuple[Any, int]], what: str = "the mesh") -> tuple:

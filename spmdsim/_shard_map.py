@@ -312,6 +312,6 @@ def _label(device: int, axes) -> str:
     """The label of this host's ``device``-th device of the mesh ``axes`` (with several hosts, the devices of
     this host are its box of the mesh, a run of global devices)."""
     host = _hosts.current()
-    device += 0 if host is None else host.index * host.local
+    device += 0 if host is None else host.devices.start
     coords = np.unravel_index(device, [s for _, s in axes])
     return frames_label([Frame(n, s, int(c), (), True) for (n, s), c in zip(axes, coords, strict=True)])

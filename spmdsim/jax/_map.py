@@ -150,7 +150,7 @@ def _global_arrays(api: str, axes: tuple, ex) -> slice | None:
             or _local_mesh(axes) == axes:
         return None
     host = _hosts.current()
-    return slice(host.index * host.local, (host.index + 1) * host.local)
+    return slice(host.devices.start, host.devices.stop)
 
 
 def _every_hosts_blocks(stacked: list[np.ndarray]) -> list[np.ndarray]:

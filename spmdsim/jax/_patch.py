@@ -70,7 +70,7 @@ def patched_jax(n_devices: int, executor: str = "threads", host=None):
 
     # In a multi-host job a host's JAX puts new arrays on its first local device.
     default_device = contextlib.nullcontext() if host is None else \
-        jax.default_device(jax.devices()[host.index * host.local])
+        jax.default_device(jax.devices()[host.devices.start])
     with (spmdsim.set_device_count(n_devices) if host is None else contextlib.nullcontext()), \
             _devices.devices_hint("--devices {n} (spmdsim run's option)"), default_device:
         for owner, name, value in replaced:
@@ -145,7 +145,7 @@ def host_replacements(host) -> list[tuple]:
     def shutdown():
         state["initialized"] = False
 
-    local_ids = set(range(host.index * host.local, (host.index + 1) * host.local))
+    local_ids = set(host.devices)
 
     def spans_hosts(x) -> bool:
         """A jax.Array with shards on other hosts' devices: in JAX not fully addressable, a global array."""
