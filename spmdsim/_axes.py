@@ -107,6 +107,15 @@ class Channel:
         self.key, self.comm, self.step = key, comm, step
         self.mailbox: dict = {}  # psend -> precv transfers waiting on this lane, per perm
 
+    def renewed(self, comm, step) -> "Channel":
+        """The same lane's channel in a later call of the same mesh: a copy with its own communicator id, step
+        counter and mailbox (what the constructor would compute, not computed again)."""
+        chan = object.__new__(Channel)
+        chan.frames, chan.names, chan.sizes, chan.rank, chan.size = (self.frames, self.names, self.sizes, self.rank,
+                                                                     self.size)
+        chan.key, chan.comm, chan.step, chan.mailbox = self.key, comm, step, {}
+        return chan
+
 
 def resolve_axes(frames: Sequence[Frame], axis_names: tuple, api: str) -> list[Frame]:
     """The frames bound to ``axis_names`` (innermost wins), in the order given.

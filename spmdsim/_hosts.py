@@ -29,7 +29,11 @@ from spmdsim import _runtime
 __all__ = ["current", "layout", "process_index", "process_count", "local_devices", "run_hosts", "local_mesh",
            "mpi_host"]
 
-_local = threading.local()          # .host: the Host of a spoofed host thread
+class _Local(threading.local):
+    host = None  # the Host of a spoofed host thread; a class default: no exception to catch when unset
+
+
+_local = _Local()
 _process_host = None                 # the Host of this process under MPI
 
 
@@ -41,7 +45,7 @@ def current():
         host = lane.world.host
         if host is not None:
             return host
-    host = getattr(_local, "host", None)
+    host = _local.host
     return host if host is not None else _process_host
 
 

@@ -45,6 +45,7 @@ class DeviceStream(io.TextIOBase):
         self._lock = threading.Lock()
         self.users = 0
         self.saved_hook = sys.breakpointhook
+        self.hook = functools.partial(_breakpoint, self)
 
     def writable(self) -> bool:
         return True
@@ -63,6 +64,8 @@ class DeviceStream(io.TextIOBase):
 
     def release(self) -> None:
         """Write every device's buffered text, device by device in device order, each line labelled."""
+        if not self._buffers:  # nothing printed (a device printing now is released at the next release)
+            return
         with self._lock:
             if not self._buffers:
                 return
@@ -76,18 +79,24 @@ class DeviceStream(io.TextIOBase):
 
 
 _install_lock = threading.Lock()
+_last: DeviceStream | None = None  # the device stream of the last call, for the next call over the same stream
 
 
 def begin(current_lane) -> DeviceStream | None:
     """Install the device stream for a top-level mapped call (shared by concurrent calls), and a
     ``breakpoint()`` hook whose pdb talks to the terminal, not to the device's buffer."""
+    global _last
     if not _enabled:
         return None
     with _install_lock:
-        stream = sys.stdout if isinstance(sys.stdout, DeviceStream) else DeviceStream(sys.stdout, current_lane)
+        stream = sys.stdout
+        if not isinstance(stream, DeviceStream):
+            if _last is None or _last.stream is not stream or _last._current_lane is not current_lane:
+                _last = DeviceStream(stream, current_lane)
+            stream = _last
         if stream.users == 0:
             stream.saved_hook = sys.breakpointhook
-            sys.breakpointhook = functools.partial(_breakpoint, stream)
+            sys.breakpointhook = stream.hook
         stream.users += 1
         sys.stdout = stream
         return stream

@@ -62,22 +62,21 @@ def _as_array(leaf, path, api: str, what: str = "argument") -> np.ndarray:
 class _Inputs:
     """The flat leaves of the dynamic arguments and, per leaf, its mapped axis (None: broadcast)."""
 
-    paths: list  # of LazyPath
+    paths: "LazyPaths"
     leaves: list[np.ndarray]
     axes: list[int | None]
     treedef: Any
+    flat: bool  # the arguments are ``f(x, y, ...)``: each positional argument one leaf, no keywords
+
+    def __post_init__(self):
+        # Read-only views made once per call: a device's block, a view of one, is read-only too.
+        self.views = [self.shared(leaf) if ax is None else _read_only(leaf) for leaf, ax in zip(self.leaves, self.axes)]
 
     def block(self, i: int):
-        """Device ``i``'s arguments: read-only views of the caller's arrays, no copies."""
-        out = []
-        for leaf, ax in zip(self.leaves, self.axes):
-            if ax is None:
-                out.append(self.shared(leaf))
-                continue
-            v = leaf[i, ...] if ax == 0 else leaf[(slice(None),) * ax + (i, Ellipsis)]
-            v.flags.writeable = False
-            out.append(v)
-        return _tree.unflatten(self.treedef, out)
+        """Device ``i``'s arguments ``(args, kwargs)``: read-only views of the caller's arrays, no copies."""
+        out = [v if ax is None else v[i, ...] if ax == 0 else v[(slice(None),) * ax + (i, Ellipsis)]
+               for v, ax in zip(self.views, self.axes)]
+        return (out, {}) if self.flat else _tree.unflatten(self.treedef, out)
 
     @staticmethod
     def shared(leaf):
@@ -90,12 +89,20 @@ class _Inputs:
         return v
 
 
+def _read_only(x: np.ndarray) -> np.ndarray:
+    v = x.view()
+    v.flags.writeable = False
+    return v
+
+
 def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str) -> _Inputs:
-    dyn_axes = _tree.broadcast_prefix(in_axes, dyn_args, name=f"{api} in_axes", hint=hint)
-    kw_axes = [0] * len(_tree.flatten(kwargs)[0])
     leaves, treedef = _tree.flatten((dyn_args, kwargs))
-    paths = [LazyPath((dyn_args, kwargs), k, argument_path) for k in range(len(leaves))]
-    axes = dyn_axes + kw_axes
+    n_kw = len(_tree.flatten(kwargs)[0]) if kwargs else 0
+    if in_axes is None or type(in_axes) is int:  # one entry for every positional leaf: nothing to walk
+        axes = [in_axes] * (len(leaves) - n_kw) + [0] * n_kw
+    else:
+        axes = _tree.broadcast_prefix(in_axes, dyn_args, name=f"{api} in_axes", hint=hint) + [0] * n_kw
+    paths = LazyPaths((dyn_args, kwargs), len(leaves), argument_path)
     arrays = []
     for k, (path, leaf, ax) in enumerate(zip(paths, leaves, axes)):
         if ax is None and is_python_scalar(leaf):
@@ -105,7 +112,8 @@ def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str)
         if ax is not None:
             axes[k] = canonical_in_axis(ax, arr.shape, path, api)
         arrays.append(arr)
-    return _Inputs(paths, arrays, axes, treedef)
+    flat = not kwargs and len(leaves) == len(dyn_args) and all(a is b for a, b in zip(dyn_args, leaves))
+    return _Inputs(paths, arrays, axes, treedef, flat)
 
 
 def canonical_in_axis(ax: int, shape: tuple, path, api: str) -> int:
@@ -191,6 +199,10 @@ def multi_host_size(n: int) -> tuple[int, int]:
 def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int], str],
                    check_replicated: bool):
     """Stack per-lane output pytrees along ``out_axes``; ``None`` takes lane 0's value."""
+    ref = outputs[0]
+    if out_axes == 0 and type(out_axes) is int and type(ref) is np.ndarray and ref.dtype.kind in "biufc" \
+            and all(type(o) is np.ndarray and o.shape == ref.shape and o.dtype == ref.dtype for o in outputs):
+        return np.array(outputs)  # one array per lane, stacked on a new leading axis: what the loop below does
     first_leaves, treedef = _tree.flatten(outputs[0])
     per_lane = [first_leaves]
     for i, out in enumerate(outputs[1:], 1):
@@ -199,7 +211,8 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
             raise ValueError(f"{api}: {lane_label(i)} returned {other}, but {lane_label(0)} returned {treedef}. "
                              f"Every {'device' if api == 'pmap' else 'lane'} must return the same pytree structure.")
         per_lane.append(leaves)
-    axes = _tree.broadcast_prefix(out_axes, outputs[0], name=f"{api} out_axes")
+    axes = [out_axes] * len(first_leaves) if out_axes is None or type(out_axes) is int \
+        else _tree.broadcast_prefix(out_axes, outputs[0], name=f"{api} out_axes")
     stacked = []
     for k, ax in enumerate(axes):
         path = LazyPath(outputs[0], k)
@@ -217,6 +230,26 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
 def argument_path(keystr: str) -> str:
     """``args[1]['w']`` or ``kwargs['x']`` from the key path into ``(args, kwargs)``."""
     return ("args" if keystr.startswith("[0]") else "kwargs") + keystr[3:]
+
+
+class LazyPaths:
+    """The :class:`LazyPath` of every leaf of ``tree`` (``count`` of them), made when one is looked at."""
+
+    __slots__ = ("tree", "count", "spell", "keystrs")
+
+    def __init__(self, tree, count: int, spell: Callable[[str], str], keystrs: Callable | None = None):
+        self.tree, self.count, self.spell, self.keystrs = tree, count, spell, keystrs
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, k: int) -> "LazyPath":
+        if not 0 <= k < self.count:
+            raise IndexError(k)
+        return LazyPath(self.tree, k, self.spell, self.keystrs)
+
+    def __iter__(self):
+        return (self[k] for k in range(self.count))
 
 
 class LazyPath:
@@ -256,7 +289,7 @@ def _place(path: str, blocks, ax: int | None, api: str, lane_label: Callable[[in
         raise ValueError(f"{api}: out_axes={ax} for {path} is out of bounds: per-"
                          f"{'device' if api == 'pmap' else 'lane'} values have rank {ref.ndim}, so the mapped "
                          f"axis can go at {-(ref.ndim + 1)}..{ref.ndim}.")
-    return np.stack(blocks, axis=ax)
+    return np.array(blocks) if ax == 0 else np.stack(blocks, axis=ax)
 
 
 def split_static(fun: Callable, args: tuple, in_axes, static_argnums: tuple) -> tuple[dict, tuple, Any]:

@@ -553,7 +553,7 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
     """
     prim = PRIMITIVES[name]
     named, positional = split_axis_names(params[prim.axes_param])
-    batch = getattr(_local, "batch", None)
+    batch = _local.batch
     lead = 0 if batch is None else 1
     if positional:
         operands = [_reduce_positional(name, x, positional, lead) for x in operands]
@@ -588,7 +588,7 @@ TOKEN = Token()
 
 def _mailbox(names: tuple, api: str) -> dict:
     """This device's (or the vectorized batch's) mailbox for point-to-point transfers over ``names``."""
-    batch = getattr(_local, "batch", None)
+    batch = _local.batch
     if batch is not None:
         return batch.mailboxes.setdefault(names, {})
     return _runtime.channel(_runtime.current_lane(), names, api).mailbox
@@ -613,7 +613,7 @@ def precv(shape: tuple, dtype, axis_name, perm) -> np.ndarray:
         raise ValueError(f"precv over {names} with perm {tuple(map(tuple, perm))}: no psend with that perm came "
                          f"before it on this device. Call lax.psend(x, axis_name, perm) first.")
     value = waiting.pop(0)
-    batch = getattr(_local, "batch", None)
+    batch = _local.batch
     block = value.shape[1:] if batch is not None else value.shape
     if tuple(block) != tuple(shape) or value.dtype != np.dtype(dtype):
         raise ValueError(f"precv asked for {np.dtype(dtype)}{list(shape)}, but the matching psend sent "
@@ -629,7 +629,7 @@ def axis_index(axis_name, api: str = "axis_index"):
     """This device's index along ``axis_name`` (row-major over a tuple of names, in the order given) as an
     int32 array: a scalar on a lane, one entry per device under the vectorized executor."""
     names = split_axis_names(axis_name)[0]
-    batch = getattr(_local, "batch", None)
+    batch = _local.batch
     if batch is not None:
         return batch.axis_index(names, api)
     return np.asarray(_runtime.channel(_runtime.current_lane(), names, api).rank, dtype=np.int32)
@@ -638,7 +638,7 @@ def axis_index(axis_name, api: str = "axis_index"):
 def axis_size(axis_name, api: str = "axis_size") -> int:
     """The size of ``axis_name`` (the product over a tuple of names) as a Python int."""
     names = split_axis_names(axis_name)[0]
-    batch = getattr(_local, "batch", None)
+    batch = _local.batch
     if batch is not None:
         return math.prod(batch.sizes[batch.position(n, api)] for n in names)
     return _runtime.channel(_runtime.current_lane(), names, api).size
@@ -646,7 +646,11 @@ def axis_size(axis_name, api: str = "axis_size") -> int:
 
 # -- the vectorized executor's devices --------------------------------------------------------------------
 
-_local = threading.local()
+class _Local(threading.local):
+    batch = None  # the vectorized executor's Batch being evaluated in this thread; a class default: no exception to catch when unset
+
+
+_local = _Local()
 
 
 class Diverged(Exception):
@@ -774,6 +778,8 @@ class Batch:
     def _to_groups(self, x: np.ndarray, positions: list[int]) -> np.ndarray:
         """``(devices, *block)`` -> ``(G, n, *block)``: the named axes (in the order named) last, row-major."""
         k = len(self.axes)
+        if k == 1:  # one axis (pmap): one group of every device
+            return x.reshape(1, *x.shape)
         grid = x.reshape(*self.sizes, *x.shape[1:])
         order = self._layout(positions)
         grid = np.transpose(grid, (*order, *range(k, grid.ndim)))
@@ -782,6 +788,8 @@ class Batch:
 
     def _from_groups(self, y: np.ndarray, positions: list[int]) -> np.ndarray:
         k = len(self.axes)
+        if k == 1:
+            return y.reshape(self.count, *y.shape[2:])
         order = self._layout(positions)
         grid = y.reshape(*(self.sizes[p] for p in order), *y.shape[2:])
         inverse = np.argsort(order)
@@ -845,7 +853,7 @@ def _vectorized_grouped(prim: Collective, x: np.ndarray, groups, params: dict, e
 
 def current_batch() -> Batch | None:
     """The vectorized executor's devices in this thread (see :class:`vectorized_batch`), or None."""
-    return getattr(_local, "batch", None)
+    return _local.batch
 
 
 class vectorized_batch:
@@ -855,7 +863,7 @@ class vectorized_batch:
         self.batch = batch
 
     def __enter__(self) -> Batch:
-        self.previous = getattr(_local, "batch", None)
+        self.previous = _local.batch
         _local.batch = self.batch
         return self.batch
 

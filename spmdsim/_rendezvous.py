@@ -84,7 +84,7 @@ class Lane:
         self.wake.acquire()
         self.label = frames_label(frames) if label is None else label
         self.thread: threading.Thread | None = None
-        self.templates = templates  # axis names -> (frames, key, communicator), shared across calls; or None
+        self.templates = templates  # axis names -> a Channel to renew, shared across calls; or None
         self.calls = 0        # collectives called so far, over every communicator
         self.history = None   # the last HISTORY of them: (index, communicator, step, signature, site, api)
 
@@ -98,13 +98,13 @@ class Lane:
             if not frames:
                 return Channel(frames)
             key = membership(self.frames, axis_ids(frames))
-            template = (frames, key, None if self.templates is None else _interned(key))
-            if self.templates is not None:
-                self.templates[axis_names] = template
-        frames, key, comm = template
-        if comm is None:
-            comm = self.world.communicator_id(key)
-        return Channel(frames, key, comm, self.steps.setdefault(comm, [0]))
+            if self.templates is None:
+                comm = self.world.communicator_id(key)
+                return Channel(frames, key, comm, self.steps.setdefault(comm, [0]))
+            comm = _interned(key)
+            template = self.templates[axis_names] = Channel(frames, key, comm)
+        comm = template.comm
+        return template.renewed(comm, self.steps.setdefault(comm, [0]))
 
     def status_row(self) -> tuple[str, ...]:
         """(device, state, collective, axis, step, source line) for the device tables."""

@@ -29,7 +29,11 @@ from spmdsim._reports import describe, format_table, who  # noqa: F401  (describ
 __all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "run_lanes", "outcome",
            "top_level_placement", "channel", "user_site", "api_boundary", "frames_label", "observers", "pause_hooks"]
 
-_local = threading.local()
+class _Local(threading.local):
+    lane = None  # the lane running in this thread; a class default: no exception to catch when unset
+
+
+_local = _Local()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_FILES = (_PACKAGE_DIR + os.sep, threading.__file__)
 INTERRUPT_GRACE_SECONDS = 0.5
@@ -38,7 +42,7 @@ _FILTER_TRACEBACKS = os.environ.get("SPMDSIM_TRACEBACK_FILTERING", "on") != "off
 
 def current_lane() -> Lane | None:
     """The lane running in this thread, or None outside any mapped function."""
-    return getattr(_local, "lane", None)
+    return _local.lane
 
 
 def channel(lane: Lane | None, axis_names: tuple, api: str) -> Channel:
@@ -134,12 +138,13 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
     try:
-        threads = _threads.run_threads(target, [f"spmdsim {lane.label}" for lane in lanes])
-        try:
-            threads.wait()
-        except KeyboardInterrupt as e:
-            _interrupted(e, world, lanes, threads)
-            raise
+        with _threads.on_lanes_cpu():
+            threads = _threads.run_threads(target, [f"spmdsim {lane.label}" for lane in lanes])
+            try:
+                threads.wait()
+            except KeyboardInterrupt as e:
+                _interrupted(e, world, lanes, threads)
+                raise
     finally:
         _output.end(stream, release=getattr(world, "orders_output", True))
     return results, errors

@@ -110,6 +110,28 @@ class Threads:
             self.workers[i].abandoned = True
 
 
+class _Call:
+    """One call's bodies, handed to its threads: thread ``i`` runs ``body(i)``."""
+
+    __slots__ = ("pool", "body", "names", "workers", "threads")
+
+    def __init__(self, pool: "_Pool", body: Callable[[int], None], names: Sequence[str], workers: list[_Worker]):
+        self.pool, self.body, self.names, self.workers = pool, body, names, workers
+        self.threads = Threads(workers)
+
+    def run(self, i: int) -> None:
+        threading.current_thread().name = self.names[i]
+        if i + 1 < len(self.workers):  # the start baton: each thread wakes the next (one wake-up each, no herd)
+            self.workers[i + 1].go.release()
+        try:
+            self.body(i)
+        finally:
+            try:
+                self.pool.park(self.workers[i])  # before the count: the next call finds every thread idle
+            finally:
+                self.threads._returned(i)
+
+
 class _Pool:
     def __init__(self):
         self.lock = threading.Lock()
@@ -136,8 +158,8 @@ class _Pool:
             task, worker.task = worker.task, None
             if task is None:
                 return
-            task()
-            del task  # the call's closure (its arguments, its results) must not outlive it here
+            task[0].run(task[1])
+            del task  # the call (its arguments, its results) must not outlive it here
             if worker.abandoned:
                 return
 
@@ -157,27 +179,12 @@ class _Pool:
             keep = max(0, len(self.idle) - n)
             taken, self.idle = self.idle[keep:], self.idle[:keep]
         taken += [_Worker(self) for _ in range(n - len(taken))]
-        threads = Threads(taken)
-
-        def task(i: int) -> Callable[[], None]:
-            def run():
-                threading.current_thread().name = names[i]
-                if i + 1 < n:  # the start baton: each thread wakes the next (one wake-up each, no herd)
-                    taken[i + 1].go.release()
-                try:
-                    body(i)
-                finally:
-                    try:
-                        self.park(taken[i])  # before the count: the next call finds every thread idle
-                    finally:
-                        threads._returned(i)
-            return run
-
+        call = _Call(self, body, names, taken)
         for i, worker in enumerate(taken):
-            worker.task = task(i)
+            worker.task = (call, i)
         if taken:
             taken[0].go.release()
-        return threads
+        return call.threads
 
     def stop_idle(self) -> None:
         with self.lock:
@@ -197,6 +204,32 @@ _pool = _Pool()
 atexit.register(_pool.stop_idle)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_pool.after_fork)
+
+
+class on_lanes_cpu:
+    """The calling thread on the lanes' CPU while it starts them and waits for them (its affinity is restored
+    after): on a VM, waking a thread on another virtual CPU, idle and halted, costs tens of µs."""
+
+    __slots__ = ("saved",)
+
+    def __enter__(self):
+        self.saved = None
+        if _CPU is not None:
+            try:
+                saved = os.sched_getaffinity(0)
+                if saved != _CPU:
+                    os.sched_setaffinity(0, _CPU)
+                    self.saved = saved
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            try:
+                os.sched_setaffinity(0, self.saved)
+            except OSError:
+                pass
 
 
 def run_threads(body: Callable[[int], None], names: Sequence[str]) -> Threads:

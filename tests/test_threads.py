@@ -83,3 +83,21 @@ def test_device_threads_share_one_cpu_and_the_caller_keeps_its_own():
     cpus = spmdsim.pmap(lambda x: np.array(sorted(os.sched_getaffinity(0)) == sorted(_threads._CPU)))(np.zeros(3))
     assert cpus.all()
     assert os.sched_getaffinity(0) == caller and len(_threads._CPU) == 1 and _threads._CPU <= caller
+
+
+@pytest.mark.skipif(_threads._CPU is None, reason="thread affinity unavailable or a single CPU allowed")
+def test_the_caller_waits_on_the_devices_cpu_and_gets_its_own_back_also_when_a_device_raises():
+    """While a call runs, its caller sleeps on the devices' CPU (waking it there is cheaper); after the call,
+    returned or raised, the caller's own affinity is back."""
+    caller = os.sched_getaffinity(0)
+    me = threading.get_native_id()
+    seen = spmdsim.pmap(lambda x: np.array(sorted(os.sched_getaffinity(me))))(np.zeros(2))
+    assert (seen == sorted(_threads._CPU)).all()
+    assert os.sched_getaffinity(0) == caller
+
+    def fails(x):
+        raise KeyError("device failure")
+
+    with pytest.raises(KeyError):
+        spmdsim.pmap(fails)(np.zeros(2))
+    assert os.sched_getaffinity(0) == caller

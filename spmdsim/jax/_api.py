@@ -17,6 +17,7 @@ from typing import Callable, Hashable, Sequence
 import jax
 import numpy as np
 from jax._src import api_util, core
+from jax._src.array import ArrayImpl
 from jax.extend import core as ext_core
 
 from spmdsim import _pmap, _runtime
@@ -170,6 +171,7 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     map_params(None, (), (), (), check_vma=False, executor=executor, api="pmap")  # checks ``executor``
     name = axis_name if axis_name is not None else Unnamed("pmap")
     cache: dict = {}
+    calls: dict = {}  # call signature (see _call_key) -> its _Call, for concrete calls seen before
     lock = threading.Lock()
 
     @_runtime.api_boundary
@@ -177,19 +179,28 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     def mapped(*args, **kwargs):
         statics, dyn_args, dyn_in_axes = _pmap.split_static(fun, args, in_axes, static)
         leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
+        lane = _runtime.current_lane()
+        call_key = _call_key(leaves, in_tree, statics, lane)
+        call = calls.get(call_key) if call_key is not None else None
+        if call is not None and not _tracing.stack:  # checked and traced before: only the device count can differ
+            _pmap.check_device_count(call.local, devices)
+            if _pmap.multi_host_size(call.local)[1] == call.n:
+                numpy_outs = simulate([to_numpy(x) for x in (*call.body.consts, *leaves)], **call.params,
+                                      check_replicated=check_replicated)
+                outs = [to_jax(o, a) for o, a in zip(numpy_outs, call.out_avals, strict=True)]
+                return jax.tree_util.tree_unflatten(call.body.out_tree, outs)
         try:
             flat_in_axes = api_util.flatten_axes("pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
         except ValueError:
             raise ValueError(_in_axes_error(dyn_in_axes, dyn_args, kwargs)) from None
-        paths = [_pmap.LazyPath((dyn_args, kwargs), k, _pmap.argument_path, _keystrs) for k in range(len(leaves))]
+        paths = _pmap.LazyPaths((dyn_args, kwargs), len(leaves), _pmap.argument_path, _keystrs)
         avals = [_aval(leaf, paths[k]) for k, leaf in enumerate(leaves)]
         flat_in_axes = [None if ax is None else _pmap.canonical_in_axis(ax, a.shape, p, "pmap")
                         for a, ax, p in zip(avals, flat_in_axes, paths, strict=True)]
-        n = _pmap.mapped_size(paths, [a.shape for a in avals], flat_in_axes, "pmap", axis_size)
+        n = local = _pmap.mapped_size(paths, [a.shape for a in avals], flat_in_axes, "pmap", axis_size)
         _pmap.check_device_count(n, devices, outer=math.prod(_tracing.stack))
         if not _tracing.stack:  # a top-level pmap of a multi-host run spans every host's devices
             n = _pmap.multi_host_size(n)[1]
-        lane = _runtime.current_lane()
         outer = [(f.name, f.size) for f in (lane.frames if lane is not None else ())
                  if not isinstance(f.name, Unnamed)]
         axis_env = outer + ([(name, n)] if not isinstance(name, Unnamed) else [])
@@ -207,12 +218,48 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         if any(isinstance(x, core.Tracer) for x in operands):
             outs = spmdsim_map_p.bind(*operands, **params)
         else:
+            out_avals = global_avals(params)
+            if call_key is not None and body.cacheable and not _tracing.stack:
+                with lock:
+                    if len(calls) > 256:
+                        calls.clear()
+                    calls[call_key] = _Call(local, n, body, params, out_avals)
             numpy_outs = simulate([to_numpy(x) for x in operands], **params, check_replicated=check_replicated)
-            outs = [to_jax(o, a) for o, a in zip(numpy_outs, global_avals(params), strict=True)]
+            outs = [to_jax(o, a) for o, a in zip(numpy_outs, out_avals, strict=True)]
         return jax.tree_util.tree_unflatten(body.out_tree, outs)
 
     mapped._spmdsim_cache = cache  # for tests and the benchmarks: how many traces were made
     return mapped
+
+
+class _Call:
+    """What a concrete call worked out from its arguments' signature: the mapped size here (``local``) and in
+    all (``n``, every host's devices), the traced body, the primitive's parameters, the output avals."""
+
+    __slots__ = ("local", "n", "body", "params", "out_avals")
+
+    def __init__(self, local: int, n: int, body: "_Body", params: dict, out_avals: list):
+        self.local, self.n, self.body, self.params, self.out_avals = local, n, body, params, out_avals
+
+
+_ARRAY_TYPES = (np.ndarray, ArrayImpl)
+
+
+def _call_key(leaves: list, in_tree, statics: dict, lane) -> tuple | None:
+    """What a call's checks and trace depend on, when every argument leaf is a NumPy or JAX array (None
+    otherwise: Python scalars, tracers, other types take the full path every time): the tree, each leaf's
+    type, shape, dtype and weak type, the static arguments, the enclosing maps' axes and the x64 flag."""
+    sig = []
+    for leaf in leaves:
+        kind = type(leaf)
+        if kind not in _ARRAY_TYPES:
+            return None
+        sig.append((kind, leaf.shape, leaf.dtype, kind is not np.ndarray and leaf.weak_type))
+    try:
+        return (in_tree, tuple(sig), tuple(sorted(statics.items())), jax.config.jax_enable_x64,
+                lane.frames if lane is not None else ())
+    except TypeError:  # statics whose values do not sort
+        return None
 
 
 def _in_axes_error(in_axes, args: tuple, kwargs: dict) -> str:

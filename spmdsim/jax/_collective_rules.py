@@ -4,14 +4,24 @@ vectorized form and rendezvous). The site reported for each call is the user's l
 from __future__ import annotations
 
 from spmdsim import _primitives
-from spmdsim.jax._interpreter import current_site
+from spmdsim.jax._interpreter import current_site, site_of
 from spmdsim.jax._registry import per_device, vectorized
 
 
 def _collective(name: str):
     def rule(x, **params):
         return _primitives.bind(name, [x], site=current_site, **params)[0]  # called only if needed
+
+    def specialize(eqn):
+        """For a compiled jaxpr: the equation's user line, known now (JAX's own code has none: the enclosing
+        call's line is found when it runs)."""
+        site, params = site_of(eqn), eqn.params
+        if not site:
+            return None
+        return lambda x: _primitives.bind(name, [x], site=site, **params)[0]
+
     rule.__name__ = rule.__qualname__ = f"bind_{name}"
+    rule.specialize = specialize
     return rule
 
 

@@ -1,12 +1,15 @@
 """How JAX avals map to NumPy arrays: PRNG keys are uint32 arrays with a trailing axis of 2 (threefry)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import jax
 
 KEY_DATA_SHAPE = (2,)  # threefry2x32 key data
 
 
+@functools.lru_cache(maxsize=256)
 def is_key(dtype) -> bool:
     return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 

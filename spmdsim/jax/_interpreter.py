@@ -188,8 +188,7 @@ class PerDevice(Executor):
 
     def eval_jaxpr(self, jaxpr, consts, args):
         if self.compiled:
-            from spmdsim.jax import _compiled
-            return _compiled.eval_jaxpr(jaxpr, consts, args, self)
+            return _compiled().eval_jaxpr(jaxpr, consts, args, self)
         return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
     def partition(self, index, count):
@@ -204,6 +203,12 @@ class PerDevice(Executor):
 
     def put_scanned(self, buffer, i, value):
         buffer[i] = value
+
+
+@functools.cache
+def _compiled():
+    from spmdsim.jax import _compiled  # here: it builds on this module
+    return _compiled
 
 
 class Vectorized(Executor):

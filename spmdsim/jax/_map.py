@@ -201,6 +201,13 @@ def _assemble(blocks: list, spec: tuple, axes) -> np.ndarray:
     return _sharding.assemble(np.stack(blocks), spec, axes)
 
 
+def _assemble_stacked(stacked: np.ndarray, spec: tuple, axes) -> np.ndarray:
+    """:func:`_assemble` of every device's block stacked on a leading axis (the vectorized executor's)."""
+    if len(axes) == 1 and spec and spec[0] == (axes[0][0],) and not any(spec[1:]):
+        return stacked.reshape(stacked.shape[0] * stacked.shape[1], *stacked.shape[2:])
+    return _sharding.assemble(stacked, spec, axes)
+
+
 def _check_replicated(stacked: list[np.ndarray], out_specs, axes, api: str) -> None:
     from spmdsim._axes import Frame, frames_label
     from spmdsim.errors import ReplicationError
@@ -235,9 +242,9 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
             outs = _every_hosts_blocks(list(outs))
         return [_sharding.assemble(o, spec, local) for o, spec in zip(outs, out_specs, strict=True)]
     if ex is None:  # top level: the mesh alone
-        stacked = [_sharding.split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
+        stacked = [_split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
         outs = Vectorized(_primitives.Batch(axes)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
-        return [_sharding.assemble(o, spec, axes) for o, spec in zip(outs, out_specs, strict=True)]
+        return [_assemble_stacked(o, spec, axes) for o, spec in zip(outs, out_specs, strict=True)]
     # Nested in a vectorized body: every outer device's value splits into the inner mesh's blocks; the device
     # axis widens to (outer devices x inner devices), row-major.
     outer = ex.batch
