@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 import scipy.special
 
-from spmdsim.jax import _xla_cpu_math
+from spmdsim.jax import _dtypes, _xla_cpu_math
 from spmdsim.jax._registry import PER_DEVICE, per_device, specialize, vectorized
 
 LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -585,13 +585,16 @@ def _static_broadcast(eqn):
         return None
     shape = tuple(eqn.params["shape"])
     expanded = _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"])
+    if expanded == shape:  # only unit axes added (pmap's expanded output): a reshape
+        return lambda x: x.reshape(shape)
     return lambda x: np.broadcast_to(x.reshape(expanded), shape)
 
 
 @per_device("broadcast_in_dim")
 @specialize(_static_broadcast)
 def _broadcast_in_dim(x, *dyn_shape, shape, broadcast_dimensions, sharding=None):
-    return np.broadcast_to(x.reshape(_expanded_shape(x.shape, shape, broadcast_dimensions)), shape)
+    expanded = _expanded_shape(x.shape, shape, broadcast_dimensions)
+    return x.reshape(expanded) if expanded == tuple(shape) else np.broadcast_to(x.reshape(expanded), shape)
 
 
 @vectorized("broadcast_in_dim")
@@ -613,7 +616,18 @@ def _reshape_v(x, *dyn, new_sizes, dimensions=None, sharding=None):
     return x.reshape((x.shape[0], *new_sizes))
 
 
+def _static_squeeze(eqn):
+    """squeeze, its result's shape known from the jaxpr: a reshape (not for PRNG keys, whose NumPy form has a
+    trailing axis more)."""
+    aval = eqn.outvars[0].aval
+    if _dtypes.is_key(aval.dtype):
+        return None
+    shape = tuple(aval.shape)
+    return lambda x: x.reshape(shape)
+
+
 @both("squeeze", vectorized_rule=lambda x, *, dimensions: np.squeeze(x, axis=shift(dimensions)))
+@specialize(_static_squeeze)
 def _squeeze(x, *, dimensions):
     return np.squeeze(x, axis=tuple(dimensions))
 
