@@ -286,3 +286,29 @@ def test_outputs_are_jax_arrays_as_jnp_asarray_makes_them_also_when_the_fast_put
             assert g.sharding == e.sharding and g.committed == e.committed and g.weak_type == e.weak_type
             np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
     assert _map._fast_put is None  # after a failure, jnp.asarray from then on
+
+
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_calls_seen_before_still_check_what_can_change_between_calls(executor):
+    """A concrete call whose signature was seen before skips the checks and the trace (issue 15), but a new
+    dtype, shape, array type or x64 setting is a new signature, and the device count is checked every call."""
+    import spmdsim
+
+    f = sjax.pmap(lambda v: lax.psum(v * 2, "i"), axis_name="i", executor=executor)
+    for _ in range(2):  # the second call takes the remembered path
+        out = f(X)
+        assert out.dtype == jnp.float32 and out.shape == X.shape
+        np.testing.assert_array_equal(np.asarray(out), np.broadcast_to((X * 2).sum(0), X.shape))
+    ints = f(I)
+    assert ints.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(ints), np.broadcast_to((I * 2).sum(0), I.shape))
+    np.testing.assert_array_equal(np.asarray(f(jnp.asarray(X[:, :2]))), np.asarray(f(X))[:, :2])
+    assert np.asarray(f(X.astype(np.float64))).dtype == np.float32   # canonicalised while x64 is off
+    jax.config.update("jax_enable_x64", True)
+    try:
+        assert np.asarray(f(X.astype(np.float64))).dtype == np.float64
+    finally:
+        jax.config.update("jax_enable_x64", False)
+    with spmdsim.set_device_count(2):
+        with pytest.raises(ValueError, match="only 2 virtual devices are available"):
+            f(X)

@@ -565,14 +565,28 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
         return batch.collective(prim, named, operands, params, api or name, site, epilogue)
     lane = _runtime.current_lane()
     chan = _runtime.channel(lane, named, api or name)
-    groups = check_groups(params.get("axis_index_groups"), chan.size, prim)
     avals = tuple([(x.shape, x.dtype) for x in operands])
-    prepared = _prepare(prim, chan.size if groups is None else len(groups[0]), avals, groups, params, epilogue)
-    signature = Signature(name, chan.names, chan.sizes, prepared.params, avals)
+    try:
+        key = (name, chan.names, chan.sizes, avals, tuple(params.items()), epilogue)
+        bound = _bound.get(key)
+    except TypeError:  # an unhashable parameter value (a list of groups)
+        key = bound = None
+    if bound is None:
+        groups = check_groups(params.get("axis_index_groups"), chan.size, prim)
+        prepared = _prepare(prim, chan.size if groups is None else len(groups[0]), avals, groups, params, epilogue)
+        bound = (Signature(name, chan.names, chan.sizes, prepared.params, avals), prepared.combine)
+        if key is not None:
+            if len(_bound) > 4096:
+                _bound.clear()
+            _bound[key] = bound
     if callable(site):
         site = site()
-    return lane.world.rendezvous(lane, chan, signature, site or _runtime.user_site(2), api, operands,
-                                 prepared.combine)
+    return lane.world.rendezvous(lane, chan, bound[0], site or _runtime.user_site(2), api, operands, bound[1])
+
+
+# (primitive, axis names and sizes, operand avals, parameters, epilogue) of a bind seen before -> its checked
+# Signature and combine step: the checks depend on nothing else.
+_bound: dict = {}
 
 
 class Token:

@@ -257,7 +257,7 @@ def _call_key(leaves: list, in_tree, statics: dict, lane) -> tuple | None:
         sig.append((kind, leaf.shape, leaf.dtype, kind is not np.ndarray and leaf.weak_type))
     try:
         return (in_tree, tuple(sig), tuple(sorted(statics.items())), jax.config.jax_enable_x64,
-                lane.frames if lane is not None else ())
+                tuple((f.name, f.size) for f in lane.frames) if lane is not None else ())
     except TypeError:  # statics whose values do not sort
         return None
 
