@@ -6,8 +6,11 @@ switch and the call around it cheap:
 - **One CPU.** Every device thread is pinned to the same CPU (``os.sched_setaffinity``, Linux), so a wake-up
   is a context switch on that CPU instead of a cross-CPU wake-up followed by a fight over the GIL with the
   thread that woke it; as ``SCHED_BATCH`` threads, a woken device does not preempt the one that woke it.
-  A bare hand-off costs ~3.6 instead of ~12 µs on a 2-core VM. Device threads cannot run Python in parallel
-  anyway; NumPy's own BLAS threads are not affected. ``SPMDSIM_PIN_THREADS=0`` leaves placement to the OS.
+  A bare hand-off costs ~3.6 instead of ~12 µs on a 2-core VM. The calling thread joins that CPU while it
+  starts the devices and waits for them (:class:`on_lanes_cpu`; its own affinity is restored when the call
+  returns or raises): on a VM, waking a thread on another, idle, virtual CPU costs tens of µs. Device threads
+  cannot run Python in parallel anyway; NumPy's own BLAS threads are not affected. ``SPMDSIM_PIN_THREADS=0``
+  leaves placement to the OS.
 - **Reuse.** Starting a thread costs ~40-70 µs here, more than a whole small training step of ``jax.pmap``.
   A call's device threads are parked when it returns and taken by the next call (and by nested maps).
 - **No leftovers.** A parked thread holds no reference to the call it served and runs no user code. It ends
@@ -67,7 +70,7 @@ class _Worker:
     def __init__(self, pool: "_Pool"):
         self.go = threading.Lock()
         self.go.acquire()
-        self.task: Callable[[], None] | None = None
+        self.task: tuple[_Call, int] | None = None
         self.abandoned = False
         self.thread = threading.Thread(target=pool.serve, args=(self,), name="spmdsim idle thread", daemon=True)
         self.thread._spmdsim_worker = self

@@ -23,6 +23,7 @@ import threading
 
 import jax
 from jax._src import core, source_info_util
+from jax._src.util import weakref_lru_cache
 from jax.extend import core as ext_core
 
 from spmdsim.jax._interpreter import PER_DEVICE, Executor, eval_jaxpr, higher_order
@@ -134,10 +135,11 @@ def _run_traced(closed, flat_args, executor: str) -> list:
             for o, a, s in zip(outs, closed.out_avals, shardings, strict=True)]
 
 
+@weakref_lru_cache
 def _out_shardings(jaxpr) -> list:
     """Where each output of a program lives, as JAX would place it: a shard_map's output on its mesh by its
     out_spec (also through a jit), a value whose type names an (Explicit) sharding on the concrete mesh of
-    that name; None (JAX's default device) otherwise."""
+    that name; None (JAX's default device) otherwise. Worked out once per program."""
     meshes: list = []
     produced = _shard_map_outputs(jaxpr, meshes)
     out = []
