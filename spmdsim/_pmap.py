@@ -46,7 +46,7 @@ def _as_array(leaf, path, api: str, what: str = "argument") -> np.ndarray:
     if type(leaf) is np.ndarray and leaf.dtype.kind in "biufc":  # the common case, without formatting `path`
         return leaf
     try:
-        return as_array(leaf, f"argument {path}" if what == "argument" else str(path), api)
+        return as_array(leaf, _Named("argument ", path) if what == "argument" else _Named("", path), api)
     except TypeError:
         if not isinstance(leaf, (np.ndarray, np.generic)):
             if what == "output":
@@ -56,6 +56,21 @@ def _as_array(leaf, path, api: str, what: str = "argument") -> np.ndarray:
                             f"function arguments must be arrays or numbers. Pass non-array values with "
                             f"static_broadcasted_argnums, or close over them.") from None
         raise
+
+
+class _Named:
+    """``prefix + str(path)``, formatted only when an error message needs it."""
+
+    __slots__ = ("prefix", "path")
+
+    def __init__(self, prefix: str, path):
+        self.prefix, self.path = prefix, path
+
+    def __str__(self) -> str:
+        return f"{self.prefix}{self.path}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 @dataclasses.dataclass

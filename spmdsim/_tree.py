@@ -70,6 +70,25 @@ def broadcast_prefix(prefix, full, *, name: str, hint: str = "",
             and all(p is None or type(p) is int for p in prefix)
             and all(type(f).__module__ == "numpy" and hasattr(f, "shape") for f in full)):
         return list(prefix)  # the common flat case (the JAX front end's flat axes): nothing to walk
+    try:  # the result depends only on the prefix and the structure of `full`: walked once per pair
+        key = (prefix, is_prefix_leaf, optree.tree_structure(full, namespace=NAMESPACE))
+        found = _broadcasts.get(key)
+    except TypeError:  # an unhashable prefix (a list, a dict)
+        key = found = None
+    if found is not None:
+        return list(found)
+    out = _walk_prefix(prefix, full, name, hint, is_prefix_leaf)
+    if key is not None:
+        if len(_broadcasts) > 1024:
+            _broadcasts.clear()
+        _broadcasts[key] = tuple(out)
+    return out
+
+
+_broadcasts: dict = {}
+
+
+def _walk_prefix(prefix, full, name: str, hint: str, is_prefix_leaf: Callable[[Any], bool]) -> list:
     out: list = []
 
     def mismatch(path, kind, detail):

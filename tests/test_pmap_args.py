@@ -255,3 +255,18 @@ def test_too_many_devices_suggests_how_to_get_more():
         spmdsim.pmap(lambda x: x)(np.zeros(16))
     with _devices.devices_hint("--devices {n}"), pytest.raises(ValueError, match="more virtual devices: --devices 16"):
         spmdsim.pmap(lambda x: x)(np.zeros(16))
+
+
+def test_in_axes_checked_against_each_calls_structure_after_calls_that_fit():
+    """An in_axes tree is expanded once per argument structure (issue 15): a call whose arguments no longer
+    fit it still gets the structure error, and one that fits again the right axes."""
+    f = spmdsim.pmap(lambda p, x: p[0] * x + p[1], in_axes=((None, 0), 0))
+    x = np.arange(4.0)
+    p = (np.float64(2.0), np.arange(4.0))
+    for _ in range(2):
+        np.testing.assert_array_equal(f(p, x), 2.0 * x + np.arange(4.0))
+    with pytest.raises(ValueError, match=r"pytree structure error: .* at key path pmap in_axes\[0\]"):
+        f(np.ones(4), x)
+    with pytest.raises(ValueError, match=r"pytree structure error"):
+        f((np.float64(2.0), np.arange(4.0), np.ones(4)), x)
+    np.testing.assert_array_equal(f((np.float64(3.0), np.arange(4.0)), x), 3.0 * x + np.arange(4.0))
