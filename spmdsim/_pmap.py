@@ -16,7 +16,7 @@ import numpy as np
 
 from spmdsim import _devices, _runtime, _tree
 from spmdsim._axes import Frame, Unnamed, frames_label
-from spmdsim._values import as_array, is_python_scalar
+from spmdsim._values import as_array, is_python_scalar, read_only
 from spmdsim.errors import ReplicationError
 
 __all__ = ["pmap", "vmap"]
@@ -85,7 +85,8 @@ class _Inputs:
 
     def __post_init__(self):
         # Read-only views made once per call: a device's block, a view of one, is read-only too.
-        self.views = [self.shared(leaf) if ax is None else _read_only(leaf) for leaf, ax in zip(self.leaves, self.axes)]
+        self.views = [self.shared(leaf) if ax is None else read_only(leaf)
+                      for leaf, ax in zip(self.leaves, self.axes)]
 
     def block(self, i: int):
         """Device ``i``'s arguments ``(args, kwargs)``: read-only views of the caller's arrays, no copies."""
@@ -97,17 +98,7 @@ class _Inputs:
     def shared(leaf):
         """A broadcast (``in_axes=None``) leaf as every device sees it: a read-only view; a Python scalar as
         is, so it stays weakly typed, as in JAX (``x_f32 * 2.0`` is float32)."""
-        if is_python_scalar(leaf):
-            return leaf
-        v = leaf.view()
-        v.flags.writeable = False
-        return v
-
-
-def _read_only(x: np.ndarray) -> np.ndarray:
-    v = x.view()
-    v.flags.writeable = False
-    return v
+        return leaf if is_python_scalar(leaf) else read_only(leaf)
 
 
 def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str) -> _Inputs:

@@ -679,6 +679,11 @@ class Diverged(Exception):
         self.calls = calls
 
 
+# (primitive, axis names, mesh, operand avals, parameters) of a vectorized collective seen before -> the axes'
+# positions, the group size, the groups and the rule's parameters, as checked then.
+_checked: dict = {}
+
+
 class Batch:
     """The devices the vectorized executor computes at once: the mesh ``axes`` ((name, size) pairs, row-major),
     and ``ids``, the indices (into the row-major device order) of the devices present, ``None`` for all.
@@ -744,13 +749,25 @@ class Batch:
 
     def collective(self, prim: Collective, named: tuple, operands: list, params: dict, api: str,
                    site: str | Callable | None, epilogue) -> list:
-        if len(set(named)) != len(named):
-            raise ValueError(f"{api}: repeated axis in `source` argument: {named!r}. Name each axis once.")
-        positions = [self.position(n, api) for n in named]
-        n = math.prod(self.sizes[p] for p in positions)
-        groups = check_groups(params.get("axis_index_groups"), n, prim)
-        avals = tuple((x.shape[1:], x.dtype) for x in operands)
-        rule_params = prim.check(avals, n if groups is None else len(groups[0]), groups, **params)
+        avals = tuple([(x.shape[1:], x.dtype) for x in operands])
+        try:
+            key = (prim.name, named, self.axes, avals, tuple(params.items()))
+            checked = _checked.get(key)
+        except TypeError:  # an unhashable parameter value (a list of groups)
+            key = checked = None
+        if checked is None:
+            if len(set(named)) != len(named):
+                raise ValueError(f"{api}: repeated axis in `source` argument: {named!r}. Name each axis once.")
+            positions = [self.position(n, api) for n in named]
+            n = math.prod(self.sizes[p] for p in positions)
+            groups = check_groups(params.get("axis_index_groups"), n, prim)
+            checked = (positions, n, groups, prim.check(avals, n if groups is None else len(groups[0]), groups,
+                                                        **params))
+            if key is not None:
+                if len(_checked) > 4096:
+                    _checked.clear()
+                _checked[key] = checked
+        positions, n, groups, rule_params = checked
         if self.host is not None:
             return self.host.collective(self, prim, named, positions, groups, rule_params, operands, params, api,
                                         site, epilogue)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PYTHON_SCALAR_DTYPES", "is_python_scalar", "as_array", "check_array_dtype"]
+__all__ = ["PYTHON_SCALAR_DTYPES", "is_python_scalar", "as_array", "check_array_dtype", "read_only"]
 
 # Python scalars are weakly typed in JAX: as outputs or operands they take JAX's default dtypes.
 PYTHON_SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int32), float: np.dtype(np.float32),
@@ -33,3 +33,11 @@ def as_array(leaf, what: str, api: str) -> np.ndarray:
     if is_python_scalar(leaf):
         return np.asarray(leaf, dtype=PYTHON_SCALAR_DTYPES[type(leaf)])
     return check_array_dtype(np.asarray(leaf), what, api)
+
+
+def read_only(x: np.ndarray) -> np.ndarray:
+    """A read-only view of ``x`` (a device's blocks are views of the caller's arrays; views of it are read-only
+    too)."""
+    v = x.view()
+    v.flags.writeable = False
+    return v

@@ -37,6 +37,7 @@ from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 
 from spmdsim import _hosts, _primitives, _runtime, _sharding
+from spmdsim._values import read_only
 from spmdsim.jax import _dtypes
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
 
@@ -186,8 +187,8 @@ def _split(x: np.ndarray, spec: tuple, axes) -> np.ndarray:
         if not spec or not spec[0]:
             return np.broadcast_to(x, (n, *x.shape))
         if spec[0] == (axes[0][0],):
-            return _read_only(x.reshape(n, x.shape[0] // n, *x.shape[1:]))
-    return _read_only(_sharding.split(x, spec, axes))
+            return read_only(x.reshape(n, x.shape[0] // n, *x.shape[1:]))
+    return read_only(_sharding.split(x, spec, axes))
 
 
 def _assemble(blocks: list, spec: tuple, axes) -> np.ndarray:
@@ -219,12 +220,6 @@ def _check_replicated(stacked: list[np.ndarray], out_specs, axes, api: str) -> N
             raise ReplicationError(f"{api}: output {k} is replicated by its out_axes/out_specs but not the same on "
                                    f"every device: {', '.join(labels)} differ from the device at coordinate 0. "
                                    f"Reduce it first (e.g. psum/pmean over the axis) or give it a mapped out_axes.")
-
-
-def _read_only(x: np.ndarray) -> np.ndarray:
-    x = x.view()
-    x.flags.writeable = False
-    return x
 
 
 def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized | None",
