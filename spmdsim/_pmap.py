@@ -206,7 +206,7 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
                    check_replicated: bool):
     """Stack per-lane output pytrees along ``out_axes``; ``None`` takes lane 0's value."""
     ref = outputs[0]
-    if out_axes == 0 and type(out_axes) is int and type(ref) is np.ndarray and ref.dtype.kind in "biufc" \
+    if type(out_axes) is int and out_axes == 0 and type(ref) is np.ndarray and ref.dtype.kind in "biufc" \
             and all(type(o) is np.ndarray and o.shape == ref.shape and o.dtype == ref.dtype for o in outputs):
         return np.array(outputs)  # one array per lane, stacked on a new leading axis: what the loop below does
     first_leaves, treedef = _tree.flatten(outputs[0])

@@ -661,7 +661,9 @@ def axis_size(axis_name, api: str = "axis_size") -> int:
 # -- the vectorized executor's devices --------------------------------------------------------------------
 
 class _Local(threading.local):
-    batch = None  # the vectorized executor's Batch being evaluated in this thread; a class default: no exception to catch when unset
+    # The vectorized executor's Batch being evaluated in this thread; a class default: no exception to catch
+    # when unset.
+    batch = None
 
 
 _local = _Local()
