@@ -127,3 +127,41 @@ def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypat
     assert spmdsim_threads() == ["spmdsim idle thread"] * 8
     assert grown < 16 * 1024, f"spmdsim kept {grown} bytes over 1,000 calls"
     assert until(lambda: not spmdsim_threads()) and _threads.idle_thread_count() == 0
+
+
+def test_numpy_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypatch):
+    """The NumPy front end's default path (parked threads, the remembered checks of binds and in_axes trees, the
+    reused device output stream) keeps nothing per call: Python objects over 10,000 calls with a pytree
+    argument, an in_axes tree and a pmean of a tuple; bytes held by spmdsim's code over the last 1,000."""
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.5)
+
+    def step(params, x):
+        w, b = params
+        loss, grad = lax.pmean((np.mean(x * w + b), x * 2.0), "i")
+        return loss, grad
+
+    f = spmdsim.pmap(step, axis_name="i", in_axes=((None, None), 0))
+    params, x = (np.float32(0.5), np.float32(1.0)), np.ones((8, 4), np.float32)
+    for _ in range(200):
+        f(params, x)
+    gc.collect()
+    threads, objects = threading.active_count(), len(gc.get_objects())
+    for _ in range(8_500):
+        f(params, x)
+    gc.collect()
+    assert len(gc.get_objects()) - objects < 100, "Python objects accumulate over the calls"
+    tracemalloc.start()
+    for _ in range(500):
+        f(params, x)
+    gc.collect()
+    before = tracemalloc.take_snapshot()
+    for _ in range(1_000):
+        f(params, x)
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename") if "spmdsim" in str(stat))
+    assert threading.active_count() == threads
+    assert spmdsim_threads() == ["spmdsim idle thread"] * 8
+    assert grown < 16 * 1024, f"spmdsim kept {grown} bytes over 1,000 calls"
+    assert until(lambda: not spmdsim_threads()) and _threads.idle_thread_count() == 0
