@@ -502,34 +502,6 @@ def _in_mesh_order(named: tuple, batch, api: str) -> tuple:
     resolved = resolve_axes(frames, named, api)
     return tuple(f.name for f in sorted(resolved, key=frames.index))
 
-class _Prepared:
-    """What one call signature fixes, worked out once: the signature's parameters and the combine step."""
-
-    __slots__ = ("params", "combine")
-
-    def __init__(self, prim: Collective, rule_params: dict, groups, epilogue):
-        self.params = (("axis_index_groups", groups), *sorted(rule_params.items()))
-        self.combine = functools.partial(apply_grouped, prim.rule, groups=groups, params=rule_params,
-                                         epilogue=epilogue)
-
-
-_prepared: dict = {}
-
-
-def _prepare(prim: Collective, n: int, avals: tuple, groups, params: dict, epilogue) -> _Prepared:
-    try:
-        key = (prim.name, n, avals, groups, tuple(sorted(params.items())), epilogue)
-        found = _prepared.get(key)
-    except TypeError:  # an unhashable parameter value
-        key = found = None
-    if found is None:
-        found = _Prepared(prim, prim.check(avals, n, groups, **params), groups, epilogue)
-        if key is not None:
-            if len(_prepared) > 4096:
-                _prepared.clear()
-            _prepared[key] = found
-    return found
-
 
 def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, site: str | Callable | None = None,
          epilogue: Callable | None = None, **params) -> list[np.ndarray]:
@@ -573,8 +545,10 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
         key = bound = None
     if bound is None:
         groups = check_groups(params.get("axis_index_groups"), chan.size, prim)
-        prepared = _prepare(prim, chan.size if groups is None else len(groups[0]), avals, groups, params, epilogue)
-        bound = (Signature(name, chan.names, chan.sizes, prepared.params, avals), prepared.combine)
+        rule_params = prim.check(avals, chan.size if groups is None else len(groups[0]), groups, **params)
+        bound = (Signature(name, chan.names, chan.sizes, (("axis_index_groups", groups), *sorted(rule_params.items())),
+                           avals),
+                 functools.partial(apply_grouped, prim.rule, groups=groups, params=rule_params, epilogue=epilogue))
         if key is not None:
             if len(_bound) > 4096:
                 _bound.clear()
@@ -585,7 +559,8 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
 
 
 # (primitive, axis names and sizes, operand avals, parameters, epilogue) of a bind seen before -> its checked
-# Signature and combine step: the checks depend on nothing else.
+# Signature and combine step (the rule with the group structure and checked parameters bound): the checks
+# depend on nothing else.
 _bound: dict = {}
 
 

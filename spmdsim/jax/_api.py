@@ -174,21 +174,9 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
     calls: dict = {}  # call signature (see _call_key) -> its _Call, for concrete calls seen before
     lock = threading.Lock()
 
-    @_runtime.api_boundary
-    @functools.wraps(fun)
-    def mapped(*args, **kwargs):
-        statics, dyn_args, dyn_in_axes = _pmap.split_static(fun, args, in_axes, static)
-        leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
-        lane = _runtime.current_lane()
-        call_key = _call_key(leaves, in_tree, statics, lane)
-        call = calls.get(call_key) if call_key is not None else None
-        if call is not None and not _tracing.stack:  # checked and traced before: only the device count can differ
-            _pmap.check_device_count(call.local, devices)
-            if _pmap.multi_host_size(call.local)[1] == call.n:
-                numpy_outs = simulate([to_numpy(x) for x in (*call.body.consts, *leaves)], **call.params,
-                                      check_replicated=check_replicated)
-                outs = [to_jax(o, a) for o, a in zip(numpy_outs, call.out_avals, strict=True)]
-                return jax.tree_util.tree_unflatten(call.body.out_tree, outs)
+    def checked(statics: dict, dyn_args: tuple, dyn_in_axes, kwargs: dict, leaves: list, in_tree, lane):
+        """The full path of a call: its checks and its traced body (once per signature); returns ``(mapped size
+        here, mapped size in all, body, the primitive's parameters)``."""
         try:
             flat_in_axes = api_util.flatten_axes("pmap in_axes", in_tree, (dyn_in_axes, 0), kws=True)
         except ValueError:
@@ -214,19 +202,35 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
                     cache[key] = body
         params = map_params(body.jaxpr, ((name, n),), body.in_specs, body.out_specs, check_vma=False,
                             executor=executor, api="pmap")
-        operands = [*body.consts, *leaves]
-        if any(isinstance(x, core.Tracer) for x in operands):
-            outs = spmdsim_map_p.bind(*operands, **params)
-        else:
-            out_avals = global_avals(params)
-            if call_key is not None and body.cacheable and not _tracing.stack:
+        return local, n, body, params
+
+    @_runtime.api_boundary
+    @functools.wraps(fun)
+    def mapped(*args, **kwargs):
+        statics, dyn_args, dyn_in_axes = _pmap.split_static(fun, args, in_axes, static)
+        leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
+        lane = _runtime.current_lane()
+        call_key = _call_key(leaves, in_tree, statics, lane) if not _tracing.stack else None
+        call = calls.get(call_key) if call_key is not None else None
+        if call is not None:  # checked and traced before: only the device count can differ
+            _pmap.check_device_count(call.local, devices)
+            if _pmap.multi_host_size(call.local)[1] != call.n:
+                call = None
+        if call is None:
+            local, n, body, params = checked(statics, dyn_args, dyn_in_axes, kwargs, leaves, in_tree, lane)
+            operands = [*body.consts, *leaves]
+            if any(isinstance(x, core.Tracer) for x in operands):
+                return jax.tree_util.tree_unflatten(body.out_tree, spmdsim_map_p.bind(*operands, **params))
+            call = _Call(local, n, body, params, global_avals(params))
+            if call_key is not None and body.cacheable:
                 with lock:
                     if len(calls) > 256:
                         calls.clear()
-                    calls[call_key] = _Call(local, n, body, params, out_avals)
-            numpy_outs = simulate([to_numpy(x) for x in operands], **params, check_replicated=check_replicated)
-            outs = [to_jax(o, a) for o, a in zip(numpy_outs, out_avals, strict=True)]
-        return jax.tree_util.tree_unflatten(body.out_tree, outs)
+                    calls[call_key] = call
+        numpy_outs = simulate([to_numpy(x) for x in (*call.body.consts, *leaves)], **call.params,
+                              check_replicated=check_replicated)
+        outs = [to_jax(o, a) for o, a in zip(numpy_outs, call.out_avals, strict=True)]
+        return jax.tree_util.tree_unflatten(call.body.out_tree, outs)
 
     mapped._spmdsim_cache = cache  # for tests and the benchmarks: how many traces were made
     return mapped
