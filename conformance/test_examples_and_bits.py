@@ -92,11 +92,16 @@ def test_bf16_training_steps_collectives_equal_xla_cpus_bit_for_bit(executor):
         assert np.asarray(r).tobytes() == np.asarray(s).tobytes() == np.asarray(n).tobytes()
 
 
+def spmdsim_run(*args) -> subprocess.CompletedProcess:
+    """``python -m spmdsim run ARGS`` (paths as strings) with this repository importable and JAX on its CPU."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "spmdsim", "run", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
 def test_cnn_example_under_spmdsim_run(tmp_path):
     out = tmp_path / "cnn.npz"
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", os.path.join(EXAMPLES, "cnn_batchnorm.py"),
-                           "--out", str(out), "--devices", "8"], capture_output=True, text=True, env=env, timeout=300)
+    proc = spmdsim_run(os.path.join(EXAMPLES, "cnn_batchnorm.py"), "--out", out, "--devices", "8")
     assert proc.returncode == 0, proc.stderr
     real = real_run("cnn_batchnorm")
     assert_trees_match(dict(np.load(out)), {k: np.asarray(v) for k, v in real.items()}, out_axis=None, rtol=1e-4,
@@ -109,9 +114,7 @@ def test_named_psum_seed_number():
 
 def test_spmdsim_run_end_to_end(tmp_path):
     out = tmp_path / "sim.npz"
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", os.path.join(EXAMPLES, "training_loop.py"),
-                           "--out", str(out), "--devices", "8"], capture_output=True, text=True, env=env, timeout=300)
+    proc = spmdsim_run(os.path.join(EXAMPLES, "training_loop.py"), "--out", out, "--devices", "8")
     assert proc.returncode == 0, proc.stderr
     assert "replaced jax.pmap with spmdsim.jax.pmap" in proc.stderr
     real = run_example("training_loop", False)
@@ -125,9 +128,7 @@ def test_library_scripts_run_unmodified_under_spmdsim_run(tmp_path, name):
     custom pytree), jax.jit(jax.pmap(step)) and grad/vmap/fori_loop around pmap: the script as it is, under
     `spmdsim run`, against the same script under real jax.pmap."""
     out = tmp_path / "sim.npz"
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", os.path.join(EXAMPLES, f"{name}.py"),
-                           "--out", str(out), "--devices", "8"], capture_output=True, text=True, env=env, timeout=300)
+    proc = spmdsim_run(os.path.join(EXAMPLES, f"{name}.py"), "--out", out, "--devices", "8")
     assert proc.returncode == 0, proc.stderr
     real = {k: np.asarray(v) for k, v in run_example(name, False).items()}
     assert_trees_match(dict(np.load(out)), real, out_axis=None, rtol=2e-5, atol=2e-6)
@@ -135,10 +136,8 @@ def test_library_scripts_run_unmodified_under_spmdsim_run(tmp_path, name):
 
 def test_spmdsim_run_with_the_vectorized_executor_at_scale(tmp_path):
     out = tmp_path / "sim.npz"
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", "--executor", "vectorized",
-                           os.path.join(EXAMPLES, "named_psum.py"), "--out", str(out), "--devices", "2048"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = spmdsim_run("--executor", "vectorized", os.path.join(EXAMPLES, "named_psum.py"), "--out", out,
+                       "--devices", "2048")
     assert proc.returncode == 0, proc.stderr
     assert "vectorized executor" in proc.stderr
     result = np.load(out)["result"]
@@ -149,9 +148,7 @@ def test_spmdsim_run_reports_virtual_devices_and_passes_arguments(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text("import sys, jax\nfrom jax import pmap\nprint(jax.device_count(), jax.local_device_count(), "
                       "len(jax.devices()), pmap.__module__, sys.argv[1:])\n")
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", str(script), "a", "--flag", "--devices", "5"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = spmdsim_run(script, "a", "--flag", "--devices", "5")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["5", "5", "5", "spmdsim.jax._api", "['a',", "'--flag']"]
 
@@ -189,10 +186,7 @@ def test_jax_debug_print_and_callback_run_per_device_in_device_order(capsys):
 
 def test_spmdsim_run_trace(tmp_path):
     out = tmp_path / "trace.json"
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", "--trace", str(out),
-                           os.path.join(EXAMPLES, "named_psum.py"), "--devices", "4"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = spmdsim_run("--trace", out, os.path.join(EXAMPLES, "named_psum.py"), "--devices", "4")
     assert proc.returncode == 0, proc.stderr
     import json
     doc = json.loads(out.read_text())
@@ -204,8 +198,6 @@ def test_spmdsim_run_trace(tmp_path):
 def test_spmdsim_run_suggests_its_own_devices_option(tmp_path):
     script = tmp_path / "too_many.py"
     script.write_text("import jax, numpy as np\njax.pmap(lambda x: x)(np.zeros(16))\n")
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "spmdsim", "run", str(script), "--devices", "8"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = spmdsim_run(script, "--devices", "8")
     assert proc.returncode != 0
     assert "--devices 16" in proc.stderr and "set_device_count" not in proc.stderr

@@ -93,32 +93,26 @@ def test_a_forked_child_starts_with_no_parked_thread_and_its_calls_work():
     assert proc.stdout.splitlines() == ["child 0 True 8", "parent 8 8"], proc.stdout + proc.stderr
 
 
-def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypatch):
-    """Threads and Python objects counted over 10,000 calls; bytes held by spmdsim's code (tracemalloc, which
-    slows JAX's array conversion tenfold) over the last 1,000, after 500 traced calls that fill NumPy's and
-    JAX's own caches (a leak of one small object per call would show as ~50 KiB). Afterwards the parked
-    threads end after the idle time."""
-    jax = pytest.importorskip("jax")
-    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.5)
-    import spmdsim.jax as sjax
-
-    f = sjax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")
-    x = np.ones((8, 4), np.float32)
+def assert_calls_keep_nothing(call) -> None:
+    """``call()`` (a mapped call over 8 devices) 10,000 times after 200 warm-up calls: Python objects and threads
+    counted over all of them; bytes held by spmdsim's code (tracemalloc) over the last 1,000, after 500 more that
+    fill NumPy's and JAX's own caches (a leak of one small object per call would show as ~50 KiB). Afterwards
+    the 8 parked threads end after the idle time (the caller sets it short)."""
     for _ in range(200):  # warm the caches
-        f(x)
+        call()
     gc.collect()
     threads, objects = threading.active_count(), len(gc.get_objects())
     for _ in range(8_500):
-        f(x)
+        call()
     gc.collect()
     assert len(gc.get_objects()) - objects < 100, "Python objects accumulate over the calls"
     tracemalloc.start()
     for _ in range(500):
-        f(x)
+        call()
     gc.collect()
     before = tracemalloc.take_snapshot()
     for _ in range(1_000):
-        f(x)
+        call()
     gc.collect()
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
@@ -127,6 +121,18 @@ def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypat
     assert spmdsim_threads() == ["spmdsim idle thread"] * 8
     assert grown < 16 * 1024, f"spmdsim kept {grown} bytes over 1,000 calls"
     assert until(lambda: not spmdsim_threads()) and _threads.idle_thread_count() == 0
+
+
+def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypatch):
+    """The JAX front end's default path keeps nothing per call (tracemalloc slows JAX's array conversion
+    tenfold: hence bytes over the last 1,000 calls only)."""
+    jax = pytest.importorskip("jax")
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.5)
+    import spmdsim.jax as sjax
+
+    f = sjax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")
+    x = np.ones((8, 4), np.float32)
+    assert_calls_keep_nothing(lambda: f(x))
 
 
 def test_numpy_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypatch):
@@ -142,26 +148,4 @@ def test_numpy_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeyp
 
     f = spmdsim.pmap(step, axis_name="i", in_axes=((None, None), 0))
     params, x = (np.float32(0.5), np.float32(1.0)), np.ones((8, 4), np.float32)
-    for _ in range(200):
-        f(params, x)
-    gc.collect()
-    threads, objects = threading.active_count(), len(gc.get_objects())
-    for _ in range(8_500):
-        f(params, x)
-    gc.collect()
-    assert len(gc.get_objects()) - objects < 100, "Python objects accumulate over the calls"
-    tracemalloc.start()
-    for _ in range(500):
-        f(params, x)
-    gc.collect()
-    before = tracemalloc.take_snapshot()
-    for _ in range(1_000):
-        f(params, x)
-    gc.collect()
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename") if "spmdsim" in str(stat))
-    assert threading.active_count() == threads
-    assert spmdsim_threads() == ["spmdsim idle thread"] * 8
-    assert grown < 16 * 1024, f"spmdsim kept {grown} bytes over 1,000 calls"
-    assert until(lambda: not spmdsim_threads()) and _threads.idle_thread_count() == 0
+    assert_calls_keep_nothing(lambda: f(params, x))
