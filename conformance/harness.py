@@ -28,8 +28,26 @@ APIS = {
         sjax.pmap, executor="vectorized"), vmap=jax.vmap),
     "reference": types.SimpleNamespace(name="reference", lax=jax.lax, pmap=functools.partial(
         sjax.pmap, executor="reference"), vmap=jax.vmap),
+    "vectorized-reference": types.SimpleNamespace(name="vectorized-reference", lax=jax.lax,
+                                                  pmap=lambda *a, **k: _reference_loop(sjax.pmap(
+                                                      *a, **k, executor="vectorized")), vmap=jax.vmap),
     "jax": types.SimpleNamespace(name="jax", lax=jax.lax, pmap=jax.pmap, vmap=jax.vmap),
 }
+
+
+def _reference_loop(mapped: Callable) -> Callable:
+    """``mapped`` (a vectorized ``spmdsim.jax.pmap``) evaluating its jaxprs with the reference loop instead of
+    their compiled programs."""
+    from spmdsim.jax._interpreter import Vectorized
+
+    @functools.wraps(mapped)
+    def call(*args, **kwargs):
+        saved, Vectorized.compiled = Vectorized.compiled, False
+        try:
+            return mapped(*args, **kwargs)
+        finally:
+            Vectorized.compiled = saved
+    return call
 
 
 @dataclasses.dataclass

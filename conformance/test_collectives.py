@@ -32,12 +32,12 @@ def test_every_known_difference_names_a_case():
 
 
 @pytest.mark.area("executors agree (spmdsim vs spmdsim)")
-@pytest.mark.parametrize("other", ["vectorized", "reference"])
+@pytest.mark.parametrize("other", ["vectorized", "reference", "vectorized-reference"])
 @pytest.mark.parametrize("case", [pytest.param(c, id=i) for i, c in CASES.items() if "vectorized" in c.front_ends])
 def test_executors_agree_bit_for_bit(case, other):
-    """On every case (differences from JAX included), the vectorized executor and the reference interpreter
-    loop against the thread executor's compiled jaxprs: the same results bit for bit, or the same exception
-    class."""
+    """On every case (differences from JAX included), the vectorized executor (its compiled programs, and the
+    reference interpreter loop) and the thread executor's reference loop against the thread executor's compiled
+    programs: the same results bit for bit, or the same exception class."""
     from conformance.harness import APIS, _call
     from spmdsim.testing import assert_trees_match
 

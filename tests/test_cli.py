@@ -141,5 +141,5 @@ def test_conformance_k_runs_a_filtered_suite_without_touching_the_tracked_report
     tracked = (tmp_path / "conformance" / "REPORT.md").read_text()
     proc = spmdsim_command("conformance", "-k", "psum-bool-n2-r0", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "3 passed" in proc.stdout and "left as it was; give --report PATH" in proc.stdout  # case, 2 executor checks
+    assert "4 passed" in proc.stdout and "left as it was; give --report PATH" in proc.stdout  # case, 3 executor checks
     assert (tmp_path / "conformance" / "REPORT.md").read_text() == tracked

@@ -1,10 +1,13 @@
-"""The per-device executor's fast path: each jaxpr compiled once into a Python function.
+"""Both executors' fast path: each jaxpr compiled once into a Python function.
 
 The reference loop (:func:`spmdsim.jax._interpreter.eval_jaxpr`) spends most of its time on the environment
 dictionary, operand lists and the generic rule call. Here each jaxpr becomes the source of one function, a line
 per equation calling the rule with its parameters already bound (or the rule's ``specialize(eqn)`` result) on
 local variables, followed by the shape-and-dtype check of each result. About 2.5x faster per equation; the same
-rules, the same checks, the same results (the conformance suite runs both and compares them bit for bit).
+rules, the same checks, the same results (the conformance suite runs both and compares them bit for bit). A
+program is made per jaxpr and executor kind (for the vectorized executor: per device count, which its literals
+and expected shapes carry); the executor itself is an argument of the program (higher-order rules and
+``missing`` get the one evaluating).
 
 One more saving: the equations JAX emits for one collective call on a pytree (``lax.psum((a, b), 'i')`` gives
 one ``psum`` per leaf, all with the same parameters and source line, none feeding another) are computed
@@ -20,8 +23,7 @@ import numpy as np
 from jax.extend import core as ext_core
 
 from spmdsim import _primitives
-from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, missing_rule, read_literal,
-                                      site_of)
+from spmdsim.jax._interpreter import HIGHER_ORDER, Executor, bad_result, eqn_stack, site_of
 
 __all__ = ["eval_jaxpr", "program_source"]
 
@@ -30,27 +32,30 @@ class _Step:
     """One equation (or the equations of one pytree call), prepared once: the function computing it from its
     operands, the operands (literals already NumPy arrays) and every result's expected shape and dtype."""
 
-    __slots__ = ("eqns", "eqn", "call", "operands", "outvars", "expected", "multiple")
+    __slots__ = ("eqns", "eqn", "call", "higher", "nullary", "operands", "outvars", "expected", "multiple")
 
     def __init__(self, eqns: list, executor: Executor):
         self.eqns, self.eqn = eqns, eqns[0]
         eqn = self.eqn
         name = eqn.primitive.name
+        self.operands = [(True, executor.literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
+                         for e in eqns for v in e.invars]
+        self.outvars = [None if isinstance(v, ext_core.DropVar) else v for e in eqns for v in e.outvars]
+        self.expected = [executor.expected(v.aval) for e in eqns for v in e.outvars]
+        self.multiple = eqn.primitive.multiple_results or len(eqns) > 1
+        self.higher = len(eqns) == 1 and name in HIGHER_ORDER  # called with the evaluating executor first
+        self.nullary = False
         if len(eqns) > 1:  # a pytree call: one bind for every leaf
             self.call = _collective_call(name, eqn.params, site_of(eqn))
-        elif name in HIGHER_ORDER:
-            self.call = functools.partial(HIGHER_ORDER[name], executor, **eqn.params)
+        elif self.higher:
+            self.call = functools.partial(HIGHER_ORDER[name], **eqn.params)
         else:
             rule = executor.rules.get(name)
             specializer = getattr(rule, "specialize", None)
             self.call = specializer(eqn) if specializer is not None else None
             if self.call is None and rule is not None:
                 self.call = functools.partial(rule, **eqn.params) if eqn.params else rule
-        self.operands = [(True, read_literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
-                         for e in eqns for v in e.invars]
-        self.outvars = [None if isinstance(v, ext_core.DropVar) else v for e in eqns for v in e.outvars]
-        self.expected = [executor.expected(v.aval) for e in eqns for v in e.outvars]
-        self.multiple = eqn.primitive.multiple_results or len(eqns) > 1
+            self.nullary = self.call is not None and not self.operands  # its result goes through ex.nullary
 
 
 def _collective_call(name: str, params: dict, site: str) -> Callable:
@@ -87,14 +92,14 @@ def _prepare(jaxpr, executor: Executor) -> list[_Step]:
 
 
 def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
-    """The jaxpr as the source of one Python function ``run(stack, *consts, *args)``, and its namespace.
+    """The jaxpr as the source of one Python function ``run(stack, ex, *consts, *args)``, and its namespace.
 
     One line per equation calls the step's prepared function on local variables (one per jaxpr variable), then
-    checks each result; ``stack[-1]`` holds the equation being computed (for error sites).
+    checks each result; ``stack[-1]`` holds the equation being computed (for error sites), ``ex`` is the
+    executor evaluating it (an executor with ``executor``'s program key).
     """
     steps = _prepare(jaxpr, executor)
-    ns: dict = {"ndarray": np.ndarray, "asarray": np.asarray, "missing_rule": missing_rule,
-                "bad_result": bad_result, "read_literal": read_literal, "executor": executor}
+    ns: dict = {"ndarray": np.ndarray, "asarray": np.asarray, "bad_result": bad_result}
     names: dict = {}
 
     def local(var) -> str:
@@ -103,16 +108,12 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
         return names[var]
 
     consts = [local(v) for v in jaxpr.constvars]
-    params = ", ".join(["stack", *consts, *(local(v) for v in jaxpr.invars)])
+    params = ", ".join(["stack", "ex", *consts, *(local(v) for v in jaxpr.invars)])
     lines = [f"def run({params}):"]
     lines += [f"    {c} = asarray({c})" for c in consts]
     for k, step in enumerate(steps):
         ns[f"E{k}"] = step.eqn
         lines.append(f"    stack[-1] = E{k}")
-        if step.call is None:
-            lines.append(f"    missing_rule(E{k}, executor)")
-            continue
-        ns[f"C{k}"] = step.call
         operands = []
         for j, (literal, value) in enumerate(step.operands):
             if literal:
@@ -122,7 +123,12 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
                 operands.append(local(value))
         outs = [local(v) if v is not None else f"_{k}_{i}" for i, v in enumerate(step.outvars)]
         target = (f"{', '.join(outs)}, = " if outs else "") if step.multiple else f"{outs[0]} = "
-        lines.append(f"    {target}C{k}({', '.join(operands)})")
+        if step.call is None:  # no rule here: the executor's fallback (or its NotImplementedError)
+            lines.append(f"    {target}ex.missing(E{k}, [{', '.join(operands)}])")
+        else:
+            ns[f"C{k}"] = step.call
+            call = f"C{k}({', '.join(['ex'] * step.higher + operands)})"
+            lines.append(f"    {target}{f'ex.nullary({call}, {step.multiple})' if step.nullary else call}")
         for i, (out, expected) in enumerate(zip(outs, step.expected, strict=True)):
             if expected is None:  # a token: opaque, not checked
                 continue
@@ -134,7 +140,7 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
     for j, v in enumerate(jaxpr.outvars):
         if isinstance(v, ext_core.Literal):
             ns[f"R{j}"] = v
-            results.append(f"read_literal(R{j})")
+            results.append(f"ex.literal(R{j})")
         else:
             results.append(local(v))
     lines.append(f"    return [{', '.join(results)}]")
@@ -148,11 +154,11 @@ def _program(jaxpr, executor: Executor) -> Callable:
     programs = _programs.get(jaxpr)
     if programs is None:
         programs = _programs[jaxpr] = {}
-    program = programs.get(id(executor))
+    program = programs.get(executor.program_key)
     if program is None:
         source, ns = program_source(jaxpr, executor)
         exec(compile(source, "<spmdsim: jaxpr>", "exec"), ns)  # noqa: S102 - our own generated code
-        program = programs[id(executor)] = ns["run"]
+        program = programs[executor.program_key] = ns["run"]
     return program
 
 
@@ -163,6 +169,6 @@ def eval_jaxpr(jaxpr, consts, args, executor: Executor) -> list[np.ndarray]:
     stack.append(None)
     try:
         with np.errstate(all="ignore"):
-            return run(stack, *consts, *args)
+            return run(stack, executor, *consts, *args)
     finally:
         stack.pop()

@@ -15,14 +15,15 @@ written once, in :data:`HIGHER_ORDER`, against the executor's few control-flow m
 which branch, and how values are selected and merged). Collective primitives go to
 :func:`spmdsim._primitives.bind` from both executors.
 
-The per-device executor normally runs each jaxpr compiled to a Python function (:mod:`._compiled`); that
-faster form is a separate layer, tested equal to this loop on the conformance suite.
+Both executors normally run each jaxpr compiled to a Python function (:mod:`._compiled`); that faster form is
+a separate layer, tested equal to this loop on the conformance suite (``executor="reference"`` and
+``Vectorized.compiled = False`` select the loop).
 """
 from __future__ import annotations
 
 import functools
 import threading
-from typing import Callable
+from typing import Callable, Hashable
 
 import numpy as np
 from jax.extend import core as ext_core
@@ -108,6 +109,7 @@ class Executor:
 
     kind = "?"
     rules: dict
+    program_key: Hashable = None  # executors with equal keys run the same compiled programs (see ._compiled)
 
     def literal(self, lit) -> np.ndarray:
         raise NotImplementedError
@@ -135,7 +137,12 @@ class Executor:
         return rule(*operands, **eqn.params)
 
     def missing(self, eqn, operands):
+        """The results of ``eqn``, whose primitive has no rule here (the default: NotImplementedError)."""
         missing_rule(eqn, self)
+
+    def nullary(self, out, multiple: bool):
+        """The result(s) of a rule that took no operands, as this executor's values."""
+        return out
 
     def diverged(self, calls: list, went_on: list, where: str) -> None:
         """Devices that this executor split (``cond``, ``while``) reached collectives apart: ``calls`` as in
@@ -179,6 +186,7 @@ class PerDevice(Executor):
         self.compiled = compiled
         self.kind = "per-device"
         self.rules = _registry.PER_DEVICE
+        self.program_key = "per-device"
 
     def literal(self, lit):
         return read_literal(lit)
@@ -212,14 +220,18 @@ def _compiled():
 
 
 class Vectorized(Executor):
-    """Values carry every device of ``batch`` on a leading axis; rules from ``VECTORIZED``."""
+    """Values carry every device of ``batch`` on a leading axis; rules from ``VECTORIZED``. Each jaxpr runs
+    through its compiled Python function (:mod:`._compiled`) while the class attribute ``compiled`` is true (the
+    default), through the reference loop otherwise."""
 
     kind = "vectorized"
+    compiled = True
 
     def __init__(self, batch: _primitives.Batch):
         self.batch = batch
         self.rules = _registry.VECTORIZED
         self.n = batch.count if batch.ids is None else len(batch.ids)
+        self.program_key = ("vectorized", self.n)  # literals and expected shapes carry the device axis
 
     def literal(self, lit):
         value = read_literal(lit)
@@ -231,16 +243,22 @@ class Vectorized(Executor):
 
     def eval_jaxpr(self, jaxpr, consts, args):
         with _primitives.vectorized_batch(self.batch):
-            return eval_jaxpr(jaxpr, [np.broadcast_to(np.asarray(c), (self.n, *np.shape(c))) for c in consts],
-                              *args, executor=self)
+            consts = [np.broadcast_to(np.asarray(c), (self.n, *np.shape(c))) for c in consts]
+            if self.compiled:
+                return _compiled().eval_jaxpr(jaxpr, consts, args, self)
+            return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
     def apply(self, eqn, operands: list):
         out = super().apply(eqn, operands)
-        if not operands and eqn.primitive.name in self.rules:  # a nullary rule's value is the same everywhere
-            if eqn.primitive.multiple_results:
-                return [np.broadcast_to(o, (self.n, *np.shape(o)[1:])) for o in out]
-            return np.broadcast_to(out, (self.n, *np.shape(out)[1:]))
+        if not operands and eqn.primitive.name in self.rules:
+            return self.nullary(out, eqn.primitive.multiple_results)
         return out
+
+    def nullary(self, out, multiple):
+        """A nullary rule's value is the same on every device."""
+        if multiple:
+            return [np.broadcast_to(o, (self.n, *np.shape(o)[1:])) for o in out]
+        return np.broadcast_to(out, (self.n, *np.shape(out)[1:]))
 
     def missing(self, eqn, operands):
         """A per-device side effect (``jax.debug.print``/``callback``: no vectorized form on purpose) runs device
