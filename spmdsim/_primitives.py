@@ -40,7 +40,7 @@ import numpy as np
 
 from spmdsim import _runtime
 from spmdsim._axes import Frame, frames_label, resolve_axes
-from spmdsim._reduction import fold
+from spmdsim._reduction import fold, fold_stacked
 from spmdsim._reports import TABLE_HEADER, Signature, deadlock_text, describe, format_table, mismatch_text, who
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
@@ -88,8 +88,14 @@ def _fresh(a: np.ndarray, block: np.ndarray) -> np.ndarray:
 
 
 def _replicated(x: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """``value`` (shape ``(G, *out)``) given to all n ranks of every group: ``(G, n, *out)``, no copies."""
-    return np.broadcast_to(value[:, None], (value.shape[0], x.shape[1], *value.shape[1:]))
+    """``value`` (shape ``(G, *out)``) given to all n ranks of every group: ``(G, n, *out)``, a read-only view
+    (no copies). For NumPy's own dtypes the view is made directly (np.broadcast_to costs twice as much)."""
+    shape = (value.shape[0], x.shape[1], *value.shape[1:])
+    if value.dtype.isbuiltin != 1 or not value.flags.c_contiguous:
+        return np.broadcast_to(value[:, None], shape)
+    out = np.ndarray(shape, value.dtype, buffer=value, strides=(value.strides[0], 0, *value.strides[1:]))
+    out.flags.writeable = False
+    return out
 
 
 def canonical_axis(axis, ndim: int, api: str, what: str) -> int:
@@ -122,7 +128,7 @@ def _reduction(ufunc: np.ufunc, doc: str):
         return [fold(ufunc, blocks)] * len(blocks)
 
     def vectorized(x):
-        return _replicated(x, fold(ufunc, [x[:, r] for r in range(x.shape[1])], lead=1))
+        return _replicated(x, fold_stacked(ufunc, x))
 
     rule.__doc__ = doc
     return rule, vectorized
@@ -202,7 +208,7 @@ def _reduce_scatter(blocks, *, scatter_dimension: int, tiled: bool):
 
 def _reduce_scatter_vectorized(x, *, scatter_dimension: int, tiled: bool):
     G, n = x.shape[:2]
-    total = fold(np.add, [x[:, r] for r in range(n)], lead=1)  # (G, *block)
+    total = fold_stacked(np.add, x)  # (G, *block)
     d = scatter_dimension + 1
     if tiled:
         shape = total.shape

@@ -20,7 +20,7 @@ try:  # bfloat16 comes with jax (ml_dtypes); without it there are no bfloat16 ar
 except ImportError:  # pragma: no cover - the jax-free installation
     _BFLOAT16 = None
 
-__all__ = ["ReductionOrder", "set_reduction_order", "current_reduction_order", "fold"]
+__all__ = ["ReductionOrder", "set_reduction_order", "current_reduction_order", "fold", "fold_stacked"]
 
 REDUCTION_ORDERS = ("sequential", "pairwise", "ring")
 
@@ -116,5 +116,28 @@ def fold(ufunc: np.ufunc, blocks: Sequence[np.ndarray], lead: int = 0) -> np.nda
     else:
         with np.errstate(over="ignore", invalid="ignore"):
             out = _reduction_order.fold(ufunc, blocks, lead)
+    out.flags.writeable = False
+    return out
+
+
+def fold_stacked(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
+    """:func:`fold` of the blocks ``x[:, 0], x[:, 1], ...`` of ``x`` (shape ``(G, n, *block)``: G groups of n
+    blocks, folded side by side), shape ``(G, *block)``. In the sequential order one ``ufunc.accumulate`` along
+    the block axis does the fold (each step ``ufunc(previous, next)``, in ``x``'s dtype: the same additions, in
+    the same order and precision, as the fold of the list)."""
+    order = _reduction_order
+    if order.order != "sequential" or x.shape[1] < 2:
+        return fold(ufunc, [x[:, r] for r in range(x.shape[1])], lead=1)
+    dtype = x.dtype
+    acc = (order.accumulation_dtype or (np.dtype(np.float32) if dtype == _BFLOAT16 else None)) \
+        if ufunc is np.add else None
+    if acc is not None:
+        x = x.astype(acc)
+    if x.dtype.kind in "biu":  # integers wrap silently: no floating-point state to set
+        out = ufunc.accumulate(x, axis=1, dtype=x.dtype)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = ufunc.accumulate(x, axis=1, dtype=x.dtype)
+    out = out[:, -1].astype(dtype)  # a copy: the partial sums are not kept alive
     out.flags.writeable = False
     return out

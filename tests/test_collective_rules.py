@@ -229,3 +229,19 @@ def test_ragged_all_to_all_vectorized_equals_the_rule():
                   for r in range(n)]
         for r, expected in enumerate(rule("ragged_all_to_all")(blocks)):
             np.testing.assert_array_equal(y[g, r], expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("name", ["psum", "pmax", "all_gather"])
+def test_vectorized_results_given_to_every_rank_are_read_only_views_of_one_value(name, dtype):
+    """The vectorized forms hand every rank of a group the same array: stride 0 along the rank axis, so it
+    must be read-only (a write would reach every device's copy), whatever the dtype (NumPy's own dtypes take
+    a direct view, ml_dtypes' np.broadcast_to)."""
+    x = np.arange(2 * 4 * 3).reshape(2, 4, 3).astype(dtype)   # 2 groups of 4 ranks, blocks of shape (3,)
+    params = {"all_gather_dimension": 0, "tiled": False} if name == "all_gather" else {}
+    out = PRIMITIVES[name].vectorized(x, **params)
+    assert not out.flags.writeable and out.strides[1] == 0 and out.dtype == np.dtype(dtype)
+    for g in range(2):
+        per_rank = rule(name)(list(x[g]), **params)
+        for r in range(4):
+            assert out[g, r].tobytes() == np.asarray(per_rank[r]).tobytes()

@@ -179,6 +179,52 @@ def test_reduction_orders_match_a_numpy_statement_of_each(order, n):
     assert out[0].tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("order", ["sequential", "pairwise", "ring"])
+@pytest.mark.parametrize("n", [2, 3, 8, 13])
+def test_the_vectorized_executors_stacked_fold_is_each_orders_fold(order, n):
+    """fold_stacked (the vectorized psum: every group's n blocks stacked on axis 1, one accumulate in the
+    sequential order) gives, per group, the fold of that order."""
+    from spmdsim._reduction import fold_stacked
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((3, n, 2, 5)) * 10.0 ** rng.integers(-5, 6, (3, n, 2, 5))).astype(np.float32)
+    with spmdsim.set_reduction_order(order):
+        out = fold_stacked(np.add, x)
+    assert out.shape == (3, 2, 5) and out.dtype == np.float32 and not out.flags.writeable
+    for g in range(3):
+        assert out[g].tobytes() == reference_sum(list(x[g]), order).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.bool_, np.float16, np.complex64])
+def test_the_stacked_fold_keeps_the_dtype_wraps_and_propagates_nan(dtype):
+    from spmdsim._reduction import fold_stacked
+    x = (np.arange(3 * 6 * 4).reshape(3, 6, 4) * 53).astype(dtype)   # int8/uint16 sums wrap
+    if np.dtype(dtype).kind in "fc":
+        x[1, 2, 3] = np.nan
+    for ufunc in (np.add, np.maximum, np.minimum):
+        out = fold_stacked(ufunc, x)
+        expected = x[:, 0]
+        for k in range(1, 6):
+            expected = ufunc(expected, x[:, k])   # bool + bool is or; int8 wraps
+        assert out.dtype == np.dtype(dtype) and out.tobytes() == expected.tobytes(), ufunc
+    wide = np.full((1, 4, 1), 100, np.int8)
+    assert fold_stacked(np.add, wide)[0, 0] == np.int8(-112)   # 400 wraps to 400 - 512
+
+
+def test_stacked_fold_of_bfloat16_accumulates_in_float32_unless_told():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from spmdsim._reduction import fold_stacked
+    x = np.full((1, 8, 1), 1 / 3, dtype=ml_dtypes.bfloat16)
+    x[0, 0] = 256
+    exact = np.float32(256) + 7 * np.float32(x[0, 1, 0])
+    assert float(fold_stacked(np.add, x)[0, 0]) == float(ml_dtypes.bfloat16(exact))
+    with spmdsim.set_reduction_order("sequential", accumulation_dtype=ml_dtypes.bfloat16):
+        assert float(fold_stacked(np.add, x)[0, 0]) == 256.0   # rounded after every addition
+    with spmdsim.set_reduction_order("sequential", accumulation_dtype=np.float64):
+        y = np.array([1e8, 1.0, -1e8, 1.0, 3.0, 1e-3, -3.0, 7.0], np.float32).reshape(1, 8, 1)
+        assert fold_stacked(np.add, y).dtype == np.float32
+        assert float(fold_stacked(np.add, y)[0, 0]) == pytest.approx(9.001, rel=1e-6)
+
+
 def test_orders_really_differ_and_accumulation_dtype():
     x = np.array([1e8, 1.0, -1e8, 1.0, 3.0, 1e-3, -3.0, 7.0], np.float32)   # the README's worked example
     sums = {}
