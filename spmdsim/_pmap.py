@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from spmdsim import _devices, _runtime, _tree
+from spmdsim import _devices, _hosts, _runtime, _tree
 from spmdsim._axes import Frame, Unnamed, frames_label
 from spmdsim._values import as_array, is_python_scalar, read_only
 from spmdsim.errors import ReplicationError
@@ -190,7 +190,6 @@ def multi_host_size(n: int) -> tuple[int, int]:
     """For a top-level pmap whose mapped axis has size ``n`` here: ``(global index of this host's first device,
     global size)``. In a multi-host run each host maps its local devices (``n`` must be the local device count,
     as in JAX) and the axis spans every host's; otherwise ``(0, n)``."""
-    from spmdsim import _hosts
     host = _hosts.current() if _runtime.current_lane() is None else None
     if host is None:
         return 0, n
