@@ -122,11 +122,12 @@ def fold(ufunc: np.ufunc, blocks: Sequence[np.ndarray], lead: int = 0) -> np.nda
 
 def fold_stacked(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     """:func:`fold` of the blocks ``x[:, 0], x[:, 1], ...`` of ``x`` (shape ``(G, n, *block)``: G groups of n
-    blocks, folded side by side), shape ``(G, *block)``. In the sequential order one ``ufunc.accumulate`` along
-    the block axis does the fold (each step ``ufunc(previous, next)``, in ``x``'s dtype: the same additions, in
-    the same order and precision, as the fold of the list)."""
+    blocks, folded side by side), shape ``(G, *block)``. For small blocks in the sequential order one
+    ``ufunc.accumulate`` along the block axis does the fold (each step ``ufunc(previous, next)``, in ``x``'s
+    dtype: the same operations in the same order and precision as the fold of the list, without a Python call
+    per block); NumPy runs it element by element, so large blocks are folded as a list."""
     order = _reduction_order
-    if order.order != "sequential" or x.shape[1] < 2:
+    if order.order != "sequential" or x.shape[1] < 2 or x[:, 0].size > ACCUMULATE_MAX_ELEMENTS:
         return fold(ufunc, [x[:, r] for r in range(x.shape[1])], lead=1)
     dtype = x.dtype
     acc = (order.accumulation_dtype or (np.dtype(np.float32) if dtype == _BFLOAT16 else None)) \
@@ -141,3 +142,8 @@ def fold_stacked(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     out = out[:, -1].astype(dtype)  # a copy: the partial sums are not kept alive
     out.flags.writeable = False
     return out
+
+
+# Up to this many elements per rank (every group's block together) fold_stacked accumulates; above it the list
+# fold is faster (at 8 ranks: 4 elements 1.5 against 6.5 µs, 64: 3.8 against 6.7, 1024: 39 against 7.4).
+ACCUMULATE_MAX_ELEMENTS = 64

@@ -181,15 +181,17 @@ def test_reduction_orders_match_a_numpy_statement_of_each(order, n):
 
 @pytest.mark.parametrize("order", ["sequential", "pairwise", "ring"])
 @pytest.mark.parametrize("n", [2, 3, 8, 13])
-def test_the_vectorized_executors_stacked_fold_is_each_orders_fold(order, n):
-    """fold_stacked (the vectorized psum: every group's n blocks stacked on axis 1, one accumulate in the
-    sequential order) gives, per group, the fold of that order."""
-    from spmdsim._reduction import fold_stacked
+@pytest.mark.parametrize("block", [(2, 5), (40,)])   # 3 groups: 30 elements per rank (accumulated), 120 (a list)
+def test_the_vectorized_executors_stacked_fold_is_each_orders_fold(order, n, block):
+    """fold_stacked (the vectorized psum: every group's n blocks stacked on axis 1; in the sequential order
+    one accumulate for small blocks) gives, per group, the fold of that order."""
+    from spmdsim._reduction import ACCUMULATE_MAX_ELEMENTS, fold_stacked
+    assert 3 * 10 <= ACCUMULATE_MAX_ELEMENTS < 3 * 40
     rng = np.random.default_rng(n)
-    x = (rng.standard_normal((3, n, 2, 5)) * 10.0 ** rng.integers(-5, 6, (3, n, 2, 5))).astype(np.float32)
+    x = (rng.standard_normal((3, n, *block)) * 10.0 ** rng.integers(-5, 6, (3, n, *block))).astype(np.float32)
     with spmdsim.set_reduction_order(order):
         out = fold_stacked(np.add, x)
-    assert out.shape == (3, 2, 5) and out.dtype == np.float32 and not out.flags.writeable
+    assert out.shape == (3, *block) and out.dtype == np.float32 and not out.flags.writeable
     for g in range(3):
         assert out[g].tobytes() == reference_sum(list(x[g]), order).tobytes()
 
