@@ -597,7 +597,18 @@ def _broadcast_in_dim(x, *dyn_shape, shape, broadcast_dimensions, sharding=None)
     return x.reshape(expanded) if expanded == tuple(shape) else np.broadcast_to(x.reshape(expanded), shape)
 
 
+def _static_broadcast_v(eqn):
+    """The vectorized broadcast_in_dim that only adds unit axes (pmap's expanded output): a reshape that keeps
+    the device axis."""
+    shape = tuple(eqn.params["shape"])
+    if len(eqn.invars) != 1 or _dtypes.is_key(eqn.outvars[0].aval.dtype) or \
+            _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"]) != shape:
+        return None
+    return lambda x: x.reshape((x.shape[0], *shape))
+
+
 @vectorized("broadcast_in_dim")
+@specialize(_static_broadcast_v)
 def _broadcast_in_dim_v(x, *dyn_shape, shape, broadcast_dimensions, sharding=None):
     return _broadcast_in_dim(x, shape=(x.shape[0], *shape), broadcast_dimensions=(0, *shift(broadcast_dimensions)))
 
@@ -626,7 +637,17 @@ def _static_squeeze(eqn):
     return lambda x: x.reshape(shape)
 
 
-@both("squeeze", vectorized_rule=lambda x, *, dimensions: np.squeeze(x, axis=shift(dimensions)))
+def _static_squeeze_v(eqn):
+    """The vectorized squeeze as a reshape that keeps the device axis (see _static_squeeze)."""
+    aval = eqn.outvars[0].aval
+    if _dtypes.is_key(aval.dtype):
+        return None
+    shape = tuple(aval.shape)
+    return lambda x: x.reshape((x.shape[0], *shape))
+
+
+@both("squeeze", vectorized_rule=specialize(_static_squeeze_v)(
+    lambda x, *, dimensions: np.squeeze(x, axis=shift(dimensions))))
 @specialize(_static_squeeze)
 def _squeeze(x, *, dimensions):
     return np.squeeze(x, axis=tuple(dimensions))
