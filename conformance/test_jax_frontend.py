@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+import spmdsim
 import spmdsim.jax as sjax
 from spmdsim.testing import assert_pmap_matches_jax
 
@@ -312,3 +313,27 @@ def test_calls_seen_before_still_check_what_can_change_between_calls(executor):
     with spmdsim.set_device_count(2):
         with pytest.raises(ValueError, match="only 2 virtual devices are available"):
             f(X)
+
+
+def test_vectorized_while_loop_that_devices_leave_one_by_one_makes_no_program_per_device_count():
+    """The vectorized executor compiles a program per jaxpr and device count; devices that leave a while loop at
+    different steps run the rest of it as a subset (the reference loop), so 64 trip counts make no 64 programs.
+    The values are those of the thread executor."""
+    from spmdsim.jax import _compiled
+
+    def body(x):
+        i = jax.lax.axis_index("i")
+        return jax.lax.while_loop(lambda c: c[0] < i, lambda c: (c[0] + 1, c[1] * 1.5 + 1.0), (0, x))[1]
+
+    x = np.ones((64, 3), np.float32)
+    with spmdsim.set_device_count(64):
+        _compiled._programs.clear()
+        vectorized = sjax.pmap(body, "i", executor="vectorized")(x)
+        programs = sum(len(p) for p in _compiled._programs.values())
+        threads = sjax.pmap(body, "i")(x)
+    assert programs <= 3, programs   # the body, the loop's condition, its body: once each for 64 devices
+    assert np.asarray(vectorized).tobytes() == np.asarray(threads).tobytes()
+    expected = np.ones(3, np.float32)
+    for _ in range(63):
+        expected = expected * np.float32(1.5) + np.float32(1.0)
+    assert np.asarray(vectorized)[63].tobytes() == expected.tobytes()

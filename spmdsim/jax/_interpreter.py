@@ -221,8 +221,8 @@ def _compiled():
 
 class Vectorized(Executor):
     """Values carry every device of ``batch`` on a leading axis; rules from ``VECTORIZED``. Each jaxpr runs
-    through its compiled Python function (:mod:`._compiled`) while the class attribute ``compiled`` is true (the
-    default), through the reference loop otherwise."""
+    through its compiled Python function (:mod:`._compiled`) while ``compiled`` is true (the class's default;
+    not for a subset of the devices, see :meth:`subset`), through the reference loop otherwise."""
 
     kind = "vectorized"
     compiled = True
@@ -283,7 +283,13 @@ class Vectorized(Executor):
         return [(int(v), index == v) for v in values]
 
     def subset(self, selection):
-        return self if selection is None else Vectorized(self.batch.subset(selection))
+        """The devices of ``selection``. They run the reference loop: a compiled program is made per device count,
+        and a ``while`` whose devices leave it one by one would make one per count."""
+        if selection is None:
+            return self
+        sub = Vectorized(self.batch.subset(selection))
+        sub.compiled = False
+        return sub
 
     def select(self, x, selection):
         return x if selection is None else x[selection]
