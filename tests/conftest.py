@@ -1,9 +1,17 @@
+import signal
 import threading
 
 import pytest
 
 import spmdsim
 from spmdsim import _threads
+
+
+# A run started in the background (`pytest &` in a script, nohup) inherits SIGINT ignored, and the processes
+# that the Ctrl-C tests interrupt would inherit that too (Python keeps an ignored SIGINT): give them SIGINT as
+# from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
