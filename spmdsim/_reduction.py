@@ -43,14 +43,20 @@ class ReductionOrder:
     order: str = "sequential"
     accumulation_dtype: Any = None
 
+    def accumulation(self, ufunc: np.ufunc, dtype: np.dtype) -> np.dtype | None:
+        """The dtype ``ufunc``'s blocks of ``dtype`` are folded in, or None for ``dtype`` itself: sums are
+        accumulated in ``accumulation_dtype``, by default bfloat16 in float32; max and min in their own dtype."""
+        if ufunc is not np.add:
+            return None
+        return self.accumulation_dtype or (np.dtype(np.float32) if dtype == _BFLOAT16 else None)
+
     def fold(self, ufunc: np.ufunc, blocks: Sequence[np.ndarray], lead: int = 0) -> np.ndarray:
         """Fold ``blocks`` (all of one shape and dtype) with ``ufunc``; the first ``lead`` axes of each block
         are independent groups folded side by side (the vectorized executor's batches)."""
         dtype = blocks[0].dtype
-        if ufunc is np.add:
-            acc = self.accumulation_dtype or (np.dtype(np.float32) if dtype == _BFLOAT16 else None)
-            if acc is not None:
-                blocks = [b.astype(acc) for b in blocks]
+        acc = self.accumulation(ufunc, dtype)
+        if acc is not None:
+            blocks = [b.astype(acc) for b in blocks]
         if ufunc is not np.add or self.order == "sequential" or len(blocks) < 3:
             out = np.asarray(ufunc(blocks[0], blocks[1]))  # then in place: the same left-to-right fold
             for b in blocks[2:]:
@@ -130,8 +136,7 @@ def fold_stacked(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     if order.order != "sequential" or x.shape[1] < 2 or x[:, 0].size > ACCUMULATE_MAX_ELEMENTS:
         return fold(ufunc, [x[:, r] for r in range(x.shape[1])], lead=1)
     dtype = x.dtype
-    acc = (order.accumulation_dtype or (np.dtype(np.float32) if dtype == _BFLOAT16 else None)) \
-        if ufunc is np.add else None
+    acc = order.accumulation(ufunc, dtype)
     if acc is not None:
         x = x.astype(acc)
     if x.dtype.kind in "biu":  # integers wrap silently: no floating-point state to set

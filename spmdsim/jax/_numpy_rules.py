@@ -18,6 +18,7 @@ zero gives -1 (all bits set) and remainder by zero the dividend, as on XLA:CPU; 
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -579,6 +580,13 @@ def _expanded_shape(operand_shape, shape, broadcast_dimensions) -> tuple:
     return tuple(expanded)
 
 
+def _reshape_to(shape: tuple, vectorized: bool = False) -> Callable:
+    """``x.reshape(shape)``; vectorized, the leading device axis kept in front of ``shape``."""
+    if vectorized:
+        return lambda x: x.reshape((x.shape[0], *shape))
+    return lambda x: x.reshape(shape)
+
+
 def _static_broadcast(eqn):
     """broadcast_in_dim with a static shape: the operand's shape is known, so is the reshape before it."""
     if len(eqn.invars) != 1:
@@ -586,7 +594,7 @@ def _static_broadcast(eqn):
     shape = tuple(eqn.params["shape"])
     expanded = _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"])
     if expanded == shape:  # only unit axes added (pmap's expanded output): a reshape
-        return lambda x: x.reshape(shape)
+        return _reshape_to(shape)
     return lambda x: np.broadcast_to(x.reshape(expanded), shape)
 
 
@@ -604,7 +612,7 @@ def _static_broadcast_v(eqn):
     if len(eqn.invars) != 1 or _dtypes.is_key(eqn.outvars[0].aval.dtype) or \
             _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"]) != shape:
         return None
-    return lambda x: x.reshape((x.shape[0], *shape))
+    return _reshape_to(shape, vectorized=True)
 
 
 @vectorized("broadcast_in_dim")
@@ -627,26 +635,16 @@ def _reshape_v(x, *dyn, new_sizes, dimensions=None, sharding=None):
     return x.reshape((x.shape[0], *new_sizes))
 
 
-def _static_squeeze(eqn):
+def _static_squeeze(eqn, vectorized: bool = False):
     """squeeze, its result's shape known from the jaxpr: a reshape (not for PRNG keys, whose NumPy form has a
     trailing axis more)."""
     aval = eqn.outvars[0].aval
     if _dtypes.is_key(aval.dtype):
         return None
-    shape = tuple(aval.shape)
-    return lambda x: x.reshape(shape)
+    return _reshape_to(tuple(aval.shape), vectorized)
 
 
-def _static_squeeze_v(eqn):
-    """The vectorized squeeze as a reshape that keeps the device axis (see _static_squeeze)."""
-    aval = eqn.outvars[0].aval
-    if _dtypes.is_key(aval.dtype):
-        return None
-    shape = tuple(aval.shape)
-    return lambda x: x.reshape((x.shape[0], *shape))
-
-
-@both("squeeze", vectorized_rule=specialize(_static_squeeze_v)(
+@both("squeeze", vectorized_rule=specialize(functools.partial(_static_squeeze, vectorized=True))(
     lambda x, *, dimensions: np.squeeze(x, axis=shift(dimensions))))
 @specialize(_static_squeeze)
 def _squeeze(x, *, dimensions):
