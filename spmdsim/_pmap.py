@@ -208,28 +208,42 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
     if type(out_axes) is int and out_axes == 0 and type(ref) is np.ndarray and ref.dtype.kind in "biufc" \
             and all(type(o) is np.ndarray and o.shape == ref.shape and o.dtype == ref.dtype for o in outputs):
         return np.array(outputs)  # one array per lane, stacked on a new leading axis: what the loop below does
-    first_leaves, treedef = _tree.flatten(outputs[0])
-    per_lane = [first_leaves]
-    for i, out in enumerate(outputs[1:], 1):
-        leaves, other = _tree.flatten(out)
-        if other != treedef:
-            raise ValueError(f"{api}: {lane_label(i)} returned {other}, but {lane_label(0)} returned {treedef}. "
-                             f"Every {'device' if api == 'pmap' else 'lane'} must return the same pytree structure.")
-        per_lane.append(leaves)
+    first_leaves, treedef = _tree.flatten(ref)
+    try:  # the other lanes' leaves, structure checked (~0.2 µs each; flattening anew costs ~1 µs)
+        per_lane = [first_leaves, *(treedef.flatten_up_to(out) for out in outputs[1:])]
+    except ValueError:
+        _check_structures(outputs, treedef, api, lane_label)
+        per_lane = [_tree.flatten(out)[0] for out in outputs]
     axes = [out_axes] * len(first_leaves) if out_axes is None or type(out_axes) is int \
         else _tree.broadcast_prefix(out_axes, outputs[0], name=f"{api} out_axes")
     stacked = []
     for k, ax in enumerate(axes):
         path = LazyPath(outputs[0], k)
-        blocks = [_as_array(leaves[k], path, api, "output") for leaves in per_lane]
+        blocks = [leaves[k] for leaves in per_lane]
         ref = blocks[0]
-        for i, b in enumerate(blocks):
-            if b.shape != ref.shape or b.dtype != ref.dtype:
-                raise ValueError(f"{api}: {path} is {b.dtype}{list(b.shape)} on {lane_label(i)} but "
-                                 f"{ref.dtype}{list(ref.shape)} on {lane_label(0)}; outputs can only be stacked "
-                                 f"when every {'device' if api == 'pmap' else 'lane'} returns the same shape and dtype.")
+        if not (isinstance(ref, (np.ndarray, np.generic)) and ref.dtype.kind in "biufc"
+                and all(type(b) is type(ref) and b.shape == ref.shape and b.dtype == ref.dtype for b in blocks)):
+            if not all(map(_tree.is_leaf, blocks)):  # a lane has a subtree where lane 0 has a leaf
+                _check_structures(outputs, treedef, api, lane_label)
+            blocks = [_as_array(b, path, api, "output") for b in blocks]  # scalars, other dtypes; or an error
+            ref = blocks[0]
+            for i, b in enumerate(blocks):
+                if b.shape != ref.shape or b.dtype != ref.dtype:
+                    raise ValueError(f"{api}: {path} is {b.dtype}{list(b.shape)} on {lane_label(i)} but "
+                                     f"{ref.dtype}{list(ref.shape)} on {lane_label(0)}; outputs can only be stacked "
+                                     f"when every {'device' if api == 'pmap' else 'lane'} returns the same shape "
+                                     f"and dtype.")
         stacked.append(_place(path, blocks, ax, api, lane_label, check_replicated))
     return _tree.unflatten(treedef, stacked)
+
+
+def _check_structures(outputs: list, treedef, api: str, lane_label: Callable[[int], str]) -> None:
+    """ValueError naming the first lane whose output's pytree structure is not lane 0's (``treedef``)."""
+    for i, out in enumerate(outputs):
+        other = _tree.flatten(out)[1]
+        if other != treedef:
+            raise ValueError(f"{api}: {lane_label(i)} returned {other}, but {lane_label(0)} returned {treedef}. "
+                             f"Every {'device' if api == 'pmap' else 'lane'} must return the same pytree structure.")
 
 
 def argument_path(keystr: str) -> str:
@@ -275,8 +289,8 @@ class LazyPath:
 
 
 def _place(path: str, blocks, ax: int | None, api: str, lane_label: Callable[[int], str], check_replicated: bool):
-    """One output leaf from its per-lane blocks: stacked along ``ax``, or lane 0's value for ``ax=None``
-    (checked to be the same everywhere when asked, and for vmap)."""
+    """One output leaf from its per-lane blocks (arrays, or NumPy scalars, of one shape and dtype): stacked along
+    ``ax``, or lane 0's value for ``ax=None`` (checked to be the same everywhere when asked, and for vmap)."""
     ref = blocks[0]
     if ax is None:
         if check_replicated or api == "vmap":
@@ -287,6 +301,8 @@ def _place(path: str, blocks, ax: int | None, api: str, lane_label: Callable[[in
                 raise cls(f"{api}: {path} has out_axes=None but is not the same everywhere: {', '.join(differ)} "
                           f"differ from {lane_label(0)}. Reduce it first (e.g. psum/pmean over the axis) or give "
                           f"it a mapped out_axes.")
+        if type(ref) is not np.ndarray:
+            return np.asarray(ref)  # a NumPy scalar (np.float32(1.0)): a new 0-d array
         if ref.flags.owndata and not ref.flags.writeable:
             return ref  # a collective's result, shared by the devices and read-only (as a JAX array): no copy
         return np.array(ref)

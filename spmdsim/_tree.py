@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import optree
 
-__all__ = ["flatten", "flatten_with_paths", "unflatten", "keystr", "broadcast_prefix", "prefix_leaves",
+__all__ = ["flatten", "flatten_with_paths", "unflatten", "is_leaf", "keystr", "broadcast_prefix", "prefix_leaves",
            "register_pytree_node", "NAMESPACE"]
 
 NAMESPACE = "spmdsim"
@@ -29,6 +29,11 @@ def flatten(tree) -> tuple[list, Any]:
 
 def unflatten(treedef, leaves):
     return leaves[0] if treedef is _LEAF else optree.tree_unflatten(treedef, leaves)
+
+
+def is_leaf(x) -> bool:
+    """A pytree leaf (``None`` is an empty subtree, not a leaf)."""
+    return optree.tree_is_leaf(x, namespace=NAMESPACE)
 
 
 def register_pytree_node(cls: type, flatten_func: Callable, unflatten_func: Callable) -> type:

@@ -30,7 +30,9 @@ def _axes_tuple(axis_name) -> tuple:
 
 
 def _arrays(leaves: list, api: str) -> list[np.ndarray]:
-    return [as_array(leaf, f"operand leaf {k}", api) for k, leaf in enumerate(leaves)]
+    """The operand leaves as NumPy arrays (numeric arrays as they are); TypeError naming a non-numeric leaf."""
+    return [leaf if type(leaf) is np.ndarray and leaf.dtype.kind in "biufc" else as_array(leaf, f"operand leaf {k}", api)
+            for k, leaf in enumerate(leaves)]
 
 
 def _group_size(named: tuple, axis_index_groups, prim: str, api: str) -> int:
@@ -71,7 +73,7 @@ def _reduction(name: str, api: str, x, axis_name, axis_index_groups, epilogue=No
         _runtime.channel(_runtime.current_lane(), named, api)  # an unbound name is still an error
         return x
     arrays = _arrays(leaves, api)
-    if name == "psum":
+    if name == "psum" and any(a.dtype == np.bool_ for a in arrays):
         arrays = [a.astype(np.int32) if a.dtype == np.bool_ else a for a in arrays]
     out = bind(name, arrays, axes=_axes_tuple(axis_name), axis_index_groups=axis_index_groups, api=api,
                epilogue=epilogue)

@@ -228,6 +228,26 @@ def test_per_device_outputs_must_agree():
         spmdsim.pmap(lambda x: np.ones(1 + int(x)))(np.arange(2))
     with pytest.raises(ValueError, match="same pytree structure"):
         spmdsim.pmap(lambda x: (x,) if x == 0 else [x])(np.arange(2))
+    # A lane with a subtree, or None, where device 0 has a leaf: the structure error, whatever out_axes says.
+    for out_axes in (0, None):
+        with pytest.raises(ValueError, match="device 1 returned .* same pytree structure"):
+            spmdsim.pmap(lambda x: (x, x) if x == 0 else (x, (x, x)), out_axes=out_axes)(np.arange(2))
+        with pytest.raises(ValueError, match="device 1 returned .* same pytree structure"):
+            spmdsim.pmap(lambda x: (x, x) if x == 0 else (x, None), out_axes=out_axes)(np.arange(2))
+    with pytest.raises(ValueError, match=r"int64\[\] on device 1 but float32\[\] on device 0"):
+        spmdsim.pmap(lambda x: np.float32(1) if x == 0 else np.int64(1))(np.arange(2))
+
+
+def test_numpy_scalar_outputs_become_arrays():
+    """NumPy scalars returned by the devices (np.mean gives one) come back as arrays, as jax.pmap's do."""
+    loss = spmdsim.pmap(lambda x: (x, np.mean(x)), out_axes=(0, None))(np.arange(4, dtype=np.float32).reshape(2, 2))
+    assert type(loss[1]) is np.ndarray and loss[1].shape == () and loss[1].dtype == np.float32 and loss[1] == 0.5
+    assert loss[1].flags.writeable
+    stacked = spmdsim.pmap(lambda x: np.float32(x[0]) * 2)(np.arange(6, dtype=np.float32).reshape(3, 2))
+    assert type(stacked) is np.ndarray and stacked.dtype == np.float32 and stacked.tolist() == [0.0, 4.0, 8.0]
+    # a NumPy scalar on one device and a 0-d array on another still stack (same dtype and shape)
+    mixed = spmdsim.pmap(lambda x: (np.float32(1) if x == 0 else np.ones((), np.float32),))(np.arange(2))
+    assert mixed[0].dtype == np.float32 and mixed[0].tolist() == [1.0, 1.0]
 
 
 # -- vmap ---------------------------------------------------------------------------------------------

@@ -961,6 +961,9 @@ def _canonical(x: np.ndarray, axes) -> np.ndarray:
     """x with the reduced axes moved last and merged: ``(kept..., R)``, contiguous. Reducing its last axis
     sums every output element in the same order whatever the leading (device) axes are."""
     axes = tuple(sorted(int(a) for a in axes))
+    first = x.ndim - len(axes)
+    if axes == tuple(range(first, x.ndim)) and x.flags.c_contiguous:  # already so: a reshape, no copy
+        return x.reshape((*x.shape[:first], math.prod(x.shape[first:])))
     kept = [d for d in range(x.ndim) if d not in axes]
     moved = np.transpose(x, kept + list(axes))
     return np.asarray(moved, order="C").reshape((*(x.shape[d] for d in kept), math.prod(x.shape[d] for d in axes)))
