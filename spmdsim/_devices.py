@@ -53,7 +53,6 @@ _count = _count_from_env()
 
 
 def _layout() -> tuple[int, int] | None:
-    from spmdsim import _hosts  # local: _hosts needs the runtime, which imports this module
     return _hosts.layout()
 
 
@@ -138,3 +137,6 @@ class set_device_count:
     def __exit__(self, *exc) -> None:
         global _count
         _count = self.previous
+
+
+from spmdsim import _hosts  # noqa: E402  (last: _hosts needs the runtime, which imports this module)

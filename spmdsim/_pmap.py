@@ -102,6 +102,11 @@ class _Inputs:
 
 
 def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str) -> _Inputs:
+    if not kwargs and type(in_axes) is int and len(dyn_args) == 1 and type(dyn_args[0]) is np.ndarray \
+            and dyn_args[0].dtype.kind in "biufc":  # f(x): one array, nothing to walk
+        x = dyn_args[0]
+        return _Inputs(LazyPaths((dyn_args, kwargs), 1, argument_path), [x],
+                       [canonical_in_axis(in_axes, x.shape, "args[0]", api)], None, True)
     leaves, treedef = _tree.flatten((dyn_args, kwargs))
     n_kw = len(_tree.flatten(kwargs)[0]) if kwargs else 0
     if in_axes is None or type(in_axes) is int:  # one entry for every positional leaf: nothing to walk
@@ -205,9 +210,13 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
                    check_replicated: bool):
     """Stack per-lane output pytrees along ``out_axes``; ``None`` takes lane 0's value."""
     ref = outputs[0]
-    if type(out_axes) is int and out_axes == 0 and type(ref) is np.ndarray and ref.dtype.kind in "biufc" \
-            and all(type(o) is np.ndarray and o.shape == ref.shape and o.dtype == ref.dtype for o in outputs):
-        return np.array(outputs)  # one array per lane, stacked on a new leading axis: what the loop below does
+    if type(out_axes) is int and out_axes == 0 and type(ref) is np.ndarray and ref.dtype.kind in "biufc":
+        shape, dtype = ref.shape, ref.dtype
+        for o in outputs:
+            if type(o) is not np.ndarray or o.shape != shape or o.dtype != dtype:
+                break
+        else:  # one array per lane, stacked on a new leading axis: what the general path below does
+            return np.array(outputs)
     first_leaves, treedef = _tree.flatten(ref)
     try:  # the other lanes' leaves, structure checked (~0.2 µs each; flattening anew costs ~1 µs)
         per_lane = [first_leaves, *(treedef.flatten_up_to(out) for out in outputs[1:])]

@@ -532,9 +532,8 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
     prim = PRIMITIVES[name]
     named, positional = split_axis_names(params[prim.axes_param])
     batch = _local.batch
-    lead = 0 if batch is None else 1
     if positional:
-        operands = [_reduce_positional(name, x, positional, lead) for x in operands]
+        operands = [_reduce_positional(name, x, positional, 0 if batch is None else 1) for x in operands]
     if not named:
         return list(operands)
     if name in _MESH_ORDER and len(named) > 1:
@@ -542,8 +541,13 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
     if batch is not None:
         return batch.collective(prim, named, operands, params, api or name, site, epilogue)
     lane = _runtime.current_lane()
-    chan = _runtime.channel(lane, named, api or name)
-    avals = tuple([(x.shape, x.dtype) for x in operands])
+    chan = lane.channels.get(named) if lane is not None else None
+    if chan is None:
+        chan = _runtime.channel(lane, named, api or name)
+    if len(operands) == 1:
+        avals = ((operands[0].shape, operands[0].dtype),)
+    else:
+        avals = tuple([(x.shape, x.dtype) for x in operands])
     try:
         key = (name, chan.names, chan.sizes, avals, tuple(params.items()), epilogue)
         bound = _bound.get(key)

@@ -106,6 +106,21 @@ class Lane:
         comm = template.comm
         return template.renewed(comm, self.steps.setdefault(comm, [0]))
 
+    def recycle(self) -> None:
+        """Reset for the next call of the same placement, after a call in which every lane returned: no
+        reference to that call's world, rendezvous (the blocks) or thread is kept; each channel's step counter
+        starts again at 0 and its mailbox is emptied; the wake lock is held, as after every collective."""
+        self.world = self.call = self.waiting = self.thread = None
+        self.state, self.where = RUNNING, ""
+        self.nested_calls = self.calls = 0
+        for step in self.steps.values():
+            step[0] = 0
+        for chan in self.channels.values():
+            if chan.mailbox:
+                chan.mailbox.clear()
+        if self.history is not None:
+            self.history.clear()
+
     def status_row(self) -> tuple[str, ...]:
         """(device, state, collective, axis, step, source line) for the device tables."""
         if self.state == WAITING:
@@ -214,7 +229,7 @@ class World:
             if call.remaining == 0 and call.parent is not None:
                 call.parent.state = RUNNING
                 self.running += 1
-            if self.failure is None and state == DONE:
+            if self.open and self.failure is None and state == DONE:
                 for rv in list(self.open.values()):
                     if membership(lane.frames, rv.key[0]) == rv.key:
                         self._fail_locked(self._missing(rv, lane, f"{lane.label} returned without reaching it"))

@@ -88,12 +88,17 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     """
     parent = current_lane()
     if parent is None:
-        from spmdsim import _hosts
         host = _hosts.current()
         if host is not None and is_device:
             return host.run(body, tuple(axes))
         world = World(host)
-        lanes = top_level_placement(tuple(axes), is_device).lanes_in(world)
+        placement = _top_level_frames(tuple(axes), is_device, None if host is None else (host.count, host.local))
+        lanes = placement.take(world)
+        results, errors = run_lanes(world, lanes, body, parent)
+        out = outcome(world, lanes, results, errors, parent)
+        if not world.observers and not pause_hooks:  # nothing kept them: the next call may use them
+            placement.give_back(lanes)
+        return out
     else:
         world, frames = parent.world, parent.frames
         instance = frames[-1].instance + (parent.nested_calls,)
@@ -157,6 +162,7 @@ class _Placement:
 
     def __init__(self, lanes: list):
         self.lanes = lanes
+        self.spare: list[list[Lane]] = []  # lanes given back by calls that ended cleanly
 
     def lanes_in(self, world, call: CallCount | None = None, indices: Sequence[int] | None = None) -> list[Lane]:
         """New lanes of ``world`` for the placement's lanes (those at ``indices``, default all), counted by
@@ -164,6 +170,26 @@ class _Placement:
         chosen = [self.lanes[i] for i in indices] if indices is not None else self.lanes
         call = call if call is not None else CallCount(None, len(chosen))
         return [Lane(world, frames, call, label, templates) for frames, label, templates in chosen]
+
+    def take(self, world) -> list[Lane]:
+        """Every lane of a top-level call in ``world``: those of an earlier call given back (see
+        :meth:`give_back`), else new ones."""
+        try:
+            lanes = self.spare.pop()  # atomic: two threads calling at once never get the same lanes
+        except IndexError:
+            return self.lanes_in(world)
+        call = CallCount(None, len(lanes))
+        for lane in lanes:
+            lane.world, lane.call = world, call
+        return lanes
+
+    def give_back(self, lanes: list[Lane]) -> None:
+        """The lanes of a top-level call that ended cleanly (every device returned; no observer or debugger
+        keeps them), reset for the next call (~1 µs per lane less than making them anew, their channels kept)."""
+        for lane in lanes:
+            lane.recycle()
+        if len(self.spare) < 4:
+            self.spare.append(lanes)
 
 
 def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, *, shared_channels: bool) -> _Placement:
@@ -179,7 +205,6 @@ def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, *, shar
 
 def top_level_placement(axes: tuple, is_device: bool = True) -> _Placement:
     """The placement of a top-level call, made once per mesh (and host layout, which the labels name)."""
-    from spmdsim import _hosts
     return _top_level_frames(axes, is_device, _hosts.layout())
 
 
@@ -286,3 +311,6 @@ def _interrupted(error: KeyboardInterrupt, world: World, lanes: list[Lane], thre
                        f"call) and {'was' if len(stuck) == 1 else 'were'} abandoned: "
                        f"{'it stops' if len(stuck) == 1 else 'they stop'} when that call returns, and never run "
                        f"user code again.")
+
+
+from spmdsim import _hosts  # noqa: E402  (last: it imports this module)

@@ -123,7 +123,7 @@ class _Call:
         self.threads = Threads(workers)
 
     def run(self, i: int) -> None:
-        threading.current_thread().name = self.names[i]
+        self.workers[i].thread.name = self.names[i]
         if i + 1 < len(self.workers):  # the start baton: each thread wakes the next (one wake-up each, no herd)
             self.workers[i + 1].go.release()
         try:
@@ -167,7 +167,7 @@ class _Pool:
                 return
 
     def park(self, worker: _Worker) -> None:
-        threading.current_thread().name = "spmdsim idle thread"
+        worker.thread.name = "spmdsim idle thread"
         if worker.abandoned:
             return
         with self.lock:

@@ -178,6 +178,74 @@ def test_many_calls_leave_no_threads_or_memory_behind():
     assert grown < 64 * 1024, f"spmdsim kept {grown} bytes after 10,000 calls"
 
 
+def test_a_call_after_clean_calls_starts_afresh():
+    """Top-level calls of one mesh reuse the lanes of an earlier call that ended cleanly: each call still
+    counts its collectives from step 0 and reports a mismatch at the right collective, whatever ran before."""
+    def many(x):
+        for _ in range(5):
+            x = lax.psum(x, "i")
+        return x
+
+    def late_mismatch(x):
+        x = lax.psum(x, "i")
+        return lax.pmax(x, "i") if lax.axis_index("i") == 1 else lax.psum(x, "i")
+
+    def early_return(x):
+        return x if lax.axis_index("i") == 2 else lax.psum(x, "i")
+
+    x = np.ones(4)
+    for _ in range(3):
+        np.testing.assert_array_equal(spmdsim.pmap(many, axis_name="i")(x), np.full(4, 4.0 ** 5))
+        with pytest.raises(spmdsim.CollectiveMismatchError) as info:
+            finishes(spmdsim.pmap(late_mismatch, axis_name="i"), x)
+        assert "at step 1 of the same communicator" in str(info.value)
+        with pytest.raises(spmdsim.CollectiveDeadlockError) as info:
+            finishes(spmdsim.pmap(early_return, axis_name="i"), x)
+        assert any(": waiting in psum(float64[], axis_name='i') (step 0)" in line for line in info.value.devices)
+
+
+def test_a_finished_call_keeps_no_collective_result_alive():
+    """What the devices exchanged (a collective's blocks and results) is not kept once the call returned,
+    though its lanes are kept for the next call."""
+    import weakref
+    refs = []
+
+    def f(x):
+        total = lax.psum(x * 2, "i")
+        refs.append(weakref.ref(total))
+        return x + 1
+
+    for _ in range(3):
+        out = spmdsim.pmap(f, axis_name="i")(np.ones((4, 1000)))
+        gc.collect()
+        assert refs and all(r() is None for r in refs), "a psum result outlived its call"
+        np.testing.assert_array_equal(out, np.full((4, 1000), 2.0))
+        refs.clear()
+
+
+def test_concurrent_calls_of_one_mesh_from_several_threads():
+    """Callers in several threads at once, each with its own values: every call gets its own lanes."""
+    f = spmdsim.pmap(lambda x: lax.psum(x, "i") + lax.axis_index("i"), axis_name="i")
+    errors, bad = [], []
+
+    def caller(k):
+        try:
+            for _ in range(200):
+                out = f(np.full(4, float(k)))
+                if out.tolist() != [4.0 * k + i for i in range(4)]:
+                    bad.append((k, out.tolist()))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a concurrent call hung"
+    assert not errors and not bad, (errors, bad[:3])
+
+
 def test_set_device_count_is_refused_inside_a_mapped_function():
     with pytest.raises(ValueError, match="inside a mapped function"):
         spmdsim.pmap(lambda x: spmdsim.set_device_count(2) and x)(np.zeros(2))

@@ -23,9 +23,10 @@ import numpy as np
 from jax.extend import core as ext_core
 
 from spmdsim import _primitives
-from spmdsim.jax._interpreter import HIGHER_ORDER, Executor, bad_result, eqn_stack, site_of
+from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
+                                      restore_errors, site_of)
 
-__all__ = ["eval_jaxpr", "program_source"]
+__all__ = ["eval_jaxpr", "evaluator", "program_source"]
 
 
 class _Step:
@@ -162,13 +163,23 @@ def _program(jaxpr, executor: Executor) -> Callable:
     return program
 
 
+def evaluator(jaxpr, executor: Executor) -> Callable[[list, list], list[np.ndarray]]:
+    """``evaluate(consts, args)``: ``jaxpr`` evaluated by its compiled function, looked up once; the same
+    results and errors as the reference loop."""
+    run = _program(jaxpr, executor)
+
+    def evaluate(consts, args) -> list[np.ndarray]:
+        stack = eqn_stack()
+        stack.append(None)
+        errors = ignore_errors()  # XLA computes through overflow and NaN without a warning
+        try:
+            return run(stack, executor, *consts, *args)
+        finally:
+            restore_errors(errors)
+            stack.pop()
+    return evaluate
+
+
 def eval_jaxpr(jaxpr, consts, args, executor: Executor) -> list[np.ndarray]:
     """Evaluate ``jaxpr`` with its compiled function; the same results and errors as the reference loop."""
-    run = _program(jaxpr, executor)
-    stack = eqn_stack()
-    stack.append(None)
-    try:
-        with np.errstate(all="ignore"):
-            return run(stack, executor, *consts, *args)
-    finally:
-        stack.pop()
+    return evaluator(jaxpr, executor)(consts, args)

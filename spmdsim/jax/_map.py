@@ -133,8 +133,10 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
     local = axes if _runtime.current_lane() is not None else _local_mesh(axes)  # top level: this host's box
     blocks = [_split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
 
+    evaluate = body_ex.evaluator(inner)
+
     def body(i: int) -> list:
-        return body_ex.eval_jaxpr(inner, consts, [b[i] for b in blocks])
+        return evaluate(consts, [b[i] for b in blocks])
 
     per_device = _runtime.run_mapped(body, axes, is_device=True)
     if check_replicated:
