@@ -337,3 +337,28 @@ def test_vectorized_while_loop_that_devices_leave_one_by_one_makes_no_program_pe
     for _ in range(63):
         expected = expected * np.float32(1.5) + np.float32(1.0)
     assert np.asarray(vectorized)[63].tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("executor", ["threads", "reference", "vectorized"])
+def test_floating_point_errors_are_silent_inside_and_unchanged_outside(executor):
+    """As in XLA, overflow, division by zero and NaN raise no warning inside the body (the same inf and nan as
+    jax.pmap); the caller's NumPy error state is what it was, before and after, also in the device threads."""
+    import warnings
+
+    def f(x):
+        return jnp.float32(3e38) * x, 1.0 / (x - x), jnp.log(x - 2.0)
+
+    x = np.arange(1.0, 5.0, dtype=np.float32)
+    with np.errstate(divide="raise", over="warn", invalid="call", call=lambda *a: None):
+        before = np.geterr()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = sjax.pmap(f, executor=executor)(x)
+        assert np.geterr() == before
+        with pytest.raises(FloatingPointError):
+            np.float32(1.0) / np.float32(0.0)
+    expected = jax.pmap(f)(x)
+    for o, e in zip(out, expected, strict=True):
+        np.testing.assert_array_equal(np.asarray(o), np.asarray(e))
+    seen = spmdsim.pmap(lambda v: v * 0 + (np.geterr()["divide"] == "warn"))(x)  # the device threads: NumPy's
+    assert seen.tolist() == [1.0] * 4                                             # default again
