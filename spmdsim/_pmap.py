@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
@@ -115,13 +116,13 @@ def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str)
         axes = _tree.broadcast_prefix(in_axes, dyn_args, name=f"{api} in_axes", hint=hint) + [0] * n_kw
     paths = LazyPaths((dyn_args, kwargs), len(leaves), argument_path)
     arrays = []
-    for k, (path, leaf, ax) in enumerate(zip(paths, leaves, axes)):
+    for k, (leaf, ax) in enumerate(zip(leaves, axes)):
         if ax is None and is_python_scalar(leaf):
             arrays.append(leaf)
             continue
-        arr = _as_array(leaf, path, api)
-        if ax is not None:
-            axes[k] = canonical_in_axis(ax, arr.shape, path, api)
+        arr = leaf if type(leaf) is np.ndarray and leaf.dtype.kind in "biufc" else _as_array(leaf, paths[k], api)
+        if ax is not None and not 0 <= ax < arr.ndim:  # (the path named only for an error)
+            axes[k] = canonical_in_axis(ax, arr.shape, paths[k], api)
         arrays.append(arr)
     flat = not kwargs and len(leaves) == len(dyn_args) and all(a is b for a, b in zip(dyn_args, leaves))
     return _Inputs(paths, arrays, axes, treedef, flat)
@@ -226,12 +227,12 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
     axes = [out_axes] * len(first_leaves) if out_axes is None or type(out_axes) is int \
         else _tree.broadcast_prefix(out_axes, outputs[0], name=f"{api} out_axes")
     stacked = []
-    for k, ax in enumerate(axes):
+    for k, (ax, blocks) in enumerate(zip(axes, zip(*per_lane))):
         path = LazyPath(outputs[0], k)
-        blocks = [leaves[k] for leaves in per_lane]
         ref = blocks[0]
         if not (isinstance(ref, (np.ndarray, np.generic)) and ref.dtype.kind in "biufc"
-                and all(type(b) is type(ref) and b.shape == ref.shape and b.dtype == ref.dtype for b in blocks)):
+                and len(set(map(type, blocks))) == 1 and len(set(map(_SHAPE, blocks))) == 1
+                and len(set(map(_DTYPE, blocks))) == 1):  # (each set made in C: no Python per block)
             if not all(map(_tree.is_leaf, blocks)):  # a lane has a subtree where lane 0 has a leaf
                 _check_structures(outputs, treedef, api, lane_label)
             blocks = [_as_array(b, path, api, "output") for b in blocks]  # scalars, other dtypes; or an error
@@ -244,6 +245,9 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
                                      f"and dtype.")
         stacked.append(_place(path, blocks, ax, api, lane_label, check_replicated))
     return _tree.unflatten(treedef, stacked)
+
+
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 
 
 def _check_structures(outputs: list, treedef, api: str, lane_label: Callable[[int], str]) -> None:

@@ -454,17 +454,26 @@ def apply_grouped(rule: Callable, member_blocks: Sequence[Sequence[np.ndarray]],
             for i, result in zip(group, rule([member_blocks[i] for i in group], **params), strict=True):
                 out[i] = [result]
         return out
+    if groups is None:  # one group: the operands' columns, their results transposed back (no Python per block)
+        columns = [rule(list(blocks), **params) for blocks in zip(*member_blocks)]
+        if epilogue is not None:
+            columns = [_once_each(epilogue, results, n) for results in columns]
+        return [list(results) for results in zip(*columns)]
     out: list[list] = [[None] * n_operands for _ in range(n)]
-    for group in groups if groups is not None else (range(n),):
+    for group in groups:
         for k in range(n_operands):
             results = rule([member_blocks[i][k] for i in group], **params)
             if epilogue is not None:
-                done: dict = {}
-                results = [done[id(r)] if id(r) in done else done.setdefault(id(r), epilogue(r, len(group)))
-                           for r in results]
+                results = _once_each(epilogue, results, len(group))
             for i, result in zip(group, results, strict=True):
                 out[i][k] = result
     return out
+
+
+def _once_each(epilogue: Callable, results: list, group_size: int) -> list:
+    """``epilogue(result, group_size)`` of each result, computed once per distinct result object."""
+    done: dict = {}
+    return [done[id(r)] if id(r) in done else done.setdefault(id(r), epilogue(r, group_size)) for r in results]
 
 
 # -- axis names -------------------------------------------------------------------------------------------

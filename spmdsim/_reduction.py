@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from spmdsim._values import error_state_switch
+
 try:  # bfloat16 comes with jax (ml_dtypes); without it there are no bfloat16 arrays to sum
     import ml_dtypes
     _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -120,10 +122,16 @@ def fold(ufunc: np.ufunc, blocks: Sequence[np.ndarray], lead: int = 0) -> np.nda
     if len(blocks) == 1:
         out = np.array(blocks[0])
     else:
-        with np.errstate(over="ignore", invalid="ignore"):
+        errors = _quiet_sums()
+        try:
             out = _reduction_order.fold(ufunc, blocks, lead)
+        finally:
+            _loud_again(errors)
     out.flags.writeable = False
     return out
+
+
+_quiet_sums, _loud_again = error_state_switch(over="ignore", invalid="ignore")
 
 
 def fold_stacked(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:

@@ -1,9 +1,12 @@
 """What counts as a value in a NumPy program mapped by spmdsim: arrays, and Python scalars (weakly typed)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-__all__ = ["PYTHON_SCALAR_DTYPES", "is_python_scalar", "as_array", "check_array_dtype", "read_only"]
+__all__ = ["PYTHON_SCALAR_DTYPES", "is_python_scalar", "as_array", "check_array_dtype", "read_only",
+           "error_state_switch"]
 
 # Python scalars are weakly typed in JAX: as outputs or operands they take JAX's default dtypes.
 PYTHON_SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int32), float: np.dtype(np.float32),
@@ -41,3 +44,31 @@ def read_only(x: np.ndarray) -> np.ndarray:
     v = x.view()
     v.flags.writeable = False
     return v
+
+
+def error_state_switch(**state: str):
+    """``(enter, leave)`` for NumPy's floating-point error state ``state`` (``np.errstate``'s keywords) in the
+    calling thread: ``token = enter()`` sets it, ``leave(token)`` puts back what was there. Made once, used on
+    every collective and jaxpr: through NumPy 2's context variable with one prepared state (~0.1 µs against
+    ~1.5 µs for a new ``np.errstate``); ``np.errstate`` itself if NumPy's internals differ. Unlike
+    ``np.errstate``, the kinds ``state`` leaves out take NumPy's defaults, not the caller's settings: name
+    every kind the computation can raise."""
+    try:
+        from numpy._core._multiarray_umath import _make_extobj
+        from numpy._core._ufunc_config import _extobj_contextvar
+        prepared = _make_extobj(**state)
+        token = _extobj_contextvar.set(prepared)
+        try:
+            with np.errstate(**state):
+                expected = np.geterr()
+            if np.geterr() != expected:
+                raise ImportError
+        finally:
+            _extobj_contextvar.reset(token)
+        return functools.partial(_extobj_contextvar.set, prepared), _extobj_contextvar.reset
+    except (ImportError, AttributeError, TypeError, ValueError):
+        def enter():
+            errstate = np.errstate(**state)
+            errstate.__enter__()
+            return errstate
+        return enter, lambda errstate: errstate.__exit__(None, None, None)

@@ -29,10 +29,20 @@ def _axes_tuple(axis_name) -> tuple:
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
-def _arrays(leaves: list, api: str) -> list[np.ndarray]:
-    """The operand leaves as NumPy arrays (numeric arrays as they are); TypeError naming a non-numeric leaf."""
-    return [leaf if type(leaf) is np.ndarray and leaf.dtype.kind in "biufc" else as_array(leaf, f"operand leaf {k}", api)
-            for k, leaf in enumerate(leaves)]
+def _arrays(leaves: list, api: str, bool_as: np.dtype | None = None) -> list[np.ndarray]:
+    """The operand leaves as NumPy arrays (numeric arrays as they are, NumPy scalars as 0-d arrays, bool ones
+    converted to ``bool_as`` if given); TypeError naming a non-numeric leaf."""
+    out = []
+    for k, leaf in enumerate(leaves):
+        if type(leaf) is not np.ndarray or leaf.dtype.kind not in "iufc":
+            if isinstance(leaf, np.generic) and leaf.dtype.kind in "biufc":
+                leaf = np.asarray(leaf)
+            else:
+                leaf = as_array(leaf, f"operand leaf {k}", api)
+            if bool_as is not None and leaf.dtype.kind == "b":
+                leaf = leaf.astype(bool_as)
+        out.append(leaf)
+    return out
 
 
 def _group_size(named: tuple, axis_index_groups, prim: str, api: str) -> int:
@@ -72,9 +82,7 @@ def _reduction(name: str, api: str, x, axis_name, axis_index_groups, epilogue=No
     if not leaves:
         _runtime.channel(_runtime.current_lane(), named, api)  # an unbound name is still an error
         return x
-    arrays = _arrays(leaves, api)
-    if name == "psum" and any(a.dtype == np.bool_ for a in arrays):
-        arrays = [a.astype(np.int32) if a.dtype == np.bool_ else a for a in arrays]
+    arrays = _arrays(leaves, api, np.int32 if name == "psum" else None)
     out = bind(name, arrays, axes=_axes_tuple(axis_name), axis_index_groups=axis_index_groups, api=api,
                epilogue=epilogue)
     return _tree.unflatten(treedef, out)

@@ -50,6 +50,27 @@ def test_pmean_dtypes(dtype, expected):
     np.testing.assert_allclose(out.astype(np.float64), np.arange(4).astype(dtype).astype(np.float64).mean())
 
 
+def test_tree_operands_of_every_kind_in_one_rendezvous():
+    """A pytree of bool and int8 arrays, NumPy scalars (np.mean returns one) and a Python float: converted as
+    JAX converts them (bool sums in int32, a NumPy scalar keeps its dtype, the Python float is float32),
+    reduced leaf by leaf, every device getting the same values: what jax.pmap gives for the same program (JAX
+    0.10.2, jnp in place of np)."""
+    def f(v):
+        tree = {"flags": v > 1, "flag": np.bool_(True), "mean": np.mean(v), "small": v.astype(np.int8), "c": 2.0}
+        return lax.psum(tree, "i"), lax.pmean(tree, "i"), lax.pmax(tree, "i")
+
+    total, mean, top = run(f, np.arange(4, dtype=np.float32))
+    assert {k: (v.dtype, v.tolist()) for k, v in total.items()} == {
+        "flags": (np.int32, [2] * 4), "flag": (np.int32, [4] * 4), "mean": (np.float32, [6.0] * 4),
+        "small": (np.int8, [6] * 4), "c": (np.float32, [8.0] * 4)}
+    assert {k: (v.dtype, v.tolist()) for k, v in mean.items()} == {
+        "flags": (np.float32, [0.5] * 4), "flag": (np.float32, [1.0] * 4), "mean": (np.float32, [1.5] * 4),
+        "small": (np.float32, [1.5] * 4), "c": (np.float32, [2.0] * 4)}
+    assert {k: (v.dtype, v.tolist()) for k, v in top.items()} == {
+        "flags": (np.bool_, [True] * 4), "flag": (np.bool_, [True] * 4), "mean": (np.float32, [3.0] * 4),
+        "small": (np.int8, [3] * 4), "c": (np.float32, [2.0] * 4)}
+
+
 def test_pmax_keeps_bool_and_int():
     assert run(lambda v: lax.pmax(v, "i"), np.array([False, True, False, False])).dtype == np.bool_
     out = run(lambda v: lax.pmin(v, "i"), np.array([3, -1, 2, 5], np.int8))

@@ -29,6 +29,7 @@ import numpy as np
 from jax.extend import core as ext_core
 
 from spmdsim import _primitives
+from spmdsim._values import error_state_switch
 from spmdsim.jax import _dtypes, _registry
 
 __all__ = ["eval_jaxpr", "eval_closed_jaxpr", "Executor", "PerDevice", "Vectorized", "HIGHER_ORDER",
@@ -41,31 +42,8 @@ IMPL, impl, specialize = _registry.PER_DEVICE, _registry.per_device, _registry.s
 _local = threading.local()
 
 
-def _error_state_switch() -> tuple[Callable, Callable]:
-    """``(ignore, restore)``: ``token = ignore()`` ignores NumPy's floating-point errors in this thread (what
-    ``np.errstate(all="ignore")`` does: XLA computes through overflow and NaN without a word), ``restore(token)``
-    puts back what was there. Through NumPy 2's context variable with one prepared state (~0.1 against ~1.5 µs
-    for an ``errstate`` per evaluation); ``np.errstate`` itself if NumPy's internals differ."""
-    try:
-        from numpy._core._multiarray_umath import _make_extobj
-        from numpy._core._ufunc_config import _extobj_contextvar
-        quiet = _make_extobj(all="ignore")
-        token = _extobj_contextvar.set(quiet)
-        try:
-            if np.geterr() != {"divide": "ignore", "over": "ignore", "under": "ignore", "invalid": "ignore"}:
-                raise ImportError
-        finally:
-            _extobj_contextvar.reset(token)
-        return functools.partial(_extobj_contextvar.set, quiet), _extobj_contextvar.reset
-    except (ImportError, AttributeError, TypeError, ValueError):
-        def ignore():
-            state = np.errstate(all="ignore")
-            state.__enter__()
-            return state
-        return ignore, lambda state: state.__exit__(None, None, None)
-
-
-ignore_errors, restore_errors = _error_state_switch()
+# XLA computes through overflow and NaN without a warning: ``token = ignore_errors()`` ... ``restore_errors(token)``.
+ignore_errors, restore_errors = error_state_switch(all="ignore")
 
 
 def higher_order(*names: str):
