@@ -42,6 +42,7 @@ from spmdsim import _runtime
 from spmdsim._axes import Frame, frames_label, resolve_axes
 from spmdsim._reduction import fold, fold_stacked
 from spmdsim._reports import TABLE_HEADER, Signature, deadlock_text, describe, format_table, mismatch_text, who
+from spmdsim._values import broadcast_view
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
 __all__ = ["PRIMITIVES", "Collective", "bind", "axis_index", "axis_size", "psend", "precv", "TOKEN", "apply_grouped",
@@ -89,13 +90,8 @@ def _fresh(a: np.ndarray, block: np.ndarray) -> np.ndarray:
 
 def _replicated(x: np.ndarray, value: np.ndarray) -> np.ndarray:
     """``value`` (shape ``(G, *out)``) given to all n ranks of every group: ``(G, n, *out)``, a read-only view
-    (no copies). For NumPy's own dtypes the view is made directly (np.broadcast_to costs twice as much)."""
-    shape = (value.shape[0], x.shape[1], *value.shape[1:])
-    if value.dtype.isbuiltin != 1 or not value.flags.c_contiguous:
-        return np.broadcast_to(value[:, None], shape)
-    out = np.ndarray(shape, value.dtype, buffer=value, strides=(value.strides[0], 0, *value.strides[1:]))
-    out.flags.writeable = False
-    return out
+    (no copies)."""
+    return broadcast_view(value[:, None], (value.shape[0], x.shape[1], *value.shape[1:]))
 
 
 def canonical_axis(axis, ndim: int, api: str, what: str) -> int:

@@ -6,7 +6,7 @@ import functools
 import numpy as np
 
 __all__ = ["PYTHON_SCALAR_DTYPES", "is_python_scalar", "as_array", "check_array_dtype", "read_only",
-           "error_state_switch"]
+           "error_state_switch", "broadcast_view"]
 
 # Python scalars are weakly typed in JAX: as outputs or operands they take JAX's default dtypes.
 PYTHON_SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int32), float: np.dtype(np.float32),
@@ -44,6 +44,26 @@ def read_only(x: np.ndarray) -> np.ndarray:
     v = x.view()
     v.flags.writeable = False
     return v
+
+
+def broadcast_view(x: np.ndarray, shape: tuple) -> np.ndarray:
+    """``np.broadcast_to(x, shape)``: a read-only view, the broadcast axes with stride 0. Made directly for a
+    C-contiguous, non-empty ``x`` of NumPy's own dtypes (~1 against ~3 µs); ``np.broadcast_to`` otherwise (and
+    for its error when ``x`` does not broadcast to ``shape``)."""
+    lead = len(shape) - x.ndim
+    if lead < 0 or x.dtype.isbuiltin != 1 or not x.flags.c_contiguous or x.size == 0:
+        return np.broadcast_to(x, shape)
+    strides = [0] * lead
+    for size, have, stride in zip(shape[lead:], x.shape, x.strides):
+        if have == size:
+            strides.append(stride)
+        elif have == 1:
+            strides.append(0)
+        else:
+            return np.broadcast_to(x, shape)
+    out = np.ndarray(shape, x.dtype, buffer=x, strides=strides)
+    out.flags.writeable = False
+    return out
 
 
 def error_state_switch(**state: str):

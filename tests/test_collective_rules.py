@@ -245,3 +245,30 @@ def test_vectorized_results_given_to_every_rank_are_read_only_views_of_one_value
         per_rank = rule(name)(list(x[g]), **params)
         for r in range(4):
             assert out[g, r].tobytes() == np.asarray(per_rank[r]).tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_broadcast_view_is_np_broadcast_to(data):
+    """broadcast_view gives np.broadcast_to's array (values, shape, dtype, read-only, no copy), made directly or
+    by np.broadcast_to itself (other dtypes, strided or empty operands), and its error where shapes do not fit."""
+    from spmdsim._values import broadcast_view
+    dtype = data.draw(st.sampled_from([np.float32, np.int8, np.bool_, np.complex64, ml_dtypes.bfloat16]))
+    shape = data.draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=3))
+    x = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape).astype(dtype)
+    if data.draw(st.booleans()) and x.ndim:
+        x = np.concatenate([x, x], axis=-1)[..., ::2]   # a strided view
+    lead = data.draw(st.lists(st.integers(1, 3), max_size=2))
+    target = (*lead, *(data.draw(st.sampled_from([n, 2, 3])) if n == 1 else n for n in x.shape))
+    if data.draw(st.booleans()) and target:
+        target = (*target[:-1], target[-1] + 1)             # may not fit
+    try:
+        expected = np.broadcast_to(x, target)
+    except ValueError:
+        with pytest.raises(ValueError):
+            broadcast_view(x, target)
+        return
+    out = broadcast_view(x, target)
+    assert out.shape == expected.shape and out.dtype == expected.dtype and not out.flags.writeable
+    assert out.tobytes() == expected.tobytes()
+    assert x.size == 0 or np.shares_memory(out, x)

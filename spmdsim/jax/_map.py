@@ -37,7 +37,7 @@ from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 
 from spmdsim import _hosts, _primitives, _runtime, _sharding
-from spmdsim._values import read_only
+from spmdsim._values import broadcast_view, read_only
 from spmdsim.jax import _dtypes
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
 
@@ -187,7 +187,7 @@ def _split(x: np.ndarray, spec: tuple, axes) -> np.ndarray:
     if len(axes) == 1 and not any(spec[1:]):
         n = axes[0][1]
         if not spec or not spec[0]:
-            return np.broadcast_to(x, (n, *x.shape))
+            return broadcast_view(x, (n, *x.shape))
         if spec[0] == (axes[0][0],):
             return read_only(x.reshape(n, x.shape[0] // n, *x.shape[1:]))
     return read_only(_sharding.split(x, spec, axes))

@@ -26,6 +26,7 @@ import ml_dtypes
 import numpy as np
 import scipy.special
 
+from spmdsim._values import broadcast_view
 from spmdsim.jax import _dtypes, _xla_cpu_math
 from spmdsim.jax._registry import PER_DEVICE, per_device, specialize, vectorized
 
@@ -595,14 +596,14 @@ def _static_broadcast(eqn):
     expanded = _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"])
     if expanded == shape:  # only unit axes added (pmap's expanded output): a reshape
         return _reshape_to(shape)
-    return lambda x: np.broadcast_to(x.reshape(expanded), shape)
+    return lambda x: broadcast_view(x.reshape(expanded), shape)
 
 
 @per_device("broadcast_in_dim")
 @specialize(_static_broadcast)
 def _broadcast_in_dim(x, *dyn_shape, shape, broadcast_dimensions, sharding=None):
     expanded = _expanded_shape(x.shape, shape, broadcast_dimensions)
-    return x.reshape(expanded) if expanded == tuple(shape) else np.broadcast_to(x.reshape(expanded), shape)
+    return x.reshape(expanded) if expanded == tuple(shape) else broadcast_view(x.reshape(expanded), tuple(shape))
 
 
 def _static_broadcast_v(eqn):
@@ -986,6 +987,28 @@ def _reduction(ufunc, name):
             return np.full(flat.shape[:-1], _reduction_identity(ufunc, x.dtype), x.dtype)
         return ufunc.reduce(flat, axis=-1, dtype=x.dtype if accumulate else None)
 
+    def specialized(eqn):
+        """The rule's last case for this equation, its reduced axes known: when they are the trailing ones, a
+        contiguous operand is reshaped to ``(kept..., R)`` without :func:`_canonical`'s steps (the same array)."""
+        aval, axes = eqn.invars[0].aval, tuple(sorted(eqn.params["axes"]))
+        if _dtypes.is_key(aval.dtype):
+            return None
+        dtype, ndim = np.dtype(aval.dtype), len(aval.shape)
+        first = ndim - len(axes)
+        if dtype in LOW_FLOATS or dtype.kind == "f" and ufunc in (np.maximum, np.minimum) \
+                or axes != tuple(range(first, ndim)):
+            return None
+        flat_shape = (*aval.shape[:first], math.prod(aval.shape[first:]))
+        if flat_shape[-1] == 0 and not accumulate:
+            return None
+        reduce_dtype = dtype if accumulate else None
+
+        def reduce(x):
+            return ufunc.reduce(x.reshape(flat_shape) if x.flags.c_contiguous else _canonical(x, axes), axis=-1,
+                                dtype=reduce_dtype)
+        return reduce
+
+    rule.specialize = specialized
     per_device(name)(rule)
     vectorized(name)(lambda x, *, axes, out_sharding=None: rule(x, axes=shift(axes)))
 
@@ -1175,11 +1198,42 @@ def _dot_general_with(plan, compute, out_dtype, leading: int = 0):
 
 
 def _specialize_dot_general(eqn):
-    lhs, rhs = eqn.invars
-    dtypes = product_dtypes(np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype),
-                                 eqn.params.get("preferred_element_type"))
-    return _dot_general_with(_dot_general_plan(lhs.aval.shape, rhs.aval.shape, eqn.params["dimension_numbers"]),
-                             *dtypes)
+    """The per-device product of this equation, with the steps that do nothing for its operands' shapes and
+    dtypes (an identity transposition, a cast to the same dtype, a reshape to the same shape) left out: the same
+    operations on the same values as :func:`_dot_general_with`."""
+    lhs, rhs = (v.aval for v in eqn.invars)
+    compute, out_dtype = product_dtypes(np.dtype(lhs.dtype), np.dtype(rhs.dtype),
+                                        eqn.params.get("preferred_element_type"))
+    lhs_perm, lhs_shape, rhs_perm, rhs_shape, out_shape = _dot_general_plan(lhs.shape, rhs.shape,
+                                                                             eqn.params["dimension_numbers"])
+
+    def prepare(aval, perm, shape):
+        transposed = tuple(aval.shape[p] for p in perm)
+        return (None if perm == tuple(range(len(perm))) else perm, None if np.dtype(aval.dtype) == compute else compute,
+                None if transposed == shape else shape)
+    (lt, lc, ls), (rt, rc, rs) = prepare(lhs, lhs_perm, lhs_shape), prepare(rhs, rhs_perm, rhs_shape)
+    product_shape = (*lhs_shape[:-1], rhs_shape[-1])
+    reshape_out = None if product_shape == out_shape else out_shape
+    cast_out = None if compute == out_dtype else out_dtype
+
+    def dot(a, b):
+        if lt is not None:
+            a = a.transpose(lt)
+        if lc is not None:
+            a = a.astype(lc)
+        if ls is not None:
+            a = a.reshape(ls)
+        if rt is not None:
+            b = b.transpose(rt)
+        if rc is not None:
+            b = b.astype(rc)
+        if rs is not None:
+            b = b.reshape(rs)
+        out = matmul_slices(a, b)
+        if reshape_out is not None:
+            out = out.reshape(reshape_out)
+        return out if cast_out is None else out.astype(cast_out)
+    return dot
 
 
 @per_device("dot_general")
