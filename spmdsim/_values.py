@@ -53,6 +53,10 @@ def broadcast_view(x: np.ndarray, shape: tuple) -> np.ndarray:
     lead = len(shape) - x.ndim
     if lead < 0 or x.dtype.isbuiltin != 1 or not x.flags.c_contiguous or x.size == 0:
         return np.broadcast_to(x, shape)
+    if x.ndim == 0:  # a scalar: every stride 0
+        out = np.ndarray(shape, x.dtype, buffer=x, strides=(0,) * lead)
+        out.flags.writeable = False
+        return out
     strides = [0] * lead
     for size, have, stride in zip(shape[lead:], x.shape, x.strides):
         if have == size:

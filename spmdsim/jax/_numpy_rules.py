@@ -63,7 +63,10 @@ def via_f32(fn):
     def direct(eqn):  # the jaxpr says the dtype: no float32 detour needed, call the NumPy function itself
         dtype = _operand_dtype(eqn)
         trivial = all(v is None for v in eqn.params.values())
-        return fn if dtype is not None and dtype not in LOW_FLOATS and trivial else None
+        if dtype is None or dtype in LOW_FLOATS or not trivial:
+            return None
+        for_dtype = getattr(fn, "for_dtype", None)  # a NumPy function of its own for some dtypes
+        return fn if for_dtype is None else for_dtype(dtype)
     return direct(rule)
 
 
@@ -155,6 +158,9 @@ def _multiply(x, y):
         fma = _xla_cpu_math.fma
         return _complex(fma(a, c, -(b * d)), fma(b, c, a * d))
     return np.multiply(x, y)
+
+
+_multiply.for_dtype = lambda dtype: _multiply if dtype == np.complex64 else np.multiply  # (operands: one dtype)
 
 
 _BINARY = {
