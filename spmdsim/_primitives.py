@@ -454,7 +454,7 @@ def apply_grouped(rule: Callable, member_blocks: Sequence[Sequence[np.ndarray]],
         columns = [rule(list(blocks), **params) for blocks in zip(*member_blocks)]
         if epilogue is not None:
             columns = [_once_each(epilogue, results, n) for results in columns]
-        return [list(results) for results in zip(*columns)]
+        return [list(results) for results in zip(*columns, strict=True)]
     out: list[list] = [[None] * n_operands for _ in range(n)]
     for group in groups:
         for k in range(n_operands):

@@ -1223,23 +1223,20 @@ def _specialize_dot_general(eqn):
     cast_out = None if compute == out_dtype else out_dtype
 
     def dot(a, b):
-        if lt is not None:
-            a = a.transpose(lt)
-        if lc is not None:
-            a = a.astype(lc)
-        if ls is not None:
-            a = a.reshape(ls)
-        if rt is not None:
-            b = b.transpose(rt)
-        if rc is not None:
-            b = b.astype(rc)
-        if rs is not None:
-            b = b.reshape(rs)
-        out = matmul_slices(a, b)
+        out = matmul_slices(_shaped(a, lt, lc, ls), _shaped(b, rt, rc, rs))
         if reshape_out is not None:
             out = out.reshape(reshape_out)
         return out if cast_out is None else out.astype(cast_out)
     return dot
+
+
+def _shaped(x: np.ndarray, perm: tuple | None, dtype: np.dtype | None, shape: tuple | None) -> np.ndarray:
+    """``x`` transposed by ``perm``, cast to ``dtype`` and reshaped to ``shape``, each step only if given."""
+    if perm is not None:
+        x = x.transpose(perm)
+    if dtype is not None:
+        x = x.astype(dtype)
+    return x if shape is None else x.reshape(shape)
 
 
 @per_device("dot_general")
