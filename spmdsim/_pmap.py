@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import operator
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from spmdsim import _devices, _hosts, _runtime, _tree
 from spmdsim._axes import Frame, Unnamed, frames_label
-from spmdsim._values import as_array, is_python_scalar, read_only
+from spmdsim._values import as_array, dtype_of, is_python_scalar, read_only, shape_of
 from spmdsim.errors import ReplicationError
 
 __all__ = ["pmap", "vmap"]
@@ -231,8 +230,8 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
         path = LazyPath(outputs[0], k)
         ref = blocks[0]
         if not (isinstance(ref, (np.ndarray, np.generic)) and ref.dtype.kind in "biufc"
-                and len(set(map(type, blocks))) == 1 and len(set(map(_SHAPE, blocks))) == 1
-                and len(set(map(_DTYPE, blocks))) == 1):  # (each set made in C: no Python per block)
+                and len(set(map(type, blocks))) == 1 and len(set(map(shape_of, blocks))) == 1
+                and len(set(map(dtype_of, blocks))) == 1):  # (each set made in C: no Python per block)
             if not all(map(_tree.is_leaf, blocks)):  # a lane has a subtree where lane 0 has a leaf
                 _check_structures(outputs, treedef, api, lane_label)
             blocks = [_as_array(b, path, api, "output") for b in blocks]  # scalars, other dtypes; or an error
@@ -245,9 +244,6 @@ def _stack_outputs(outputs: list, out_axes, api: str, lane_label: Callable[[int]
                                      f"and dtype.")
         stacked.append(_place(path, blocks, ax, api, lane_label, check_replicated))
     return _tree.unflatten(treedef, stacked)
-
-
-_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 
 
 def _check_structures(outputs: list, treedef, api: str, lane_label: Callable[[int], str]) -> None:

@@ -42,7 +42,7 @@ from spmdsim import _runtime
 from spmdsim._axes import Frame, frames_label, resolve_axes
 from spmdsim._reduction import fold, fold_stacked
 from spmdsim._reports import TABLE_HEADER, Signature, deadlock_text, describe, format_table, mismatch_text, who
-from spmdsim._values import broadcast_view
+from spmdsim._values import broadcast_view, dtype_of, shape_of
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
 __all__ = ["PRIMITIVES", "Collective", "bind", "axis_index", "axis_size", "psend", "precv", "TOKEN", "apply_grouped",
@@ -468,6 +468,8 @@ def apply_grouped(rule: Callable, member_blocks: Sequence[Sequence[np.ndarray]],
 
 def _once_each(epilogue: Callable, results: list, group_size: int) -> list:
     """``epilogue(result, group_size)`` of each result, computed once per distinct result object."""
+    if len(set(map(id, results))) == 1:  # one result shared by the group (a reduction's): one epilogue
+        return [epilogue(results[0], group_size)] * len(results)
     done: dict = {}
     return [done[id(r)] if id(r) in done else done.setdefault(id(r), epilogue(r, group_size)) for r in results]
 
@@ -552,7 +554,7 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
     if len(operands) == 1:
         avals = ((operands[0].shape, operands[0].dtype),)
     else:
-        avals = tuple([(x.shape, x.dtype) for x in operands])
+        avals = tuple(zip(map(shape_of, operands), map(dtype_of, operands)))
     try:
         key = (name, chan.names, chan.sizes, avals, tuple(params.items()), epilogue)
         bound = _bound.get(key)
