@@ -158,7 +158,8 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
 class _Placement:
     """The lanes of one mapped call: per lane its frames (the enclosing ones, then one per mapped axis,
     row-major), label and channel templates (top-level calls: a dict shared by the calls of that mesh, see
-    :meth:`Lane.channel`; None for nested calls)."""
+    :meth:`Lane.channel`; None for nested calls). A top-level placement also keeps the lanes of its calls that
+    ended cleanly, for the next call (:meth:`take`, :meth:`give_back`)."""
 
     def __init__(self, lanes: list):
         self.lanes = lanes
