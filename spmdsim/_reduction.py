@@ -150,8 +150,11 @@ def fold_stacked(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     if x.dtype.kind in "biu":  # integers wrap silently: no floating-point state to set
         out = ufunc.accumulate(x, axis=1, dtype=x.dtype)
     else:
-        with np.errstate(over="ignore", invalid="ignore"):
+        errors = _quiet_sums()
+        try:
             out = ufunc.accumulate(x, axis=1, dtype=x.dtype)
+        finally:
+            _loud_again(errors)
     out = out[:, -1].astype(dtype)  # a copy: the partial sums are not kept alive
     out.flags.writeable = False
     return out

@@ -166,20 +166,20 @@ def _program(jaxpr, executor: Executor) -> Callable:
 def evaluator(jaxpr, executor: Executor) -> Callable[[list, list], list[np.ndarray]]:
     """``evaluate(consts, args)``: ``jaxpr`` evaluated by its compiled function, looked up once; the same
     results and errors as the reference loop."""
-    run = _program(jaxpr, executor)
-
-    def evaluate(consts, args) -> list[np.ndarray]:
-        stack = eqn_stack()
-        stack.append(None)
-        errors = ignore_errors()  # XLA computes through overflow and NaN without a warning
-        try:
-            return run(stack, executor, *consts, *args)
-        finally:
-            restore_errors(errors)
-            stack.pop()
-    return evaluate
+    return functools.partial(_run, _program(jaxpr, executor), executor)
 
 
 def eval_jaxpr(jaxpr, consts, args, executor: Executor) -> list[np.ndarray]:
     """Evaluate ``jaxpr`` with its compiled function; the same results and errors as the reference loop."""
-    return evaluator(jaxpr, executor)(consts, args)
+    return _run(_program(jaxpr, executor), executor, consts, args)
+
+
+def _run(run: Callable, executor: Executor, consts, args) -> list[np.ndarray]:
+    stack = eqn_stack()
+    stack.append(None)
+    errors = ignore_errors()  # XLA computes through overflow and NaN without a warning
+    try:
+        return run(stack, executor, *consts, *args)
+    finally:
+        restore_errors(errors)
+        stack.pop()
