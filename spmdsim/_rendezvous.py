@@ -71,7 +71,7 @@ class Lane:
     blocks on it until the last arriver (or a failure of the world) releases it."""
 
     __slots__ = ("world", "frames", "call", "state", "where", "waiting", "steps", "channels", "nested_calls",
-                 "wake", "label", "thread", "calls", "history", "templates")
+                 "wake", "label", "thread_name", "thread", "calls", "history", "templates")
 
     def __init__(self, world: "World", frames: tuple[Frame, ...], call: CallCount, label: str | None = None,
                  templates: dict | None = None):
@@ -83,6 +83,7 @@ class Lane:
         self.wake = threading.Lock()
         self.wake.acquire()
         self.label = frames_label(frames) if label is None else label
+        self.thread_name = f"spmdsim {self.label}"
         self.thread: threading.Thread | None = None
         self.templates = templates  # axis names -> a Channel to renew, shared across calls; or None
         self.calls = 0        # collectives called so far, over every communicator

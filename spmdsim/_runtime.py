@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import os
 import sys
 import threading
@@ -37,6 +38,7 @@ _local = _Local()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_FILES = (_PACKAGE_DIR + os.sep, threading.__file__)
 INTERRUPT_GRACE_SECONDS = 0.5
+_thread_name = operator.attrgetter("thread_name")  # "spmdsim device 3 [i=3]": a device thread's name
 _FILTER_TRACEBACKS = os.environ.get("SPMDSIM_TRACEBACK_FILTERING", "on") != "off"
 
 
@@ -116,11 +118,13 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
     results: list = [None] * size
     errors: list[BaseException | None] = [None] * size
 
+    observed = world.observers
+
     def target(i: int) -> None:
         lane = lanes[i]
         lane.thread = threading.current_thread()
         _local.lane = lane
-        start, how = time.perf_counter(), "returned"
+        start, how = time.perf_counter() if observed else 0.0, "returned"
         try:
             if isinstance(world.failure, KeyboardInterrupt):  # Ctrl-C before this device started
                 raise Aborted
@@ -137,14 +141,14 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
             world.finish(lane, DONE)
         finally:
             _local.lane = None  # a reused thread must not keep this call's lane (and its world) alive
-        for observer in world.observers:
+        for observer in observed:
             observer.lane(lane.label, start, time.perf_counter(), how)
 
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
     try:
         with _threads.on_lanes_cpu():
-            threads = _threads.run_threads(target, [f"spmdsim {lane.label}" for lane in lanes])
+            threads = _threads.run_threads(target, list(map(_thread_name, lanes)))
             try:
                 threads.wait()
             except KeyboardInterrupt as e:

@@ -79,23 +79,23 @@ class _Worker:
 
 class Threads:
     """The threads running one call's bodies: :meth:`wait` for them, :meth:`running` lists those that have
-    not returned, :meth:`abandon` gives up on some (they end when their body returns)."""
+    not returned, :meth:`abandon` gives up on some (they end when their body returns). Its state changes under
+    the pool's lock (a body's return and its thread's parking are one step)."""
 
-    def __init__(self, workers: list[_Worker]):
+    def __init__(self, workers: list[_Worker], lock: threading.Lock):
         self.workers = workers
         self.returned = [False] * len(workers)
-        self._lock = threading.Lock()
+        self._lock = lock
         self._remaining = len(workers)
         self._done = threading.Lock()  # held until every body returned
         if workers:
             self._done.acquire()
 
-    def _returned(self, i: int) -> None:
-        with self._lock:
-            self.returned[i] = True
-            self._remaining -= 1
-            if self._remaining == 0:
-                self._done.release()
+    def _returned_locked(self, i: int) -> None:
+        self.returned[i] = True
+        self._remaining -= 1
+        if self._remaining == 0:
+            self._done.release()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every body returned (True) or ``timeout`` seconds passed (False)."""
@@ -120,19 +120,17 @@ class _Call:
 
     def __init__(self, pool: "_Pool", body: Callable[[int], None], names: Sequence[str], workers: list[_Worker]):
         self.pool, self.body, self.names, self.workers = pool, body, names, workers
-        self.threads = Threads(workers)
+        self.threads = Threads(workers, pool.lock)
 
     def run(self, i: int) -> None:
-        self.workers[i].thread.name = self.names[i]
+        worker = self.workers[i]
+        worker.thread.name = self.names[i]
         if i + 1 < len(self.workers):  # the start baton: each thread wakes the next (one wake-up each, no herd)
             self.workers[i + 1].go.release()
         try:
             self.body(i)
         finally:
-            try:
-                self.pool.park(self.workers[i])  # before the count: the next call finds every thread idle
-            finally:
-                self.threads._returned(i)
+            self.pool.park(worker, self.threads, i)
 
 
 class _Pool:
@@ -166,15 +164,17 @@ class _Pool:
             if worker.abandoned:
                 return
 
-    def park(self, worker: _Worker) -> None:
+    def park(self, worker: _Worker, threads: Threads, i: int) -> None:
+        """``worker``'s body ``i`` of ``threads`` returned: park the thread (unless it was abandoned, or threads
+        are not reused) and count the body as returned, in one step: the next call finds every thread idle."""
         worker.thread.name = "spmdsim idle thread"
-        if worker.abandoned:
-            return
         with self.lock:
-            if REUSE or self.scopes:
+            keep = not worker.abandoned and (REUSE or self.scopes)
+            if keep:
                 self.idle.append(worker)
-                return
-        worker.go.release()  # with no task: the thread returns
+            threads._returned_locked(i)
+        if not keep and not worker.abandoned:
+            worker.go.release()  # with no task: the thread returns
 
     def run(self, body: Callable[[int], None], names: Sequence[str]) -> Threads:
         n = len(names)
