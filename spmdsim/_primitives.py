@@ -45,7 +45,7 @@ from spmdsim._reports import TABLE_HEADER, Signature, deadlock_text, describe, f
 from spmdsim._values import broadcast_view, dtype_of, shape_of
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError
 
-__all__ = ["PRIMITIVES", "Collective", "bind", "axis_index", "axis_size", "psend", "precv", "TOKEN", "apply_grouped",
+__all__ = ["PRIMITIVES", "Collective", "bind", "prepare", "axis_index", "axis_size", "psend", "precv", "TOKEN", "apply_grouped",
            "split_axis_names", "canonical_axis", "check_groups", "Batch", "vectorized_batch", "current_batch",
            "Diverged", "AxisError"]
 
@@ -561,11 +561,7 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
     except TypeError:  # an unhashable parameter value (a list of groups)
         key = bound = None
     if bound is None:
-        groups = check_groups(params.get("axis_index_groups"), chan.size, prim)
-        rule_params = prim.check(avals, chan.size if groups is None else len(groups[0]), groups, **params)
-        bound = (Signature(name, chan.names, chan.sizes, (("axis_index_groups", groups), *sorted(rule_params.items())),
-                           avals),
-                 functools.partial(apply_grouped, prim.rule, groups=groups, params=rule_params, epilogue=epilogue))
+        bound = _checked_call(prim, chan, avals, params, epilogue)
         if key is not None:
             if len(_bound) > 4096:
                 _bound.clear()
@@ -579,6 +575,57 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
 # Signature and combine step (the rule with the group structure and checked parameters bound): the checks
 # depend on nothing else.
 _bound: dict = {}
+
+
+def _checked_call(prim: Collective, chan, avals: tuple, params: dict, epilogue) -> tuple:
+    """The checks of a collective over ``chan``'s axes on operands of ``avals``: its Signature and its combine
+    step (the rule with the group structure and checked parameters bound)."""
+    groups = check_groups(params.get("axis_index_groups"), chan.size, prim)
+    rule_params = prim.check(avals, chan.size if groups is None else len(groups[0]), groups, **params)
+    return (Signature(prim.name, chan.names, chan.sizes, (("axis_index_groups", groups), *sorted(rule_params.items())),
+                      avals),
+            functools.partial(apply_grouped, prim.rule, groups=groups, params=rule_params, epilogue=epilogue))
+
+
+def prepare(name: str, params: dict, *, site: str | None = None, api: str | None = None,
+            epilogue: Callable | None = None) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+    """``call(operands)``, the same as ``bind(name, operands, site=site, api=api, epilogue=epilogue, **params)``
+    for arguments fixed in advance (a compiled jaxpr's collective equation, a ``spmdsim.lax`` call): what
+    depends only on them (the axis names, the parameters) is worked out once, and on a lane each checked call is
+    kept per axis sizes and operand avals. Anything else (positional axes, no names, several names of a
+    point-to-point collective, unhashable parameters, the vectorized executor, a lane's first call over these
+    names, outside any map) goes through :func:`bind`, with its checks and errors."""
+    def generic(operands):
+        return bind(name, operands, site=site, api=api, epilogue=epilogue, **params)
+
+    prim = PRIMITIVES[name]
+    named, positional = split_axis_names(params[prim.axes_param])
+    try:
+        hash(tuple(params.values()))
+    except TypeError:
+        return generic
+    if positional or not named or (name in _MESH_ORDER and len(named) > 1):
+        return generic
+    checked: dict = {}  # (axis sizes, avals) -> (Signature, combine)
+    local = _runtime.lane_local()
+
+    def call(operands):
+        lane = local.lane
+        chan = lane.channels.get(named) if lane is not None and _local.batch is None else None
+        if chan is None:
+            return generic(operands)
+        if len(operands) == 1:
+            avals = ((operands[0].shape, operands[0].dtype),)
+        else:
+            avals = tuple(zip(map(shape_of, operands), map(dtype_of, operands)))
+        key = (chan.sizes, avals)
+        bound = checked.get(key)
+        if bound is None:
+            if len(checked) > 64:
+                checked.clear()
+            bound = checked[key] = _checked_call(prim, chan, avals, params, epilogue)
+        return lane.world.rendezvous(lane, chan, bound[0], site or _runtime.user_site(2), api, operands, bound[1])
+    return call
 
 
 class Token:

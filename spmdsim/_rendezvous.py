@@ -112,14 +112,15 @@ class Lane:
         reference to that call's world, rendezvous (the blocks) or thread is kept; each channel's step counter
         starts again at 0 and its mailbox is emptied; the wake lock is held, as after every collective."""
         self.world = self.call = self.waiting = self.thread = None
-        self.state, self.where = RUNNING, ""
-        self.nested_calls = self.calls = 0
-        for step in self.steps.values():
-            step[0] = 0
-        for chan in self.channels.values():
-            if chan.mailbox:
-                chan.mailbox.clear()
-        if self.history is not None:
+        self.state = RUNNING  # `where` is already "": it says how a lane that did not return ended
+        self.nested_calls = 0
+        if self.calls:  # collectives were called (psend's included): their counters, mailboxes and history
+            self.calls = 0
+            for step in self.steps.values():
+                step[0] = 0
+            for chan in self.channels.values():
+                if chan.mailbox:
+                    chan.mailbox.clear()
             self.history.clear()
 
     def status_row(self) -> tuple[str, ...]:

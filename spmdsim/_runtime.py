@@ -47,6 +47,11 @@ def current_lane() -> Lane | None:
     return _local.lane
 
 
+def lane_local() -> threading.local:
+    """The thread-local whose ``lane`` attribute is :func:`current_lane` (read directly on hot paths)."""
+    return _local
+
+
 def channel(lane: Lane | None, axis_names: tuple, api: str) -> Channel:
     """``lane``'s :class:`~spmdsim._axes.Channel` for ``axis_names`` (a tuple of hashable names; empty: no
     communication), made once per lane and names. Raises NameError for a name no enclosing map binds

@@ -64,11 +64,26 @@ def _bind_per_params(name: str, treedef, arrays: list, params: list[dict], api: 
 
 # -- reductions -----------------------------------------------------------------------------------------
 
+# (primitive, api, axis names, epilogue) -> the prepared bind of a one-array reduction (see _primitives.prepare)
+_prepared: dict = {}
+
+
 def _reduction(name: str, api: str, x, axis_name, axis_index_groups, epilogue=None):
     """One reduction primitive over the leaves of ``x``; returns (result tree, the leaves before, named axes,
     positional axes). Python-scalar leaves only: a constant, folded without communicating (as JAX does)."""
-    if type(x) is np.ndarray and axis_index_groups is None and x.dtype.kind in "iufc":
-        return bind(name, [x], axes=axis_name, axis_index_groups=None, api=api, epilogue=epilogue)[0]
+    if type(x) is np.ndarray and axis_index_groups is None and x.dtype.kind in "iufc":  # one array: prepared
+        if type(axis_name) is list:
+            axis_name = tuple(axis_name)
+        try:
+            call = _prepared.get((name, api, axis_name, epilogue))
+        except TypeError:  # an unhashable name: bind reports it
+            return bind(name, [x], axes=axis_name, axis_index_groups=None, api=api, epilogue=epilogue)[0]
+        if call is None:
+            if len(_prepared) > 1024:
+                _prepared.clear()
+            call = _prepared[(name, api, axis_name, epilogue)] = _primitives.prepare(
+                name, {"axes": axis_name, "axis_index_groups": None}, api=api, epilogue=epilogue)
+        return call([x])[0]
     named, positional = split_axis_names(axis_name)
     if positional and axis_index_groups is not None:
         raise ValueError(f"{api}: axis_index_groups only supported for sums over just named axes, got "

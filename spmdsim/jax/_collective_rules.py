@@ -15,10 +15,11 @@ def _collective(name: str):
     def specialize(eqn):
         """For a compiled jaxpr: the equation's user line, known now (JAX's own code has none: the enclosing
         call's line is found when it runs)."""
-        site, params = site_of(eqn), eqn.params
+        site = site_of(eqn)
         if not site:
             return None
-        return lambda x: _primitives.bind(name, [x], site=site, **params)[0]
+        call = _primitives.prepare(name, eqn.params, site=site)
+        return lambda x: call([x])[0]
 
     rule.__name__ = rule.__qualname__ = f"bind_{name}"
     rule.specialize = specialize

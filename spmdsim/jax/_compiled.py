@@ -60,8 +60,10 @@ class _Step:
 
 
 def _collective_call(name: str, params: dict, site: str) -> Callable:
+    call = _primitives.prepare(name, params, site=site or None)
+
     def run(*xs) -> list:
-        return _primitives.bind(name, xs, site=site or None, **params)
+        return call(xs)
     return run
 
 

@@ -134,9 +134,10 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
     blocks = [_split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
 
     evaluate = body_ex.evaluator(inner)
+    device_args = list(zip(*blocks)) if blocks else [()] * math.prod(size for _, size in local)  # views, made in C
 
     def body(i: int) -> list:
-        return evaluate(consts, [b[i] for b in blocks])
+        return evaluate(consts, device_args[i])
 
     per_device = _runtime.run_mapped(body, axes, is_device=True)
     if check_replicated:
