@@ -9,8 +9,10 @@ program is made per jaxpr and executor kind (for the vectorized executor: per de
 and expected shapes carry); the executor itself is an argument of the program (higher-order rules and
 ``missing`` get the one evaluating).
 
-One more saving: the equations JAX emits for one collective call on a pytree (``lax.psum((a, b), 'i')`` gives
-one ``psum`` per leaf, all with the same parameters and source line, none feeding another) are computed
+Collective equations with a user source line bind through a call prepared once per equation
+(:func:`spmdsim._primitives.prepare`: its axis names and parameters worked out in advance, its checks once per
+mesh and operand shapes). The equations JAX emits for one collective call on a pytree (``lax.psum((a, b), 'i')``
+gives one ``psum`` per leaf, all with the same parameters and source line, none feeding another) are computed
 together, in one rendezvous, as the NumPy front end does. Results are the same; a trace shows one collective.
 """
 from __future__ import annotations
@@ -33,7 +35,8 @@ class _Step:
     """One equation (or the equations of one pytree call), prepared once: the function computing it from its
     operands, the operands (literals already NumPy arrays) and every result's expected shape and dtype."""
 
-    __slots__ = ("eqns", "eqn", "call", "higher", "nullary", "operands", "outvars", "expected", "multiple")
+    __slots__ = ("eqns", "eqn", "call", "higher", "nullary", "operands", "outvars", "expected", "multiple",
+                 "operands_tuple")
 
     def __init__(self, eqns: list, executor: Executor):
         self.eqns, self.eqn = eqns, eqns[0]
@@ -43,11 +46,13 @@ class _Step:
                          for e in eqns for v in e.invars]
         self.outvars = [None if isinstance(v, ext_core.DropVar) else v for e in eqns for v in e.outvars]
         self.expected = [executor.expected(v.aval) for e in eqns for v in e.outvars]
-        self.multiple = eqn.primitive.multiple_results or len(eqns) > 1
-        self.higher = len(eqns) == 1 and name in HIGHER_ORDER  # called with the evaluating executor first
+        collective = name in _GROUPABLE and bool(site_of(eqn))  # one bind for every leaf of a pytree call
+        self.multiple = eqn.primitive.multiple_results or collective
+        self.higher = not collective and name in HIGHER_ORDER  # called with the evaluating executor first
         self.nullary = False
-        if len(eqns) > 1:  # a pytree call: one bind for every leaf
-            self.call = _collective_call(name, eqn.params, site_of(eqn))
+        self.operands_tuple = collective  # the call takes the operands as one tuple
+        if collective:
+            self.call = _primitives.prepare(name, eqn.params, site=site_of(eqn))
         elif self.higher:
             self.call = functools.partial(HIGHER_ORDER[name], **eqn.params)
         else:
@@ -57,14 +62,6 @@ class _Step:
             if self.call is None and rule is not None:
                 self.call = functools.partial(rule, **eqn.params) if eqn.params else rule
             self.nullary = self.call is not None and not self.operands  # its result goes through ex.nullary
-
-
-def _collective_call(name: str, params: dict, site: str) -> Callable:
-    call = _primitives.prepare(name, params, site=site or None)
-
-    def run(*xs) -> list:
-        return call(xs)
-    return run
 
 
 # Collectives whose operands are independent blocks under one set of parameters (so a pytree call's equations
@@ -130,7 +127,8 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
             lines.append(f"    {target}ex.missing(E{k}, [{', '.join(operands)}])")
         else:
             ns[f"C{k}"] = step.call
-            call = f"C{k}({', '.join(['ex'] * step.higher + operands)})"
+            call = f"C{k}(({', '.join(operands)},))" if step.operands_tuple else \
+                f"C{k}({', '.join(['ex'] * step.higher + operands)})"
             lines.append(f"    {target}{f'ex.nullary({call}, {step.multiple})' if step.nullary else call}")
         for i, (out, expected) in enumerate(zip(outs, step.expected, strict=True)):
             if expected is None:  # a token: opaque, not checked
