@@ -339,6 +339,51 @@ def test_vectorized_while_loop_that_devices_leave_one_by_one_makes_no_program_pe
     assert np.asarray(vectorized)[63].tobytes() == expected.tobytes()
 
 
+def _body_program(mapped):
+    """The compiled per-device program of a called ``spmdsim.jax.pmap``'s body: (source, namespace)."""
+    from spmdsim.jax import _compiled
+    from spmdsim.jax._interpreter import PER_DEVICE
+    (body,) = mapped._spmdsim_cache.values()
+    return _compiled.program_source(body.jaxpr.jaxpr, PER_DEVICE)
+
+
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_constant_equations_are_computed_once_when_the_program_is_made(executor):
+    """The gradient of a mean holds ``div 1.0 6.0`` broadcast to the block's shape: no operand varies, so the
+    compiled program computes it once, with the same rule. Values and bits stay those of the reference loop
+    and of jax.pmap, call after call; the constants are read-only (every call shares them)."""
+    def f(x):
+        return jax.grad(lambda v: jnp.mean(v ** 2))(x), jnp.full((3,), 2.0) * 3.0
+
+    mapped = sjax.pmap(f, "i", executor=executor)
+    first = mapped(X)
+    source, ns = _body_program(mapped)
+    (reference,) = [sjax.pmap(f, "i", executor="reference")(X)]
+    for _ in range(2):
+        again = mapped(X)
+        for a, b, c in zip(again, first, reference, strict=True):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes() == np.asarray(c).tobytes()
+    assert_pmap_matches_jax(f, X)
+    (body,) = mapped._spmdsim_cache.values()
+    names = [e.primitive.name for e in body.jaxpr.jaxpr.eqns]
+    computed = source.count("stack[-1] = ")
+    assert "broadcast_in_dim" in names and computed < len(names), (computed, names)
+    constants = [v for k, v in ns.items() if k[0] in "LR" and isinstance(v, np.ndarray)]
+    folded = [c for c in constants if c.shape == (1, 3)]  # the second output (its block), folded whole
+    assert len(folded) == 1 and (folded[0] == 6.0).all() and not folded[0].flags.writeable
+
+
+def test_large_constants_are_computed_at_every_call():
+    """A constant broadcast to 360 KB stays an equation of the program (it is not kept in memory by it)."""
+    mapped = sjax.pmap(lambda x: x[:, None] + jnp.zeros((6, 15000)), "i")
+    out = mapped(X)
+    assert np.asarray(out).shape == (N, 6, 15000)
+    np.testing.assert_array_equal(np.asarray(out)[:, :, 7], X)
+    source, _ = _body_program(mapped)
+    (body,) = mapped._spmdsim_cache.values()
+    assert source.count("stack[-1] = ") == len(body.jaxpr.jaxpr.eqns)
+
+
 @pytest.mark.parametrize("executor", ["threads", "reference", "vectorized"])
 def test_floating_point_errors_are_silent_inside_and_unchanged_outside(executor):
     """As in XLA, overflow, division by zero and NaN raise no warning inside the body (the same inf and nan as

@@ -9,6 +9,10 @@ program is made per jaxpr and executor kind (for the vectorized executor: per de
 and expected shapes carry); the executor itself is an argument of the program (higher-order rules and
 ``missing`` get the one evaluating).
 
+Equations of pure primitives whose operands are all constants (JAX's gradients emit ``1.0 / n`` broadcast to a
+shape) are computed once, by the same rule, when the program is made: their results are constants of the program,
+read-only, shared by every call (small ones only).
+
 Collective equations with a user source line bind through a call prepared once per equation
 (:func:`spmdsim._primitives.prepare`: its axis names and parameters worked out in advance, its checks once per
 mesh and operand shapes). The equations JAX emits for one collective call on a pytree (``lax.psum((a, b), 'i')``
@@ -33,17 +37,18 @@ __all__ = ["eval_jaxpr", "evaluator", "program_source"]
 
 class _Step:
     """One equation (or the equations of one pytree call), prepared once: the function computing it from its
-    operands, the operands (literals already NumPy arrays) and every result's expected shape and dtype."""
+    operands, the operands (literals and constants already NumPy arrays) and every result's expected shape and
+    dtype. ``folded``: its results, computed now, when every operand is a constant (see :func:`_fold`)."""
 
     __slots__ = ("eqns", "eqn", "call", "higher", "nullary", "operands", "outvars", "expected", "multiple",
-                 "operands_tuple")
+                 "operands_tuple", "folded")
 
-    def __init__(self, eqns: list, executor: Executor):
+    def __init__(self, eqns: list, executor: Executor, known: dict):
         self.eqns, self.eqn = eqns, eqns[0]
         eqn = self.eqn
         name = eqn.primitive.name
-        self.operands = [(True, executor.literal(v)) if isinstance(v, ext_core.Literal) else (False, v)
-                         for e in eqns for v in e.invars]
+        self.operands = [(True, executor.literal(v)) if isinstance(v, ext_core.Literal) else
+                         (True, known[v]) if v in known else (False, v) for e in eqns for v in e.invars]
         self.outvars = [None if isinstance(v, ext_core.DropVar) else v for e in eqns for v in e.outvars]
         self.expected = [executor.expected(v.aval) for e in eqns for v in e.outvars]
         collective = name in _GROUPABLE and bool(site_of(eqn))  # one bind for every leaf of a pytree call
@@ -62,6 +67,41 @@ class _Step:
             if self.call is None and rule is not None:
                 self.call = functools.partial(rule, **eqn.params) if eqn.params else rule
             self.nullary = self.call is not None and not self.operands  # its result goes through ex.nullary
+        self.folded = _fold(self) if name in _FOLDABLE and not eqn.effects and self.operands and \
+            all(constant for constant, _ in self.operands) and self.call is not None else None
+
+
+# Primitives whose value depends on their operands alone (no device, executor or effect): an equation of one of
+# them whose operands are all constants (literals, or results of such equations; JAX's gradients make them, e.g.
+# ``1.0 / 64.0`` broadcast to a shape) is computed once, when its program is made, by the same rule.
+_FOLDABLE = {"add", "sub", "mul", "div", "rem", "neg", "max", "min", "pow", "integer_pow", "square", "sqrt",
+             "rsqrt", "exp", "log", "log1p", "expm1", "abs", "sign", "floor", "ceil", "round", "tanh", "logistic",
+             "and", "or", "not", "xor", "eq", "ne", "lt", "le", "gt", "ge", "select_n", "convert_element_type",
+             "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "reduce_sum", "reduce_max",
+             "reduce_min", "slice", "concatenate"}
+_FOLDED_BYTES = 1 << 16  # larger results are computed at every call, not kept in the program
+
+
+def _fold(step: _Step) -> list | None:
+    """``step``'s results from its constant operands, checked as every evaluation checks them and read-only
+    (a program's constants are shared by every call), or None where that fails or the results are large (the
+    equation is then computed at every call, as usual, and reports its errors there)."""
+    errors = ignore_errors()
+    try:
+        outs = step.call(*(value for _, value in step.operands))
+    except Exception:  # noqa: BLE001 - computed again, and reported, when the program runs
+        return None
+    finally:
+        restore_errors(errors)
+    folded = []
+    for out, expected in zip(outs if step.multiple else [outs], step.expected, strict=True):
+        out = np.asarray(out)
+        if expected is None or out.shape != expected[0] or out.dtype != expected[1] or out.nbytes > _FOLDED_BYTES:
+            return None
+        out = out.view()
+        out.flags.writeable = False
+        folded.append(out)
+    return folded
 
 
 # Collectives whose operands are independent blocks under one set of parameters (so a pytree call's equations
@@ -81,14 +121,22 @@ def _same_call(eqns: list, eqn) -> bool:
     return not any(v in produced for v in eqn.invars if not isinstance(v, ext_core.Literal))
 
 
-def _prepare(jaxpr, executor: Executor) -> list[_Step]:
+def _prepare(jaxpr, executor: Executor) -> tuple[list[_Step], dict]:
+    """The steps left to compute when the program runs, and the values of the variables folded into constants."""
     calls: list[list] = []
     for eqn in jaxpr.eqns:
         if calls and _same_call(calls[-1], eqn):
             calls[-1].append(eqn)
         else:
             calls.append([eqn])
-    return [_Step(eqns, executor) for eqns in calls]
+    steps, known = [], {}
+    for eqns in calls:
+        step = _Step(eqns, executor, known)
+        if step.folded is None:
+            steps.append(step)
+        else:
+            known.update((v, value) for v, value in zip(step.outvars, step.folded, strict=True) if v is not None)
+    return steps, known
 
 
 def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
@@ -98,7 +146,7 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
     checks each result; ``stack[-1]`` holds the equation being computed (for error sites), ``ex`` is the
     executor evaluating it (an executor with ``executor``'s program key).
     """
-    steps = _prepare(jaxpr, executor)
+    steps, known = _prepare(jaxpr, executor)
     ns: dict = {"ndarray": np.ndarray, "asarray": np.asarray, "bad_result": bad_result}
     names: dict = {}
 
@@ -142,6 +190,9 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
         if isinstance(v, ext_core.Literal):
             ns[f"R{j}"] = v
             results.append(f"ex.literal(R{j})")
+        elif v in known:  # a folded constant
+            ns[f"R{j}"] = known[v]
+            results.append(f"R{j}")
         else:
             results.append(local(v))
     lines.append(f"    return [{', '.join(results)}]")
