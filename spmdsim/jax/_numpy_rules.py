@@ -602,7 +602,16 @@ def _static_broadcast(eqn):
     expanded = _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"])
     if expanded == shape:  # only unit axes added (pmap's expanded output): a reshape
         return _reshape_to(shape)
+    if math.prod(shape) <= _SMALL_BROADCAST and not _dtypes.is_key(eqn.outvars[0].aval.dtype):
+        def small(x):  # a copy: cheaper than a view of a few elements (~0.4 against ~1.3 µs)
+            out = np.empty(shape, x.dtype)
+            out[...] = x.reshape(expanded)
+            return out
+        return small
     return lambda x: broadcast_view(x.reshape(expanded), shape)
+
+
+_SMALL_BROADCAST = 1024  # elements: up to this many, a broadcast result is made as a new array
 
 
 @per_device("broadcast_in_dim")
