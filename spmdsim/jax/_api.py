@@ -20,10 +20,10 @@ from jax._src import api_util, core
 from jax._src.array import ArrayImpl
 from jax.extend import core as ext_core
 
-from spmdsim import _pmap, _runtime
+from spmdsim import _hosts, _pmap, _runtime
 from spmdsim._axes import Unnamed
 from spmdsim._values import check_array_dtype
-from spmdsim.jax._map import global_avals, map_params, simulate, spmdsim_map_p, to_jax, to_numpy
+from spmdsim.jax._map import global_avals, map_params, simulate, spmdsim_map_p, threads_run, to_jax, to_numpy
 
 __all__ = ["pmap"]
 
@@ -221,14 +221,20 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
             operands = [*body.consts, *leaves]
             if any(isinstance(x, core.Tracer) for x in operands):
                 return jax.tree_util.tree_unflatten(body.out_tree, spmdsim_map_p.bind(*operands, **params))
-            call = _Call(local, n, body, params, global_avals(params))
+            run = None if params["executor"] == "vectorized" else threads_run(
+                params["jaxpr"], params["in_specs"], params["out_specs"], params["axes"], params["axes"],
+                params["executor"], "pmap")
+            call = _Call(local, n, body, params, global_avals(params), run)
             if call_key is not None and body.cacheable:
                 with lock:
                     if len(calls) > 256:
                         calls.clear()
                     calls[call_key] = call
-        numpy_outs = simulate([to_numpy(x) for x in (*call.body.consts, *leaves)], **call.params,
-                              check_replicated=check_replicated)
+        args = [*call.consts, *map(to_numpy, leaves)]
+        if call.run is not None and _hosts.current() is None:  # no multi-host run: the mesh is this host's own
+            numpy_outs = call.run(args, check_replicated)
+        else:
+            numpy_outs = simulate(args, **call.params, check_replicated=check_replicated)
         outs = [to_jax(o, a) for o, a in zip(numpy_outs, call.out_avals, strict=True)]
         return jax.tree_util.tree_unflatten(call.body.out_tree, outs)
 
@@ -238,12 +244,15 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
 
 class _Call:
     """What a concrete call worked out from its arguments' signature: the mapped size here (``local``) and in
-    all (``n``, every host's devices), the traced body, the primitive's parameters, the output avals."""
+    all (``n``, every host's devices), the traced body, the primitive's parameters, the output avals, the
+    closed-over values as NumPy arrays, and the thread executor's run of the map outside a multi-host run
+    (``run``; None for the vectorized executor)."""
 
-    __slots__ = ("local", "n", "body", "params", "out_avals")
+    __slots__ = ("local", "n", "body", "params", "out_avals", "consts", "run")
 
-    def __init__(self, local: int, n: int, body: "_Body", params: dict, out_avals: list):
-        self.local, self.n, self.body, self.params, self.out_avals = local, n, body, params, out_avals
+    def __init__(self, local: int, n: int, body: "_Body", params: dict, out_avals: list, run):
+        self.local, self.n, self.body, self.params, self.out_avals, self.run = local, n, body, params, out_avals, run
+        self.consts = [to_numpy(c) for c in body.consts]  # a body cached with its constants has concrete ones
 
 
 _ARRAY_TYPES = (np.ndarray, ArrayImpl)

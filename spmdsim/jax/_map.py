@@ -41,7 +41,7 @@ from spmdsim._values import broadcast_view, read_only
 from spmdsim.jax import _dtypes
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
 
-__all__ = ["spmdsim_map_p", "simulate", "global_avals", "map_params", "to_numpy", "to_jax", "EXECUTORS"]
+__all__ = ["spmdsim_map_p", "simulate", "threads_run", "global_avals", "map_params", "to_numpy", "to_jax", "EXECUTORS"]
 
 EXECUTORS = ("threads", "vectorized", "reference")
 
@@ -116,13 +116,13 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
     devices at once (vectorized), assemble the outputs. ``ex`` is the evaluating executor when the map is an
     equation of an outer body (a nested map), None at top level. ``check_replicated``: raise ReplicationError
     when an output replicated along some mesh axes differs between the devices along them."""
-    in_specs, out_specs = _numpy_specs(jaxpr, in_specs, out_specs)
     if isinstance(ex, Vectorized) or (ex is None and executor == "vectorized"):
-        return _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex, api)
-    body_ex = REFERENCE if executor == "reference" else PER_DEVICE
-    inner, consts = jaxpr.jaxpr, jaxpr.consts
+        return _simulate_vectorized(args, jaxpr, axes, *_numpy_specs(jaxpr, in_specs, out_specs), ex, api)
     mine = _global_arrays(api, axes, ex)
     if mine is not None:  # shard_map across hosts: global arrays in and out
+        in_specs, out_specs = _numpy_specs(jaxpr, in_specs, out_specs)
+        body_ex = REFERENCE if executor == "reference" else PER_DEVICE
+        inner, consts = jaxpr.jaxpr, jaxpr.consts
         blocks = [_split(x, spec, axes)[mine] for x, spec in zip(args, in_specs, strict=True)]
         per_device = _runtime.run_mapped(lambda i: body_ex.eval_jaxpr(inner, consts, [b[i] for b in blocks]), axes,
                                          is_device=True)
@@ -131,19 +131,38 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
             _check_replicated(stacked, out_specs, axes, api)
         return [_sharding.assemble(o, spec, axes) for o, spec in zip(stacked, out_specs, strict=True)]
     local = axes if _runtime.current_lane() is not None else _local_mesh(axes)  # top level: this host's box
-    blocks = [_split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
+    return threads_run(jaxpr, in_specs, out_specs, axes, local, executor, api)(args, check_replicated)
 
-    evaluate = body_ex.evaluator(inner)
-    device_args = list(zip(*blocks)) if blocks else [()] * math.prod(size for _, size in local)  # views, made in C
 
-    def body(i: int) -> list:
-        return evaluate(consts, device_args[i])
+@weakref_lru_cache
+def threads_run(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, local: tuple, executor: str,
+                api: str) -> "_ThreadsRun":
+    """The thread executor's run of the map of body ``jaxpr`` over ``axes`` with the map's specs (``local``: the
+    devices this host runs, the mesh itself outside a multi-host run), made once per body, specs and mesh."""
+    return _ThreadsRun(jaxpr, *_numpy_specs(jaxpr, in_specs, out_specs), axes, local, executor, api)
 
-    per_device = _runtime.run_mapped(body, axes, is_device=True)
-    if check_replicated:
-        stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))]
-        _check_replicated(stacked, out_specs, local, api)
-    return [_assemble([device[k] for device in per_device], spec, local) for k, spec in enumerate(out_specs)]
+
+class _ThreadsRun:
+    """One map on the thread executor, with what depends only on its body, specs and mesh worked out once (the
+    body's compiled evaluator, the device count): called with the NumPy inputs, it splits them into blocks,
+    runs the body once per device, each in its own thread, and assembles the NumPy outputs."""
+
+    def __init__(self, jaxpr, in_specs: list, out_specs: list, axes: tuple, local: tuple, executor: str, api: str):
+        self.in_specs, self.out_specs, self.axes, self.local, self.api = in_specs, out_specs, axes, local, api
+        self.consts = jaxpr.consts
+        self.evaluate = (REFERENCE if executor == "reference" else PER_DEVICE).evaluator(jaxpr.jaxpr)
+        self.count = math.prod(size for _, size in local)
+
+    def __call__(self, args: list, check_replicated: bool = False) -> list[np.ndarray]:
+        local = self.local
+        blocks = [_split(x, spec, local) for x, spec in zip(args, self.in_specs, strict=True)]
+        device_args = list(zip(*blocks)) if blocks else [()] * self.count  # views, made in C
+        evaluate, consts = self.evaluate, self.consts
+        per_device = _runtime.run_mapped(lambda i: evaluate(consts, device_args[i]), self.axes, is_device=True)
+        if check_replicated:
+            stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(self.out_specs))]
+            _check_replicated(stacked, self.out_specs, local, self.api)
+        return [_assemble([device[k] for device in per_device], spec, local) for k, spec in enumerate(self.out_specs)]
 
 
 def _global_arrays(api: str, axes: tuple, ex) -> slice | None:
