@@ -59,7 +59,16 @@ class ReductionOrder:
         acc = self.accumulation(ufunc, dtype)
         if acc is not None:
             blocks = [b.astype(acc) for b in blocks]
-        if ufunc is not np.add or self.order == "sequential" or len(blocks) < 3:
+        if ufunc is np.add and blocks[0].ndim == 0 and blocks[0].dtype.kind in "iuf" and \
+                blocks[0].dtype.isbuiltin == 1 and (self.order == "sequential" or len(blocks) < 3):
+            # Real scalars (a loss): NumPy's scalar arithmetic, the same IEEE additions in the same order and dtype
+            # (integers wrap alike), ~0.8 against ~6.7 µs for 8 blocks through the 0-d array path. (Not complex:
+            # complex128 scalars make NaNs of another sign.)
+            total = blocks[0][()]
+            for b in blocks[1:]:
+                total = total + b[()]
+            out = np.asarray(total)
+        elif ufunc is not np.add or self.order == "sequential" or len(blocks) < 3:
             out = np.asarray(ufunc(blocks[0], blocks[1]))  # then in place: the same left-to-right fold
             for b in blocks[2:]:
                 ufunc(out, b, out=out)

@@ -64,25 +64,32 @@ def _bind_per_params(name: str, treedef, arrays: list, params: list[dict], api: 
 
 # -- reductions -----------------------------------------------------------------------------------------
 
-# (primitive, api, axis names, epilogue) -> the prepared bind of a one-array reduction (see _primitives.prepare)
+# (primitive, api, axis names, epilogue) -> its prepared bind (see _primitives.prepare)
 _prepared: dict = {}
 
 
+def _prepared_bind(name: str, api: str, axis_name, epilogue):
+    """The prepared bind of reduction ``name`` over ``axis_name`` without groups (None for unhashable names:
+    :func:`bind` reports them)."""
+    if type(axis_name) is list:
+        axis_name = tuple(axis_name)
+    try:
+        call = _prepared.get((name, api, axis_name, epilogue))
+    except TypeError:
+        return None
+    if call is None:
+        if len(_prepared) > 1024:
+            _prepared.clear()
+        call = _prepared[(name, api, axis_name, epilogue)] = _primitives.prepare(
+            name, {"axes": _axes_tuple(axis_name), "axis_index_groups": None}, api=api, epilogue=epilogue)
+    return call
+
+
 def _reduction(name: str, api: str, x, axis_name, axis_index_groups, epilogue=None):
-    """One reduction primitive over the leaves of ``x``; returns (result tree, the leaves before, named axes,
-    positional axes). Python-scalar leaves only: a constant, folded without communicating (as JAX does)."""
-    if type(x) is np.ndarray and axis_index_groups is None and x.dtype.kind in "iufc":  # one array: prepared
-        if type(axis_name) is list:
-            axis_name = tuple(axis_name)
-        try:
-            call = _prepared.get((name, api, axis_name, epilogue))
-        except TypeError:  # an unhashable name: bind reports it
-            return bind(name, [x], axes=axis_name, axis_index_groups=None, api=api, epilogue=epilogue)[0]
-        if call is None:
-            if len(_prepared) > 1024:
-                _prepared.clear()
-            call = _prepared[(name, api, axis_name, epilogue)] = _primitives.prepare(
-                name, {"axes": axis_name, "axis_index_groups": None}, api=api, epilogue=epilogue)
+    """One reduction primitive over the leaves of ``x``, in one rendezvous; returns the result tree. Python-scalar
+    leaves only: a constant, folded without communicating (as JAX does)."""
+    call = _prepared_bind(name, api, axis_name, epilogue) if axis_index_groups is None else None
+    if call is not None and type(x) is np.ndarray and x.dtype.kind in "iufc":  # one array
         return call([x])[0]
     named, positional = split_axis_names(axis_name)
     if positional and axis_index_groups is not None:
@@ -98,6 +105,8 @@ def _reduction(name: str, api: str, x, axis_name, axis_index_groups, epilogue=No
         _runtime.channel(_runtime.current_lane(), named, api)  # an unbound name is still an error
         return x
     arrays = _arrays(leaves, api, np.int32 if name == "psum" else None)
+    if call is not None:
+        return _tree.unflatten(treedef, call(arrays))
     out = bind(name, arrays, axes=_axes_tuple(axis_name), axis_index_groups=axis_index_groups, api=api,
                epilogue=epilogue)
     return _tree.unflatten(treedef, out)

@@ -272,3 +272,23 @@ def test_broadcast_view_is_np_broadcast_to(data):
     assert out.shape == expected.shape and out.dtype == expected.dtype and not out.flags.writeable
     assert out.tobytes() == expected.tobytes()
     assert x.size == 0 or np.shares_memory(out, x)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int32, np.int64, np.uint64, np.float16, np.float32,
+                                   np.float64, np.complex64, np.complex128])
+def test_psum_of_scalar_blocks_is_the_fold_of_one_element_blocks(dtype):
+    """0-d blocks are summed with NumPy's scalar arithmetic: bit for bit what the array fold gives for the same
+    values as 1-element blocks, overflow wrapping, inf, NaN and -0.0 included."""
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    special = [info.max, info.max, 1, info.min] if info is not None else \
+        [True, False, True] if dtype is np.bool_ else [np.inf, -np.inf, np.nan, -0.0, 1e4, 1e-8, 3.3]
+    rng = np.random.default_rng(1)
+    values = [*special, *(rng.standard_normal(5) * 100)] if dtype is not np.bool_ else special * 2
+    for n in (1, 2, 3, 8):
+        for start in range(len(values) - n + 1):
+            chosen = [np.asarray(v).astype(dtype) for v in values[start:start + n]]
+            with np.errstate(all="ignore"):
+                expected = rule("psum")([c.reshape(1) for c in chosen])[0].reshape(())
+            got = rule("psum")(chosen)[0]
+            assert got.shape == () and got.dtype == dtype and not got.flags.writeable
+            assert got.tobytes() == expected.tobytes(), (chosen, got, expected)
