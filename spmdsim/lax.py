@@ -85,12 +85,34 @@ def _prepared_bind(name: str, api: str, axis_name, epilogue):
     return call
 
 
+_kind = operator.attrgetter("dtype.kind")
+
+
+def _numeric(leaves: list) -> list[np.ndarray] | None:
+    """``leaves`` as arrays when every one is a numeric (not bool) NumPy array or scalar, else None: without
+    Python per leaf (a gradient tree's leaves)."""
+    types = set(map(type, leaves))
+    if not types <= _NUMERIC_TYPES or (np.ndarray in types and not set(map(_kind, leaves)) <= _NUMERIC_KINDS):
+        return None
+    return list(leaves) if len(types) == 1 and np.ndarray in types else list(map(np.asarray, leaves))
+
+
+_NUMERIC_KINDS = set("iufc")
+_NUMERIC_TYPES = {np.ndarray} | {t for t in np.sctypeDict.values()
+                                 if issubclass(t, np.number) and np.dtype(t).kind in _NUMERIC_KINDS}
+
+
 def _reduction(name: str, api: str, x, axis_name, axis_index_groups, epilogue=None):
     """One reduction primitive over the leaves of ``x``, in one rendezvous; returns the result tree. Python-scalar
     leaves only: a constant, folded without communicating (as JAX does)."""
     call = _prepared_bind(name, api, axis_name, epilogue) if axis_index_groups is None else None
-    if call is not None and type(x) is np.ndarray and x.dtype.kind in "iufc":  # one array
-        return call([x])[0]
+    if call is not None:
+        if type(x) is np.ndarray and x.dtype.kind in "iufc":  # one array
+            return call([x])[0]
+        leaves, treedef = _tree.flatten(x)
+        arrays = _numeric(leaves) if leaves else None
+        if arrays is not None:  # numeric arrays and NumPy scalars: nothing to convert
+            return _tree.unflatten(treedef, call(arrays))
     named, positional = split_axis_names(axis_name)
     if positional and axis_index_groups is not None:
         raise ValueError(f"{api}: axis_index_groups only supported for sums over just named axes, got "
@@ -174,6 +196,8 @@ def _mean_of(total: np.ndarray, count: int) -> np.ndarray:
     not yet given to any device): no second array of the operand's size."""
     if total.dtype.kind in "biu":
         out = np.asarray(total.astype(np.float32) / np.float32(count))
+    elif total.ndim == 0 and total.dtype.kind == "f" and total.dtype.isbuiltin == 1:  # a scalar: scalar arithmetic
+        out = np.asarray(total[()] / total.dtype.type(count))
     elif total.flags.owndata:
         total.flags.writeable = True
         out = np.divide(total, np.asarray(count, total.dtype), out=total)

@@ -50,6 +50,19 @@ def test_pmean_dtypes(dtype, expected):
     np.testing.assert_allclose(out.astype(np.float64), np.arange(4).astype(dtype).astype(np.float64).mean())
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_pmean_of_scalars_is_bit_for_bit_the_pmean_of_one_element_arrays(dtype):
+    """Scalar blocks (a loss) are summed and divided with NumPy's scalar arithmetic: the same bits as the array
+    path gives for the same values as 1-element blocks (and XLA:CPU for the same sum and division)."""
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 8):
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dtype)
+        with spmdsim.set_device_count(n):
+            scalar = run(lambda v: lax.pmean(v, "i"), x)
+            array = run(lambda v: lax.pmean(v, "i"), x.reshape(n, 1))
+        assert scalar.dtype == dtype and scalar.tobytes() == array.reshape(n).tobytes()
+
+
 def test_tree_operands_of_every_kind_in_one_rendezvous():
     """A pytree of bool and int8 arrays, NumPy scalars (np.mean returns one) and a Python float: converted as
     JAX converts them (bool sums in int32, a NumPy scalar keeps its dtype, the Python float is float32),
