@@ -551,10 +551,7 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
     chan = lane.channels.get(named) if lane is not None else None
     if chan is None:
         chan = _runtime.channel(lane, named, api or name)
-    if len(operands) == 1:
-        avals = ((operands[0].shape, operands[0].dtype),)
-    else:
-        avals = tuple(zip(map(shape_of, operands), map(dtype_of, operands)))
+    avals = _avals(operands)
     try:
         key = (name, chan.names, chan.sizes, avals, tuple(params.items()), epilogue)
         bound = _bound.get(key)
@@ -575,6 +572,13 @@ def bind(name: str, operands: Sequence[np.ndarray], *, api: str | None = None, s
 # Signature and combine step (the rule with the group structure and checked parameters bound): the checks
 # depend on nothing else.
 _bound: dict = {}
+
+
+def _avals(operands: Sequence[np.ndarray]) -> tuple:
+    """The operands' ((shape, dtype), ...): what a collective's checks depend on."""
+    if len(operands) == 1:
+        return ((operands[0].shape, operands[0].dtype),)
+    return tuple(zip(map(shape_of, operands), map(dtype_of, operands)))
 
 
 def _checked_call(prim: Collective, chan, avals: tuple, params: dict, epilogue) -> tuple:
@@ -614,10 +618,7 @@ def prepare(name: str, params: dict, *, site: str | None = None, api: str | None
         chan = lane.channels.get(named) if lane is not None and _local.batch is None else None
         if chan is None:
             return generic(operands)
-        if len(operands) == 1:
-            avals = ((operands[0].shape, operands[0].dtype),)
-        else:
-            avals = tuple(zip(map(shape_of, operands), map(dtype_of, operands)))
+        avals = _avals(operands)
         key = (chan.sizes, avals)
         bound = checked.get(key)
         if bound is None:

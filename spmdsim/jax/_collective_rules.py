@@ -4,7 +4,7 @@ vectorized form and rendezvous). The site reported for each call is the user's l
 from __future__ import annotations
 
 from spmdsim import _primitives
-from spmdsim.jax._interpreter import current_site, site_of
+from spmdsim.jax._interpreter import current_site
 from spmdsim.jax._registry import per_device, vectorized
 
 
@@ -12,17 +12,9 @@ def _collective(name: str):
     def rule(x, **params):
         return _primitives.bind(name, [x], site=current_site, **params)[0]  # called only if needed
 
-    def specialize(eqn):
-        """For a compiled jaxpr: the equation's user line, known now (JAX's own code has none: the enclosing
-        call's line is found when it runs)."""
-        site = site_of(eqn)
-        if not site:
-            return None
-        call = _primitives.prepare(name, eqn.params, site=site)
-        return lambda x: call([x])[0]
-
+    # A compiled jaxpr's equation with a user line binds through its prepared call instead (see
+    # spmdsim.jax._compiled); this rule serves the reference loop and equations of JAX's own code.
     rule.__name__ = rule.__qualname__ = f"bind_{name}"
-    rule.specialize = specialize
     return rule
 
 
