@@ -73,11 +73,13 @@ def _environment(platform: str) -> dict:
     import jax
 
     import spmdsim
+    from spmdsim.jax import _xla_cpu_isa
     devices = jax.devices()
     return {"spmdsim": spmdsim.__version__, "jax": jax.__version__, "platform": platform,
             "backend": jax.default_backend(), "device_count": len(devices),
             "device_kind": devices[0].device_kind if devices else "", "python": _platform.python_version(),
-            "machine": _platform.machine(), "date": datetime.date.today().isoformat()}
+            "machine": _platform.machine(), "date": datetime.date.today().isoformat(),
+            "xla_cpu_isa": str(_xla_cpu_isa.current())}
 
 
 def _format_ulps(value: float) -> str:
@@ -114,6 +116,9 @@ def _markdown(env: dict, rows: list[tuple[str, collections.Counter]], total: col
     lines = [f"# spmdsim conformance against jax {env['jax']} ({env['backend']}, {env['device_count']} devices)", "",
              f"spmdsim {env['spmdsim']} · Python {env['python']} · {env['machine']} · device kind "
              f"`{env['device_kind']}` · {env['date']}", "",
+             f"XLA:CPU's instruction set, as spmdsim models it (`spmdsim/jax/_xla_cpu_isa.py`): "
+             f"{env.get('xla_cpu_isa', 'not recorded')}. The ulp bounds below hold under every ISA cap the "
+             f"machine supports (`conformance/test_isa.py` reruns the table under each).", "",
              "Each case runs on both spmdsim front ends (NumPy: `spmdsim.pmap` + `spmdsim.lax`; JAX: "
              "`spmdsim.jax.pmap` on the jaxpr, with its thread and its vectorized executor) and on real "
              "`jax.pmap`; results must agree in structure, shape, dtype and value (exact for integers and bools), "

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.special
 
 from spmdsim._values import broadcast_view
-from spmdsim.jax import _dtypes, _xla_cpu_math
+from spmdsim.jax import _dtypes, _xla_cpu_isa, _xla_cpu_math
 from spmdsim.jax._registry import PER_DEVICE, per_device, specialize, vectorized
 
 LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -136,13 +136,11 @@ _UNARY_XLA = {
     "log1p": (_xla_cpu_math.log1p, np.log1p), "tanh": (_xla_cpu_math.tanh, np.tanh),
     "erf": (_xla_cpu_math.erf, scipy.special.erf), "expm1": (_xla_cpu_math.expm1, np.expm1),
     "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt),
-    "logistic": (_xla_cpu_math.logistic, lambda x: np.asarray(scipy.special.expit(x), x.dtype)
-                 if x.dtype.kind == "f" else np.asarray(1, x.dtype) / (np.asarray(1, x.dtype) + np.exp(-x))),
 }
 
 
 _UNARY = {
-    "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite, "exp2": np.exp2,
+    "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
     "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
     "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": np.abs, "real": np.real, "imag": np.imag,
@@ -174,6 +172,37 @@ for _name, _fn in {**_UNARY, **_BINARY}.items():
     elementwise(_name)(via_f32(_fn))
 for _name, _fn in {**_COMPARISONS, **_BITWISE}.items():
     elementwise(_name)(specialize(lambda eqn, fn=_fn: fn)((lambda fn: lambda x, y: fn(x, y))(_fn)))
+
+
+# Primitives that JAX or XLA expand into other operations before XLA:CPU compiles them: computed as those
+# operations, each by its own rule, so that float16 and bfloat16 are rounded after every step as XLA:CPU rounds
+# them (it computes each operation of a low-precision program in float32 and rounds its result; measured bit
+# for bit on every float16 and bfloat16 value tried, where one rounding at the end differs in 30-50% of them).
+
+def _logistic_wide(x):
+    if x.dtype == np.float32:
+        return _xla_cpu_math.logistic(x)
+    if x.dtype.kind == "f":
+        return np.asarray(scipy.special.expit(x), x.dtype)
+    return np.asarray(1, x.dtype) / (np.asarray(1, x.dtype) + np.exp(-x))
+
+
+@elementwise("logistic")
+@specialize(lambda eqn: _logistic_wide if _operand_dtype(eqn) not in (None, *LOW_FLOATS) else None)
+def _logistic(x, *, accuracy=None):
+    """float32 by XLA:CPU's own algorithm; float16/bfloat16 as XLA's LogisticExpander writes it,
+    ``1 / (1 + exp(-x))``, rounded after each step."""
+    if x.dtype not in LOW_FLOATS:
+        return _logistic_wide(x)
+    one = np.asarray(1, x.dtype)
+    return PER_DEVICE["div"](one, PER_DEVICE["add"](one, PER_DEVICE["exp"](np.negative(x))))
+
+
+@elementwise("exp2")
+def _exp2(x, *, accuracy=None):
+    """As JAX lowers ``exp2`` (``jax/_src/lax/lax.py``: ``_exp2_lower``): ``exp(log(2) * x)``, log(2) and
+    the product in x's dtype."""
+    return PER_DEVICE["exp"](PER_DEVICE["mul"](np.asarray(np.log(2), x.dtype), x))
 
 
 def _complex_pick(x, y, greater: bool):
@@ -475,8 +504,10 @@ def _convert_element_type(x, *, new_dtype, weak_type=False, sharding=None):
         return x != 0
     if is_float(x.dtype) and new_dtype.kind in "iu":
         return _float_to_int(x.astype(np.float32) if x.dtype in LOW_FLOATS else x, new_dtype)
-    if new_dtype in LOW_FLOATS and x.dtype not in (np.dtype(np.float32),):
-        # XLA:CPU converts float64, integers and the other 16-bit format through float32
+    if new_dtype in LOW_FLOATS and x.dtype != np.float32 and not (
+            new_dtype == np.float16 and x.dtype == np.float64 and _xla_cpu_isa.current().fp16):
+        # XLA:CPU converts integers, the other 16-bit format, and float64 (except to float16 where AVX512-FP16
+        # converts it directly: vcvtsd2sh, rounded once) through float32
         x = x.astype(np.float32)
     return x.astype(new_dtype)
 
@@ -1364,10 +1395,4 @@ def _debug_print(*args, fmt, in_tree, static_args=(), np_printoptions=(), **_):
         positional.insert(index, value)
     with np.printoptions(**dict(np_printoptions)):
         print(fmt.format(*positional, **keywords))
-    return []
-
-
-@per_device("debug_callback")
-def _debug_callback(*args, callback, **_):
-    callback(*args)
     return []

@@ -139,17 +139,15 @@ def _uniform01(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 class _Ops:
-    """The float operations of the sampler in ``dtype`` as XLA:CPU computes them (multiply-adds fused in
-    float32; float16/bfloat16 rounded after every operation)."""
+    """The float operations of the sampler in ``dtype`` as XLA:CPU computes them (multiply-adds as on this
+    machine's ISA: :func:`._xla_cpu_math.multiply_add`; float16/bfloat16 rounded after every operation)."""
 
     def __init__(self, dtype):
         self.dtype = np.dtype(dtype)
         self.const = lambda v: np.asarray(v, self.dtype)  # noqa: E731
 
     def fma(self, a, b, c):
-        if self.dtype == np.float32:
-            return _xla_cpu_math.fma(a, b, c)
-        return np.asarray(a * b + c, self.dtype)
+        return _xla_cpu_math.multiply_add(a, b, c, self.dtype)
 
     def __getattr__(self, name):  # log, log1p, sqrt, erf_inv, pow: the per-device rules themselves
         rule = PER_DEVICE[name]

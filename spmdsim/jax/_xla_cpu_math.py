@@ -16,22 +16,49 @@ XLA's sequence of float32 operations, so their results equal XLA:CPU's bit for b
   does (FTZ/DAZ).
 - float16 and bfloat16 use the float32 functions (XLA:CPU upcasts them); float64 keeps NumPy/SciPy.
 
-Caveat: XLA's results depend on its version and on the CPU (without FMA, LLVM does not fuse); these ports
-follow jaxlib 0.10.2 on a CPU with FMA.
+XLA's results depend on its version and on the instruction set it compiles for: without FMA (a CPU before
+AVX2, or ``--xla_cpu_max_isa=AVX``) LLVM does not fuse, and :func:`fma` then rounds the product first, as XLA
+does (:mod:`._xla_cpu_isa` says which ISA is in effect). These ports follow jaxlib 0.10.2.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "fma", "ftz"]
+from spmdsim.jax import _xla_cpu_isa
+
+__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "fma", "multiply_add", "ftz"]
 
 f32, f64 = np.float32, np.float64
 _TINY = np.finfo(np.float32).tiny
 
 
-def fma(a, b, c) -> np.ndarray:
+def _fused(a, b, c) -> np.ndarray:
     """float32 fused multiply-add, through float64 (see the module docstring)."""
     return (np.asarray(a, f64) * np.asarray(b, f64) + np.asarray(c, f64)).astype(f32)
+
+
+def _unfused(a, b, c) -> np.ndarray:
+    """float32 multiply, rounded, then add: what XLA:CPU computes where the CPU (or the cap) has no FMA."""
+    return np.asarray(np.asarray(a, f32) * np.asarray(b, f32), f32) + np.asarray(c, f32)
+
+
+#: ``a * b + c`` in float32 as XLA:CPU computes a multiply feeding an add on this machine's ISA
+#: (:mod:`._xla_cpu_isa`): one rounding with FMA (AVX2 on), two without.
+fma = _fused if _xla_cpu_isa.current().fma else _unfused
+
+
+def multiply_add(a, b, c, dtype) -> np.ndarray:
+    """``a * b + c`` of ``dtype`` values as XLA:CPU computes a multiply feeding an add inside one program on
+    this machine's ISA: float32 by :func:`fma`; float16 rounded once (one fused float16 multiply-add) where
+    AVX512-FP16 is in effect, else the product rounded to float16 and then the sum; bfloat16 and float64 the
+    product rounded, then the sum (measured, see :mod:`._xla_cpu_isa`). The float16 fused form is computed in
+    float64 (the product of two float16 values is exact there) and rounded to float16."""
+    dtype = np.dtype(dtype)
+    if dtype == f32:
+        return fma(a, b, c)
+    if dtype == np.float16 and _xla_cpu_isa.current().fp16:
+        return (np.asarray(a, f64) * np.asarray(b, f64) + np.asarray(c, f64)).astype(dtype)
+    return np.asarray(np.asarray(a, dtype) * np.asarray(b, dtype) + np.asarray(c, dtype), dtype)
 
 
 def _daz(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,117 @@
+"""The instruction set XLA:CPU compiles for on this machine, and which of its results depend on it.
+
+XLA:CPU (jaxlib 0.10) compiles every program for the features of the CPU it runs on (LLVM's host feature
+detection), capped by ``--xla_cpu_max_isa=LEVEL`` in ``XLA_FLAGS``; the levels, in order, are ``SSE4_2``,
+``AVX``, ``AVX2``, ``AVX512``, ``AVX512_VNNI``, ``AVX512_BF16``, ``AMX`` and ``AMX_FP16`` (XLA's
+``--xla_cpu_max_isa`` documentation). Most results do not depend on it; these do, measured with jax 0.10.2 on
+an Intel Xeon with AVX-512, AVX512-FP16, AVX512-BF16 and AMX under every cap (``conformance/isa_probe.py``
+repeats the measurement on any machine):
+
+==================================  =========================================  ==============================
+feature in effect                   what XLA:CPU computes with it              without it
+==================================  =========================================  ==============================
+``fma`` (CPU has FMA3, cap AVX2+)   fused multiply-adds in its float32 ports   separate multiply and add
+                                    of ``exp``, ``log``, ... and in samplers
+``avx512_fp16`` (CPU has it, cap    float64 -> float16 rounded once            through float32: rounded twice
+AVX512+)                            (``vcvtsd2sh``)
+                                    a float16 multiply feeding an add: one     the product rounded to float16,
+                                    float16 fused multiply-add                 then the sum
+==================================  =========================================  ==============================
+
+(The ``AVX512`` cap keeps AVX512-FP16 on a CPU that has it: the cap removes the levels above it, and XLA has
+no level of its own for FP16. At ``SSE4_2`` XLA:CPU cannot convert to float16 at all: its JIT lacks
+``__truncsfhf2``. bfloat16 arithmetic and conversions, float32 and float64 results other than the above, and
+dot products measured the same under every cap.)
+
+``SPMDSIM_XLA_CPU_ISA=LEVEL`` pins the model to a CPU with exactly that level's features, whatever this machine
+has (to reproduce a colleague's run): one of XLA's levels, or ``AVX512_FP16`` (an AVX-512 CPU with FP16, as
+Sapphire Rapids; ``AMX`` and ``AMX_FP16`` imply it too). The model is read once per process, as XLA reads its
+flags once. Only the JAX front end follows it; the NumPy front end keeps its own documented semantics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import platform
+import re
+
+__all__ = ["LEVELS", "Isa", "current", "model"]
+
+LEVELS = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX", "AMX_FP16")
+# the lowest level at which a cap lets XLA use each feature that changes results (measured, see above)
+_FEATURE_LEVEL = {"fma": "AVX2", "avx512_fp16": "AVX512"}
+# the features a CPU of each level has, for a pinned model
+_PINNED = {"SSE4_2": set(), "AVX": set(), "AVX2": {"fma"}, "AVX512": {"fma"}, "AVX512_VNNI": {"fma"},
+           "AVX512_BF16": {"fma"}, "AVX512_FP16": {"fma", "avx512_fp16"}, "AMX": {"fma", "avx512_fp16"},
+           "AMX_FP16": {"fma", "avx512_fp16"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Isa:
+    """The features that change XLA:CPU's results, as XLA uses them here. ``source`` says where they come
+    from (the CPU and the cap, or the pinned level)."""
+
+    features: frozenset
+    source: str
+
+    @property
+    def fma(self) -> bool:
+        """Multiply-adds are fused (FMA3 instructions, from AVX2 on)."""
+        return "fma" in self.features
+
+    @property
+    def fp16(self) -> bool:
+        """float16 arithmetic and conversions in hardware (AVX512-FP16)."""
+        return "avx512_fp16" in self.features
+
+    def __str__(self) -> str:
+        return f"{', '.join(sorted(self.features)) or 'no FMA, no FP16'} ({self.source})"
+
+
+def model(cpu_flags: set[str] | None, max_isa: str | None = None, pinned: str | None = None) -> Isa:
+    """The features XLA:CPU uses on a CPU with ``cpu_flags`` (as ``/proc/cpuinfo`` names them; None: not an
+    x86-64 CPU spmdsim can read, taken as one with FMA and no FP16) under the cap ``max_isa`` (XLA_FLAGS'
+    ``--xla_cpu_max_isa``), or the ``pinned`` level's. Raises ValueError naming the levels for an unknown one."""
+    if pinned:
+        level = pinned.upper()
+        if level not in _PINNED:
+            raise ValueError(f"SPMDSIM_XLA_CPU_ISA={pinned!r} is not a level spmdsim models: expected one of "
+                             f"{', '.join(_PINNED)}.")
+        return Isa(frozenset(_PINNED[level]), f"pinned: SPMDSIM_XLA_CPU_ISA={level}")
+    if cpu_flags is None:
+        return Isa(frozenset({"fma"}), f"assumed: a {platform.machine() or 'non-x86'} CPU with FMA")
+    cap = None
+    if max_isa:
+        cap = max_isa.upper()
+        if cap not in LEVELS:
+            raise ValueError(f"--xla_cpu_max_isa={max_isa} in XLA_FLAGS is not one of XLA's levels "
+                             f"({', '.join(LEVELS)}); XLA would reject it too.")
+    allowed = {f for f, level in _FEATURE_LEVEL.items()
+               if f in cpu_flags and (cap is None or LEVELS.index(cap) >= LEVELS.index(level))}
+    return Isa(frozenset(allowed), "this CPU" + (f", XLA_FLAGS --xla_cpu_max_isa={cap}" if cap else ""))
+
+
+def _cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (Linux, x86-64), else None."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        return None
+    return None
+
+
+def _max_isa(xla_flags: str) -> str | None:
+    found = re.findall(r"--xla_cpu_max_isa=(\S*)", xla_flags)
+    return found[-1] if found else None  # XLA takes the last occurrence
+
+
+@functools.cache
+def current() -> Isa:
+    """This process's model: ``SPMDSIM_XLA_CPU_ISA`` if set, else this CPU under XLA_FLAGS' cap."""
+    return model(_cpu_flags(), _max_isa(os.environ.get("XLA_FLAGS", "")), os.environ.get("SPMDSIM_XLA_CPU_ISA"))
