@@ -13,7 +13,7 @@ except ImportError as e:  # pragma: no cover - exercised in the jax-free test en
                       "spmdsim.pmap and spmdsim.lax, works without it.") from e
 
 from spmdsim.jax import _collective_rules, _control_flow, _map, _numpy_rules, _prng  # noqa: F401  (register rules)
-from spmdsim.jax import _linalg, _special, _windows  # noqa: F401  (register rules)
+from spmdsim.jax import _callbacks, _linalg, _special, _windows  # noqa: F401  (register rules)
 from spmdsim.jax._api import pmap
 from spmdsim.jax._interpreter import eval_closed_jaxpr, eval_jaxpr, supported_primitives
 from spmdsim.jax._shard_map import jit, shard_map

@@ -44,8 +44,10 @@ LEAD_OWNED: frozenset[str] = frozenset({
 # Per-device rules without a vectorized twin, on purpose (not enumerated: jax.debug is outside the modules
 # above). A callback is a per-device side effect: a print per device, the user's function called once per
 # device with that device's values, in device order, through spmdsim's ordered output. A stacked evaluation
-# cannot reproduce it (one call with every device's values would change what the user's function sees); the
-# vectorized executor reports these primitives as unsupported rather than fake them.
+# cannot reproduce it (one call with every device's values would change what the user's function sees): the
+# vectorized executor runs these rules device by device instead. The host callbacks ``pure_callback`` and
+# ``io_callback`` (also not enumerated) have a rule in both tables, the vectorized one calling once per device
+# too (``spmdsim/jax/_callbacks.py``).
 PER_DEVICE_ONLY: dict[str, str] = {
     "debug_print": "a print per device, in device order: a per-device side effect",
     "debug_callback": "the user's callback once per device with its values: a per-device side effect",
