@@ -435,10 +435,9 @@ def test_jit_around_the_map(executor):
     assert {d: sorted(c) for d, c in calls.items()} == {d: sorted(c) for d, c in real_calls.items()}
 
 
-@pytest.mark.xfail(strict=True, reason="jit lowers a map to a pure_callback (spmdsim/jax/_map.py _callback_form), "
-                                       "which XLA removes when the map's outputs are unused, effects or not")
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_jit_keeps_a_map_with_callbacks_whose_outputs_are_unused(executor):
+    """jit lowers a map whose body has effects to an io_callback (ordered if an effect is), which XLA keeps."""
     rec = Recorder()
 
     def f(v):

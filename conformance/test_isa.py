@@ -36,14 +36,16 @@ CPU = isa._cpu_flags() or set()
 def test_model_of_a_cpu_under_a_cap(flags, cap, fma, fp16):
     m = isa.model(flags, cap)
     assert (m.fma, m.fp16) == (fma, fp16)
+    assert m.avx512 == ("avx512f" in flags and (cap is None or cap.upper() not in ("SSE4_2", "AVX", "AVX2")))
     assert (cap.upper() in m.source) if cap else m.source == "this CPU"
 
 
-@pytest.mark.parametrize("pinned, fma, fp16", [("avx2", True, False), ("AVX512", True, False),
-                                               ("avx512_fp16", True, True), ("AMX", True, True), ("AVX", False, False)])
-def test_pinned_model_ignores_the_cpu(pinned, fma, fp16):
+@pytest.mark.parametrize("pinned, fma, avx512, fp16", [
+    ("avx2", True, False, False), ("AVX512", True, True, False), ("avx512_fp16", True, True, True),
+    ("AMX", True, True, True), ("AVX", False, False, False)])
+def test_pinned_model_ignores_the_cpu(pinned, fma, avx512, fp16):
     m = isa.model(SAPPHIRE if not fp16 else {"avx"}, "AVX", pinned=pinned)
-    assert (m.fma, m.fp16) == (fma, fp16) and "SPMDSIM_XLA_CPU_ISA" in m.source
+    assert (m.fma, m.avx512, m.fp16) == (fma, avx512, fp16) and "SPMDSIM_XLA_CPU_ISA" in m.source
 
 
 def test_unknown_levels_are_refused_with_the_levels_named():

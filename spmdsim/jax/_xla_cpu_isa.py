@@ -4,14 +4,16 @@ XLA:CPU (jaxlib 0.10) compiles every program for the features of the CPU it runs
 detection), capped by ``--xla_cpu_max_isa=LEVEL`` in ``XLA_FLAGS``; the levels, in order, are ``SSE4_2``,
 ``AVX``, ``AVX2``, ``AVX512``, ``AVX512_VNNI``, ``AVX512_BF16``, ``AMX`` and ``AMX_FP16`` (XLA's
 ``--xla_cpu_max_isa`` documentation). Most results do not depend on it; these do, measured with jax 0.10.2 on
-an Intel Xeon with AVX-512, AVX512-FP16, AVX512-BF16 and AMX under every cap (``conformance/isa_probe.py``
-repeats the measurement on any machine):
+an Intel Xeon with AVX-512, AVX512-FP16, AVX512-BF16 and AMX under every cap (``conformance/test_isa.py``
+checks each against XLA:CPU, and reruns the differential tests under every cap the machine supports):
 
 ==================================  =========================================  ==============================
 feature in effect                   what XLA:CPU computes with it              without it
 ==================================  =========================================  ==============================
 ``fma`` (CPU has FMA3, cap AVX2+)   fused multiply-adds in its float32 ports   separate multiply and add
                                     of ``exp``, ``log``, ... and in samplers
+``avx512f`` (CPU has it, cap        sums and products over two axes in its     another order (within 2 ulps;
+AVX512+)                            own vectorised order                       not modelled, see the report)
 ``avx512_fp16`` (CPU has it, cap    float64 -> float16 rounded once            through float32: rounded twice
 AVX512+)                            (``vcvtsd2sh``)
                                     a float16 multiply feeding an add: one     the product rounded to float16,
@@ -40,11 +42,11 @@ __all__ = ["LEVELS", "Isa", "current", "model"]
 
 LEVELS = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX", "AMX_FP16")
 # the lowest level at which a cap lets XLA use each feature that changes results (measured, see above)
-_FEATURE_LEVEL = {"fma": "AVX2", "avx512_fp16": "AVX512"}
+_FEATURE_LEVEL = {"fma": "AVX2", "avx512f": "AVX512", "avx512_fp16": "AVX512"}
 # the features a CPU of each level has, for a pinned model
-_PINNED = {"SSE4_2": set(), "AVX": set(), "AVX2": {"fma"}, "AVX512": {"fma"}, "AVX512_VNNI": {"fma"},
-           "AVX512_BF16": {"fma"}, "AVX512_FP16": {"fma", "avx512_fp16"}, "AMX": {"fma", "avx512_fp16"},
-           "AMX_FP16": {"fma", "avx512_fp16"}}
+_AVX512, _FP16 = {"fma", "avx512f"}, {"fma", "avx512f", "avx512_fp16"}
+_PINNED = {"SSE4_2": set(), "AVX": set(), "AVX2": {"fma"}, "AVX512": _AVX512, "AVX512_VNNI": _AVX512,
+           "AVX512_BF16": _AVX512, "AVX512_FP16": _FP16, "AMX": _FP16, "AMX_FP16": _FP16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,11 @@ class Isa:
     def fma(self) -> bool:
         """Multiply-adds are fused (FMA3 instructions, from AVX2 on)."""
         return "fma" in self.features
+
+    @property
+    def avx512(self) -> bool:
+        """AVX-512 (its vector width changes the order of some of XLA's multi-axis reductions)."""
+        return "avx512f" in self.features
 
     @property
     def fp16(self) -> bool:
