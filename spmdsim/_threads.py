@@ -123,14 +123,12 @@ class _Call:
         self.threads = Threads(workers, pool.lock)
 
     def run(self, i: int) -> None:
+        """Body ``i`` in this thread (the caller parks the thread after, holding no reference to the call)."""
         worker = self.workers[i]
         worker.thread.name = self.names[i]
         if i + 1 < len(self.workers):  # the start baton: each thread wakes the next (one wake-up each, no herd)
             self.workers[i + 1].go.release()
-        try:
-            self.body(i)
-        finally:
-            self.pool.park(worker, self.threads, i)
+        self.body(i)
 
 
 class _Pool:
@@ -159,8 +157,16 @@ class _Pool:
             task, worker.task = worker.task, None
             if task is None:
                 return
-            task[0].run(task[1])
-            del task  # the call (its arguments, its results) must not outlive it here
+            call, i = task
+            threads = call.threads
+            del task
+            try:
+                call.run(i)
+            finally:
+                # The call (its arguments, its results) must not outlive it here: dropped before the body counts
+                # as returned, for the caller may return then and this thread may not run again for a while.
+                del call
+                self.park(worker, threads, i)
             if worker.abandoned:
                 return
 

@@ -54,6 +54,25 @@ def test_after_a_call_that_raised_the_threads_are_parked_and_hold_nothing_of_the
     assert _threads.idle_thread_count() == 0
 
 
+
+def test_a_device_thread_not_scheduled_again_after_its_body_returned_holds_nothing_of_the_call(monkeypatch):
+    """A device thread may lose its CPU right after its body counted as returned (the caller then returns and
+    runs on): by then it must hold no reference to the call. Made certain here by a pause after parking, where
+    a loaded machine may deschedule the thread."""
+    park = _threads._Pool.park
+
+    def park_then_pause(pool, worker, threads, i):
+        park(pool, worker, threads, i)
+        time.sleep(0.2)
+
+    monkeypatch.setattr(_threads._Pool, "park", park_then_pause)
+    x = np.arange(8.0)
+    data = weakref.ref(x)
+    np.testing.assert_array_equal(spmdsim.pmap(lambda v: lax.psum(v, "i"), axis_name="i")(x), np.full(8, 28.0))
+    del x
+    gc.collect()
+    assert data() is None, "a device thread still holds the call's argument after the call returned"
+
 def test_parked_threads_end_at_interpreter_exit():
     """The program's own exit hook, registered before spmdsim's (exit hooks run last registered first), runs
     after spmdsim's and finds no spmdsim thread, with a 60 s idle time."""
