@@ -137,15 +137,22 @@ def resolve_axes(frames: Sequence[Frame], axis_names: tuple, api: str) -> list[F
 
 
 def _unbound_message(name, frames: Sequence[Frame], api: str) -> str:
-    bound = [f.name for f in frames if not isinstance(f.name, Unnamed)]
     if not frames:
         return (f"Found an unbound axis name: {name}. {api} was called outside any mapped function. To fix this, "
                 f"call {api} inside a function mapped with pmap(..., axis_name={name!r}), vmap(..., "
                 f"axis_name={name!r}) or shard_map over a mesh with an axis {name!r}.")
+    return unbound_message(name, [f.name for f in frames], api)
+
+
+def unbound_message(name, bound: Sequence[Hashable], api: str, where: str = "") -> str:
+    """The message of an :class:`UnboundAxisError` for ``name`` in a map whose bound axis names are ``bound``
+    (outermost first; unnamed axes skipped): "did you mean" the closest one. ``where`` (``" at f.py:3"``) says
+    where ``api`` was called, for the JAX front end (whose error is raised while JAX traces the body)."""
+    bound = [b for b in bound if not isinstance(b, Unnamed)]
     close = difflib.get_close_matches(str(name), [str(b) for b in bound], n=1)
     if close:
-        return (f"Found an unbound axis name: {name}. Did you mean {close[0]!r}? {api} was called with "
+        return (f"Found an unbound axis name: {name}. Did you mean {close[0]!r}? {api} was called{where} with "
                 f"axis_name={name!r}, but the axis names bound here are: {', '.join(map(repr, bound))}.")
-    return (f"Found an unbound axis name: {name}. {api} was called with axis_name={name!r}, but the axis names "
-            f"bound here are: {', '.join(map(repr, bound)) or 'none (the enclosing map has no axis_name)'}. "
+    return (f"Found an unbound axis name: {name}. {api} was called{where} with axis_name={name!r}, but the axis "
+            f"names bound here are: {', '.join(map(repr, bound)) or 'none (the enclosing map has no axis_name)'}. "
             f"Name the axis in the enclosing map (pmap(..., axis_name={name!r})) or use one of those names.")

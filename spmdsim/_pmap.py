@@ -13,11 +13,12 @@ import math
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
+from numpy.exceptions import AxisError
 
 from spmdsim import _devices, _hosts, _runtime, _tree
 from spmdsim._axes import Frame, Unnamed, frames_label
 from spmdsim._values import as_array, dtype_of, is_python_scalar, read_only, shape_of
-from spmdsim.errors import ReplicationError
+from spmdsim.errors import AxisNameError, MappedSizeError, NotAnArrayError, ReplicationError
 
 __all__ = ["pmap", "vmap"]
 
@@ -36,13 +37,14 @@ def _check_axis_name(axis_name, api: str) -> None:
     if axis_name is None:
         return
     if isinstance(axis_name, (int, tuple, list)) or not isinstance(axis_name, Hashable):
-        raise TypeError(f"{api}: axis_name must be a hashable name such as 'i' (not an int, tuple or list: ints "
-                        f"mean positional axes in psum, tuples mean several axes), got {axis_name!r}.")
+        raise AxisNameError(f"{api}: axis_name must be a hashable name such as 'i' (not an int, tuple or list: "
+                            f"ints mean positional axes in psum, tuples mean several axes), got {axis_name!r}.")
 
 
 def _as_array(leaf, path, api: str, what: str = "argument") -> np.ndarray:
     """``leaf`` (an argument, or with ``what="output"`` a device's output) as a NumPy array; TypeError naming
-    ``path`` (formatted only then) for what is not a JAX value."""
+    ``path`` (formatted only then) for what is not a JAX value (:class:`NotAnArrayError`, also a ValueError,
+    for an argument that is not an array at all)."""
     if type(leaf) is np.ndarray and leaf.dtype.kind in "biufc":  # the common case, without formatting `path`
         return leaf
     try:
@@ -52,9 +54,9 @@ def _as_array(leaf, path, api: str, what: str = "argument") -> np.ndarray:
             if what == "output":
                 raise TypeError(f"{api}: {path} of type {type(leaf).__name__} is not an array; the mapped function "
                                 f"must return arrays or numbers (in any pytree).") from None
-            raise TypeError(f"{api}: argument {path} of type {type(leaf).__name__} is not an array; mapped "
-                            f"function arguments must be arrays or numbers. Pass non-array values with "
-                            f"static_broadcasted_argnums, or close over them.") from None
+            raise NotAnArrayError(f"{api}: argument {path} of type {type(leaf).__name__} is not an array; mapped "
+                                  f"function arguments must be arrays or numbers. Pass non-array values with "
+                                  f"static_broadcasted_argnums, or close over them.") from None
         raise
 
 
@@ -128,15 +130,16 @@ def _flatten_inputs(dyn_args: tuple, kwargs: dict, in_axes, api: str, hint: str)
 
 
 def canonical_in_axis(ax: int, shape: tuple, path, api: str) -> int:
-    """``in_axes`` entry ``ax`` for an argument of ``shape``, counted from the front. ValueError for a scalar
-    or an axis out of bounds (JAX raises IndexError or a sharding ValueError there; see the README)."""
+    """``in_axes`` entry ``ax`` for an argument of ``shape``, counted from the front. NumPy's ``AxisError``, a
+    ValueError and an IndexError, for a scalar or an axis out of bounds (JAX raises IndexError, or a sharding
+    ValueError for an argument after the first mapped one)."""
     if len(shape) == 0:
-        raise ValueError(f"{api}: in_axes={ax} maps {path}, but it is a scalar (rank 0) and has no axis {ax}. "
-                         f"Give it in_axes=None to broadcast it to every {'device' if api == 'pmap' else 'lane'}, "
-                         f"or add a leading axis.")
+        raise AxisError(f"{api}: in_axes={ax} maps {path}, but it is a scalar (rank 0) and has no axis {ax}. "
+                        f"Give it in_axes=None to broadcast it to every {'device' if api == 'pmap' else 'lane'}, "
+                        f"or add a leading axis.")
     if not -len(shape) <= ax < len(shape):
-        raise ValueError(f"{api}: in_axes={ax} is out of bounds for {path} of shape {tuple(shape)} "
-                         f"(rank {len(shape)}; valid: {-len(shape)}..{len(shape) - 1}).")
+        raise AxisError(f"{api}: in_axes={ax} is out of bounds for {path} of shape {tuple(shape)} "
+                        f"(rank {len(shape)}; valid: {-len(shape)}..{len(shape) - 1}).")
     return ax % len(shape)
 
 
@@ -145,9 +148,10 @@ def _mapped_size(inputs: _Inputs, api: str, axis_size: int | None) -> int:
 
 
 def mapped_size(paths: Sequence, shapes: Sequence[tuple], axes: Sequence[int | None], api: str,
-                axis_size: int | None) -> int:
+                axis_size: int | None, size_error: type[MappedSizeError] = MappedSizeError) -> int:
     """The mapped size N: from the first mapped argument, checked against every other one and ``axis_size``.
-    ``paths[k]`` names argument leaf k in errors (formatted only then)."""
+    ``paths[k]`` names argument leaf k in errors (formatted only then); inconsistent sizes raise ``size_error``
+    (the JAX front end passes its subclass that is also JAX's IndivisibleError)."""
     mapped = [(p, shape[ax], ax) for p, shape, ax in zip(paths, shapes, axes) if ax is not None]
     if not mapped:
         if api == "vmap" and axis_size is not None:
@@ -160,7 +164,7 @@ def mapped_size(paths: Sequence, shapes: Sequence[tuple], axes: Sequence[int | N
     bad = [(p, size, ax) for p, size, ax in mapped if size != n]
     if bad:
         listing = "; ".join(f"{p} has size {size} on axis {ax}" for p, size, ax in [mapped[0], *bad])
-        raise ValueError(f"{api} got inconsistent sizes for the mapped axis: {listing}. Every mapped argument "
+        raise size_error(f"{api} got inconsistent sizes for the mapped axis: {listing}. Every mapped argument "
                          f"must have the same size along its mapped axis (the size comes from the first, "
                          f"{first_path}).")
     if axis_size is not None and axis_size != n:
@@ -171,9 +175,10 @@ def mapped_size(paths: Sequence, shapes: Sequence[tuple], axes: Sequence[int | N
     return n
 
 
-def check_device_count(n: int, devices: Sequence | None, outer: int = 1) -> None:
-    """ValueError, with the reshape to do, when ``n`` devices are more than are available (in a nested pmap:
-    per block of the enclosing ones: those running, and ``outer`` more being traced)."""
+def check_device_count(n: int, devices: Sequence | None, outer: int = 1,
+                       size_error: type[MappedSizeError] = MappedSizeError) -> None:
+    """``size_error`` (a ValueError), with the reshape to do, when ``n`` devices are more than are available (in a
+    nested pmap: per block of the enclosing ones: those running, and ``outer`` more being traced)."""
     lane = _runtime.current_lane()
     outer *= math.prod(f.size for f in lane.frames if f.is_device) if lane is not None else 1
     total = len(devices) if devices is not None else _devices.device_count()
@@ -186,7 +191,7 @@ def check_device_count(n: int, devices: Sequence | None, outer: int = 1) -> None
     fix = (f"reshape the input to ({available}, {n // available}, ...) and map over the leading axis"
            if n % available == 0 else f"pad it to a multiple of {available}, then reshape to "
                                         f"({available}, {-(-n // available)}, ...)")
-    raise ValueError(f"pmap: the mapped axis has size {n}, but only {available} virtual devices are available "
+    raise size_error(f"pmap: the mapped axis has size {n}, but only {available} virtual devices are available "
                      f"({where}). pmap runs one block per device and never splits an axis into chunks: {fix}, "
                      f"or use more virtual devices: {_devices.more_devices_hint(n * outer)}.")
 
@@ -439,11 +444,15 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
       ``(N, *block_shape)`` for ``out_axes=0``; dtypes as computed by the devices.
 
     Raises:
-      ValueError: no mapped argument (also with ``axis_size``), inconsistent mapped sizes (naming the key
-        paths), a mapped size above the devices available, a non-prefix ``in_axes``/``out_axes``,
-        non-hashable or keyword-passed static arguments, a scalar with a mapped axis, empty ``devices``.
-      TypeError: ``in_axes``/``out_axes`` leaves that are not Python ints or None (at construction), a
-        non-array argument.
+      ValueError: no mapped argument (also with ``axis_size``), a non-prefix ``in_axes``/``out_axes``,
+        non-hashable or keyword-passed static arguments, empty ``devices``.
+      MappedSizeError: (a ValueError) inconsistent mapped sizes (naming the key paths), a mapped size above
+        the devices available.
+      numpy.exceptions.AxisError: (a ValueError and an IndexError, as JAX raises) ``in_axes`` out of bounds
+        for an argument, a scalar with a mapped axis.
+      TypeError: ``in_axes``/``out_axes`` leaves that are not Python ints or None (at construction).
+      NotAnArrayError: (a TypeError and a ValueError, as JAX raises either) a non-array argument.
+      AxisNameError: (a TypeError and a ValueError) an int, tuple or list ``axis_name`` (at construction).
       CollectiveMismatchError: devices called different collectives at the same step.
       CollectiveDeadlockError: a collective some device never reaches.
 
@@ -457,7 +466,8 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
       - Nested ``pmap`` works (product of sizes <= device count), with the semantics of
         ``pmap(vmap(f, axis_name='j'), axis_name='i')``; JAX 0.10 rejects nested pmap.
       - ``fun`` runs once per device on concrete values, not once under tracing.
-      - Mapped-size errors are ValueErrors with a fix, where JAX raises IndivisibleError or a squeeze error.
+      - Mapped-size errors are MappedSizeErrors (ValueErrors) with a fix, where JAX raises IndivisibleError or
+        a squeeze error (``spmdsim.jax.pmap``'s are also IndivisibleErrors).
     """
     static = check_pmap_arguments(axis_name, in_axes, out_axes, static_broadcasted_argnums, devices)
 
