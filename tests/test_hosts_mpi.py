@@ -20,7 +20,7 @@ from spmdsim._launch import mpiexec_path  # noqa: E402
 MPIEXEC = mpiexec_path()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(ROOT, "tests", "_host_programs.py")
-TIMEOUT = 30
+TIMEOUT = 120  # only there to fail instead of hanging (a run takes ~2 s; far more on a loaded machine)
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'spmdsim[mpi]')")
 
 

@@ -5,10 +5,15 @@ says so on stdout) while the other devices wait in a psum, and checks what the p
 concurrently (one module fixture runs them, six at a time), so the file costs a few seconds. The only time
 bound is a generous one: the KeyboardInterrupt reaches the program within 5 s of the signal (spmdsim's grace
 period is 0.5 s; the program reports the time, so a slow interpreter exit on a loaded machine does not count).
+Everything else is an outcome that the machine's speed cannot change: a device stalled in C cannot stop within
+the grace, so it is abandoned; a device looping in Python must end, stopped by the exception raised in its
+thread (whether within the grace depends on when a loaded machine gives it the CPU, so that is not asserted);
+with AFTER, device 3 stays blocked until the program has made its later calls.
 """
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,8 +40,8 @@ CASES = [  # (front end, what device 3 does, thread scope, nested)
     ("jax", "loop", "reuse", "0"),
     ("jax", "sleep", "reuse", "1"),
 ]
-AFTER_CASES = [("numpy", "sleep", "default", "0", "after"), ("numpy", "sleep", "fresh", "0", "after"),
-               ("jax", "sleep", "default", "0", "after")]
+AFTER_CASES = [("numpy", "blocked", "default", "0", "after"), ("numpy", "blocked", "fresh", "0", "after"),
+               ("jax", "blocked", "default", "0", "after")]
 
 
 def interrupt(args: tuple) -> dict:
@@ -85,8 +90,10 @@ def test_one_sigint_ends_the_call_with_keyboard_interrupt_and_the_device_table(c
     for d in (0, 7):
         row = next(line for line in table.splitlines() if line.startswith(label(nested).format(d, d)))
         assert "waiting" in row and "psum(" in row and "_interrupt_program.py:" in row, row
-    busy_in_c = stall in ("sleep", "blocked")
-    assert ("did not stop within 0.5 s" in err) == busy_in_c, err
+    if stall in ("sleep", "blocked"):    # busy in C: it (nested: the outer device) cannot stop within the grace
+        assert "did not stop within 0.5 s" in err, err
+    else:                                # looping in Python: the exception raised in its thread stopped it
+        assert "device 3 stopped: True" in run["out"], run["out"] + err
     assert "user code ran after the interrupt" not in run["out"]
     assert "Exception in thread" not in err, err
 
@@ -98,10 +105,11 @@ def test_after_ctrl_c_an_abandoned_thread_never_runs_user_code_and_no_thread_is_
     run = runs[case]
     assert run["first"] == "stalling\n" and run["rc"] == 0, run["err"]
     report = json.loads(run["out"].strip().splitlines()[-1])
-    assert report["abandoned"] == 1                       # device 3, asleep in C when the grace ran out
-    assert "device 3 [i=3] did not stop" in "\n".join(report["notes"])
-    assert not report["reused_abandoned"]                 # later calls ran on other threads
-    assert report["abandoned_alive"] == []                # it ended when its sleep returned
+    assert report["abandoned"].count(True) == 1           # device 3, blocked in C when the grace ran out
+    assert re.search(r"spmdsim: .*device 3 \[i=3\].* did not stop", "\n".join(report["notes"])), report["notes"]
+    assert report["later_calls_ok"] and report["later_calls_threads"] >= 8
+    assert report["reused_abandoned"] == []               # later calls ran on other threads
+    assert report["abandoned_alive"] == []                # it ended when its wait returned
     assert report["spmdsim_threads_left"] == []           # and the parked ones after the idle time
     assert "user code ran after the interrupt" not in run["out"]
     assert "Exception in thread" not in run["err"], run["err"]

@@ -24,7 +24,13 @@ def spmdsim_threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("spmdsim"))
 
 
-def until(condition, seconds: float = 10.0) -> bool:
+# An idle time that no test outlasts: parked threads stay parked while a test checks them, however long a loaded
+# machine takes between two steps (a short idle time could end them in between).
+NEVER = 3600.0
+
+
+def until(condition, seconds: float = 60.0) -> bool:
+    """Poll ``condition`` until it holds; the deadline is only there to fail instead of hanging."""
     deadline = time.monotonic() + seconds
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -42,15 +48,23 @@ def call_that_raises(x: np.ndarray) -> None:
 
 
 def test_after_a_call_that_raised_the_threads_are_parked_and_hold_nothing_of_the_call(monkeypatch):
-    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.2)
+    """Parked at once (checked with an idle time no test outlasts); the next call takes those same threads, and
+    with a short idle time they end by themselves after it."""
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", NEVER)
     x = np.arange(8.0)
     data = weakref.ref(x)
     call_that_raises(x)
-    assert spmdsim_threads() == ["spmdsim idle thread"] * 8     # parked at once, no user code running
+    parked = [t for t in threading.enumerate() if t.name.startswith("spmdsim")]
+    assert [t.name for t in parked] == ["spmdsim idle thread"] * 8     # parked at once, no user code running
+    assert _threads.idle_thread_count() == 8
     del x
     gc.collect()
     assert data() is None, "a parked device thread still holds the call's argument"
-    assert until(lambda: not spmdsim_threads())                 # and they end after the idle time
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.2)                 # read by each thread when it parks
+    ran_on = set()
+    spmdsim.pmap(lambda v: ran_on.add(threading.current_thread()) or v, axis_name="i")(np.zeros(8))
+    assert ran_on == set(parked)                                       # the next call took them
+    assert until(lambda: not spmdsim_threads())                        # and they end after the idle time
     assert _threads.idle_thread_count() == 0
 
 
@@ -112,15 +126,19 @@ def test_a_forked_child_starts_with_no_parked_thread_and_its_calls_work():
     assert proc.stdout.splitlines() == ["child 0 True 8", "parent 8 8"], proc.stdout + proc.stderr
 
 
-def assert_calls_keep_nothing(call) -> None:
+def assert_calls_keep_nothing(call, monkeypatch) -> None:
     """``call()`` (a mapped call over 8 devices) 10,000 times after 200 warm-up calls: Python objects and threads
     counted over all of them; bytes held by spmdsim's code (tracemalloc) over the last 1,000, after 500 more that
-    fill NumPy's and JAX's own caches (a leak of one small object per call would show as ~50 KiB). Afterwards
-    the 8 parked threads end after the idle time (the caller sets it short)."""
+    fill NumPy's and JAX's own caches (a leak of one small object per call would show as ~50 KiB). The calls
+    run with an idle time no test outlasts, so every call must find the same 8 parked threads (a pause for
+    gc.collect or a snapshot on a loaded machine cannot end them); afterwards, with a short idle time, they end
+    by themselves after the next call."""
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", NEVER)
     for _ in range(200):  # warm the caches
         call()
     gc.collect()
     threads, objects = threading.active_count(), len(gc.get_objects())
+    parked = {t for t in threading.enumerate() if t.name.startswith("spmdsim")}
     for _ in range(8_500):
         call()
     gc.collect()
@@ -138,7 +156,10 @@ def assert_calls_keep_nothing(call) -> None:
     grown = sum(stat.size_diff for stat in after.compare_to(before, "filename") if "spmdsim" in str(stat))
     assert threading.active_count() == threads
     assert spmdsim_threads() == ["spmdsim idle thread"] * 8
+    assert {t for t in threading.enumerate() if t.name.startswith("spmdsim")} == parked   # the same 8 throughout
     assert grown < 16 * 1024, f"spmdsim kept {grown} bytes over 1,000 calls"
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.2)   # read by each thread when it parks
+    call()
     assert until(lambda: not spmdsim_threads()) and _threads.idle_thread_count() == 0
 
 
@@ -146,20 +167,17 @@ def test_jax_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypat
     """The JAX front end's default path keeps nothing per call (tracemalloc slows JAX's array conversion
     tenfold: hence bytes over the last 1,000 calls only)."""
     jax = pytest.importorskip("jax")
-    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.5)
     import spmdsim.jax as sjax
 
     f = sjax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")
     x = np.ones((8, 4), np.float32)
-    assert_calls_keep_nothing(lambda: f(x))
+    assert_calls_keep_nothing(lambda: f(x), monkeypatch)
 
 
 def test_numpy_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeypatch):
     """The NumPy front end's default path (parked threads, the remembered checks of binds and in_axes trees, the
     reused device output stream) keeps nothing per call: Python objects over 10,000 calls with a pytree
     argument, an in_axes tree and a pmean of a tuple; bytes held by spmdsim's code over the last 1,000."""
-    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.5)
-
     def step(params, x):
         w, b = params
         loss, grad = lax.pmean((np.mean(x * w + b), x * 2.0), "i")
@@ -167,4 +185,4 @@ def test_numpy_front_end_threads_and_memory_do_not_grow_over_10000_calls(monkeyp
 
     f = spmdsim.pmap(step, axis_name="i", in_axes=((None, None), 0))
     params, x = (np.float32(0.5), np.float32(1.0)), np.ones((8, 4), np.float32)
-    assert_calls_keep_nothing(lambda: f(params, x))
+    assert_calls_keep_nothing(lambda: f(params, x), monkeypatch)

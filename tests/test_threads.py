@@ -10,38 +10,51 @@ import spmdsim
 from spmdsim import _threads, lax
 
 
-def thread_ids(n: int) -> list[int]:
-    """Each device's thread id, taken while all devices are alive (they meet in a psum first)."""
-    f = spmdsim.pmap(lambda x: lax.psum(x, "i") + np.int64(threading.get_ident()), axis_name="i")
-    return [int(v) for v in f(np.zeros(n, np.int64))]
+def device_threads(n: int) -> list[threading.Thread]:
+    """Each device's thread. Thread objects, not ids: the OS reuses the id of a thread that ended."""
+    seen = {}
+
+    def f(x):
+        seen[int(lax.axis_index("i"))] = threading.current_thread()
+        return lax.psum(x, "i")
+
+    spmdsim.pmap(f, axis_name="i")(np.zeros(n))
+    return [seen[i] for i in range(n)]
 
 
 def spmdsim_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("spmdsim")]
 
 
+def until(condition, seconds: float = 60.0) -> bool:
+    """Poll ``condition`` until it holds; the deadline is only there to fail instead of hanging."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
 def test_by_default_threads_are_parked_reused_and_end_after_the_idle_time(monkeypatch):
-    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.2)
-    first = thread_ids(4)
-    assert len(set(first)) == 4 and threading.get_ident() not in first
+    """Parked and taken by the next call, checked with an idle time no test outlasts (a loaded machine may
+    pause for long between two calls); with a short one, they end by themselves after the next call."""
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 3600.0)
+    first = device_threads(4)
+    assert len(set(first)) == 4 and threading.current_thread() not in first
     assert spmdsim_threads() == ["spmdsim idle thread"] * 4     # parked: no user code, no call held
-    assert set(thread_ids(4)) == set(first)                     # the next call takes them
-    deadline = time.monotonic() + 5
-    while spmdsim_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert spmdsim_threads() == [] and _threads.idle_thread_count() == 0
+    assert set(device_threads(4)) == set(first)                 # the next call takes them (in any order)
+    monkeypatch.setattr(_threads, "IDLE_SECONDS", 0.2)          # read by each thread when it parks
+    assert set(device_threads(4)) == set(first)
+    assert until(lambda: not spmdsim_threads())
+    assert _threads.idle_thread_count() == 0 and not any(t.is_alive() for t in first)
 
 
 def test_without_reuse_every_call_gets_new_threads_and_none_survives(monkeypatch):
     monkeypatch.setattr(_threads, "REUSE", False)
     before = threading.active_count()
-    first, second = thread_ids(4), thread_ids(4)
-    assert not set(first) & set(second) or len(set(first)) == 4
-    for _ in range(100):
-        if threading.active_count() == before:
-            break
-        time.sleep(0.01)
-    assert threading.active_count() == before
+    first, second = device_threads(4), device_threads(4)
+    assert len(set(first)) == 4 and len(set(second)) == 4 and not set(first) & set(second)
+    assert until(lambda: not any(t.is_alive() for t in first + second))   # each ends with its call
+    assert threading.active_count() == before and _threads.idle_thread_count() == 0
 
 
 def test_inside_the_block_calls_reuse_the_same_device_threads_and_leaving_it_stops_them(monkeypatch):
@@ -49,12 +62,12 @@ def test_inside_the_block_calls_reuse_the_same_device_threads_and_leaving_it_sto
     _threads.stop_idle_threads()
     before = threading.active_count()
     with spmdsim.reuse_threads():
-        first = thread_ids(4)
-        time.sleep(0.1)
-        second = thread_ids(4)
-        assert len(set(first)) == 4 and set(first) == set(second)
+        first = device_threads(4)
+        time.sleep(0.1)                                      # their idle waits time out, and they stay
+        second = device_threads(4)
+        assert len(set(first)) == 4 and set(second) == set(first)
         assert threading.active_count() == before + 4       # parked between calls
-        bigger = thread_ids(6)                               # more devices: two more threads
+        bigger = device_threads(6)                           # more devices: two more threads
         assert set(first) < set(bigger)
     assert threading.active_count() == before
     assert not [t for t in threading.enumerate() if t.name.startswith("spmdsim")]
