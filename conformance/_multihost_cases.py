@@ -5,9 +5,11 @@ never imported by pytest): ``python -m spmdsim run --hosts H --devices N _multih
 - ``deadlock``: the last device skips the ``psum`` (a ``cond`` on its axis index).
 - ``raising``: the last device raises (in a ``jax.debug.callback``, on its concrete value).
 - ``killed``: host 1 kills itself (SIGKILL) while the others wait for it in a mapped call; it first prints
-  ``killing at <time.time()>``.
+  ``killing at <time.time()>``, and each other host prints ``host H lost a host at <time.time()>`` when the
+  HostLostError reaches its program.
 - ``late``: host 1's program ends after one mapped call; the others make a second.
-- ``sleeping``: host 1 sleeps a minute before its second mapped call (for Ctrl-C); host 0 prints ``waiting``.
+- ``sleeping``: host 1 sleeps a minute before its second mapped call (for Ctrl-C); host 0 prints ``waiting``;
+  each host prints ``host H interrupted at <time.time()>`` when the KeyboardInterrupt reaches its program.
 - ``initialize``: ``jax.distributed.initialize`` with a process count that is not the run's.
 - ``gone``: host 1 ends before any mapped call; host 2 (of 3) reaches the first one after host 0 has.
 - ``submesh``: a shard_map over the first two devices only.
@@ -20,6 +22,8 @@ import time
 
 import jax
 import numpy as np
+
+from spmdsim.errors import HostLostError
 
 case = sys.argv[1]
 host, local, n = jax.process_index(), jax.local_device_count(), jax.device_count()
@@ -70,10 +74,17 @@ if case == "killed" and host == 1:
     os.kill(os.getpid(), signal.SIGKILL)
 if case == "late" and host == 1:
     sys.exit(0)
-if case == "sleeping":
-    if host == 1:
-        time.sleep(60)
-    else:
-        print("waiting", flush=True)
-out = f(out)
+try:
+    if case == "sleeping":
+        if host == 1:
+            time.sleep(60)
+        else:
+            print("waiting", flush=True)
+    out = f(out)
+except KeyboardInterrupt:
+    print(f"host {host} interrupted at {time.time()}", flush=True)
+    raise
+except HostLostError:
+    print(f"host {host} lost a host at {time.time()}", flush=True)
+    raise
 print(f"host {host}: {np.asarray(out).tolist()}")
