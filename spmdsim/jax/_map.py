@@ -32,6 +32,7 @@ from typing import Hashable
 import jax
 import numpy as np
 from jax._src import core, source_info_util
+from jax._src import pretty_printer as pp
 from jax._src.util import weakref_lru_cache
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
@@ -586,3 +587,146 @@ def map_params(jaxpr, axes: tuple[tuple[Hashable, int], ...], in_specs, out_spec
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
     return dict(jaxpr=jaxpr, axes=tuple(axes), in_specs=tuple(in_specs), out_specs=tuple(out_specs),
                 check_vma=check_vma, executor=executor, api=api, mesh=mesh)
+
+
+# -- type checking (jax_enable_checks) ---------------------------------------------------------------------
+
+def _effects(jaxpr, axes) -> set:
+    """A map's effects: its body's, less the named-axis effects of the map's own axes (which it binds)."""
+    return core.filter_named_axis_effects(jaxpr.effects, [name for name, _ in axes])
+
+
+def _typecheck(_ctx_factory, *in_atoms, jaxpr, axes, in_specs, out_specs, check_vma, mesh=None, api="pmap",
+               **_params):
+    """``core.check_jaxpr``'s rule for a map equation (what ``jax_enable_checks`` runs on every jaxpr made): the
+    operands have the global shapes and dtypes that the body's inputs and the in_specs give, the body is
+    well typed with the map's named axes bound (for a shard_map's body also its mesh, those axes manual, and
+    ``check_vma``: the context it was traced and transformed in), under ``check_vma`` no output varies along
+    an axis its out_spec replicates it over; the result is the map's output avals and effects, as the
+    abstract evaluation gives them."""
+    if not len(in_atoms) == len(in_specs) == len(jaxpr.in_avals):
+        raise core.JaxprTypeError(f"spmdsim_map has {len(in_atoms)} operands and {len(in_specs)} in_specs for a "
+                                  f"body of {len(jaxpr.in_avals)} inputs")
+    if len(out_specs) != len(jaxpr.out_avals):
+        raise core.JaxprTypeError(f"spmdsim_map has {len(out_specs)} out_specs for a body of "
+                                  f"{len(jaxpr.out_avals)} outputs")
+    layout = axes if api == "shard_map" else _local_mesh(axes)
+    for k, (x, aval, spec) in enumerate(zip(in_atoms, jaxpr.in_avals, in_specs)):
+        got = x.aval
+        if len(spec) != len(aval.shape) or got.dtype != aval.dtype \
+                or tuple(got.shape) != _sharding.global_shape(aval.shape, spec, layout):
+            raise core.JaxprTypeError(f"spmdsim_map operand {k} of type {got.str_short(short_dtypes=True)} does not "
+                                      f"match its body input {aval.str_short(short_dtypes=True)} split by the "
+                                      f"in_spec {spec} over the axes {axes}")
+    with _axis_env(axes, mesh, check_vma):
+        core.check_jaxpr(jaxpr.jaxpr)
+    if check_vma:
+        for k, (aval, spec) in enumerate(zip(jaxpr.out_avals, out_specs)):
+            varying = getattr(getattr(aval, "mat", None), "vur", frozenset())
+            replicated = [name for name, _ in _unmentioned(spec, axes) if name in varying]
+            if replicated:
+                raise core.JaxprTypeError(f"spmdsim_map output {k} of type {aval.str_short(short_dtypes=True)} "
+                                          f"varies along {replicated}, which its out_spec {spec} replicates it over")
+    return global_avals({"jaxpr": jaxpr, "axes": axes, "out_specs": out_specs, "api": api}), _effects(jaxpr, axes)
+
+
+core.custom_typechecks[spmdsim_map_p] = _typecheck
+
+
+# -- printing (make_jaxpr) ---------------------------------------------------------------------------------
+
+_PMAP_AXIS_NAME = "_internal_pmap_axis_name"  # jax.pmap's name for the axis of a pmap without axis_name
+
+
+def _shown_name(name):
+    return _PMAP_AXIS_NAME if isinstance(name, _runtime.Unnamed) else name
+
+
+def _shown_spec(dims: tuple) -> jax.sharding.PartitionSpec:
+    """A spec (a tuple of mesh axis names per dimension) as a PartitionSpec, without trailing unsplit
+    dimensions (as jax.pmap writes its specs: ``P()``, ``P('i',)``, ``P(None, 'i')``)."""
+    parts = [None if not names else _shown_name(names[0]) if len(names) == 1 else tuple(map(_shown_name, names))
+             for names in dims]
+    while parts and parts[-1] is None:
+        parts.pop()
+    return jax.sharding.PartitionSpec(*parts)
+
+
+def _shown_mesh(axes) -> str:
+    """A pmap's mesh as jax.pmap's is printed: ``Mesh('i': 8, axis_types=(Auto,))``."""
+    types = ", ".join("Auto" for _ in axes) + ("," if len(axes) == 1 else "")
+    return "Mesh(" + "".join(f"'{_shown_name(name)}': {size}, " for name, size in axes) + f"axis_types=({types}))"
+
+
+def _pp_params(pairs: list, context, settings) -> pp.Doc:
+    """An equation's ``[key=value ...]``, laid out as JAX lays out parameters; a :class:`_Later` value is
+    called for its Doc when its turn comes (variables are named in the order they are printed)."""
+    docs = [pp.text(f"{key}=") + value.doc() if isinstance(value, _Later) else
+            core.pp_kv_pair(key, value, context, settings) for key, value in pairs]
+    return pp.group(pp.nest(2, pp.text("[") + pp.brk("") + pp.join(pp.brk(), docs)) + pp.brk("") + pp.text("]"))
+
+
+def _pp_equation(outvars, name: str, params, invars, eqn, context, settings, name_stack=None) -> pp.Doc:
+    """``outvars = name[params] invars``, with the annotations JAX's equations get (source line, name stack:
+    the equation's unless given); ``params()`` gives the parameters' Doc, made after the results are named and
+    before the operands are."""
+    lhs = core.pp_vars(outvars, context, print_shapes=settings.print_shapes, is_binder=True)
+    name_stack = eqn.source_info.name_stack if name_stack is None else name_stack
+    rhs = [pp.text(name, annotation=f"[{name_stack}]" if settings.name_stack else None), params(),
+           pp.text(" ") + core.pp_vars(invars, context)]
+    if not outvars:
+        return pp.concat(rhs)
+    annotation = source_info_util.summarize(eqn.source_info) if settings.source_info else None
+    return pp.concat([lhs, pp.text(" = ", annotation=annotation), *rhs])
+
+
+class _Later:
+    """A parameter's Doc, made when it is printed."""
+
+    def __init__(self, doc):
+        self.doc = doc
+
+
+class _Skeleton:
+    """What JAX's jaxpr printer reads of a jaxpr whose equations are printed separately."""
+
+    def __init__(self, invars: list, outvars: list, effects):
+        self.constvars, self.invars, self.outvars, self.effects = [], invars, outvars, effects
+
+
+def _pp_rule(eqn, context, settings) -> pp.Doc:
+    """A map equation printed as JAX 0.10 prints the program it stands for: a shard_map's as its ``shard_map``
+    equation; a pmap's as jax.pmap's, a ``jit`` named ``_fun`` of a ``shard_map`` over a one-axis mesh (how
+    JAX 0.10 builds pmap). The simulator's own parameters (``api``, ``executor``, ``axes``) are left out."""
+    params = eqn.params
+    axes = params["axes"]
+    mesh = params.get("mesh")
+
+    def shard_map():
+        return _pp_params([("check_vma", params["check_vma"]),
+                           ("in_specs", tuple(map(_shown_spec, params["in_specs"]))),
+                           ("jaxpr", params["jaxpr"]),
+                           ("mesh", mesh if mesh is not None else _shown_mesh(axes)),
+                           ("newly_manual_axes", frozenset(_shown_name(name) for name, _ in axes)),
+                           ("out_specs", tuple(map(_shown_spec, params["out_specs"])))], context, settings)
+
+    if params.get("api") != "pmap":
+        return _pp_equation(eqn.outvars, "shard_map", shard_map, eqn.invars, eqn, context, settings)
+    # pmap: the jit's jaxpr has the equation's operands and results, named like them (as JAX names a jit's)
+    inner_in, inner_out = [core.Var(x.aval) for x in eqn.invars], [core.Var(v.aval) for v in eqn.outvars]
+    context.suggest_same_var_names(inner_in, eqn.invars)
+    context.suggest_same_var_names(inner_out, eqn.outvars)
+
+    def jit():
+        def inner():
+            return core.pp_jaxpr_skeleton(
+                _Skeleton(inner_in, inner_out, eqn.effects),
+                lambda: _pp_equation(inner_out, "shard_map", shard_map, inner_in, eqn, context, settings,
+                                     name_stack=""),  # names inside a jit's jaxpr are relative to it
+                context, settings)
+        return _pp_params([("name", "_fun"), ("jaxpr", _Later(inner))], context, settings)
+
+    return _pp_equation(eqn.outvars, "jit", jit, eqn.invars, eqn, context, settings)
+
+
+core.pp_eqn_rules[spmdsim_map_p] = _pp_rule
