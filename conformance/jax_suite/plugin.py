@@ -1,0 +1,152 @@
+"""The pytest plugin loaded (``-p jax_suite_plugin``) into each run of JAX's own test files.
+
+The harness copies this file into its work folder and configures it through the environment:
+
+- ``SPMDSIM_JAX_SUITE_MODE``: ``jax`` (JAX as installed) or an spmdsim executor (``threads``,
+  ``vectorized``): then :func:`spmdsim.jax._patch.patched_jax` is entered in ``pytest_configure``, *before*
+  the test modules are imported, so ``from jax import pmap, jit`` at a test module's top gets spmdsim's (as in
+  ``spmdsim run``), and stays entered for the whole session.
+- ``SPMDSIM_JAX_SUITE_RECORDS``: a JSON-lines file this plugin appends to as the run goes (one line per
+  collected test, per test start and per setup/call/teardown report), so a run that is killed (too slow, a
+  hang) keeps what it had done and can be resumed.
+- ``SPMDSIM_JAX_SUITE_DESELECT``: a file of node ids (one a line) not to run (done in an earlier attempt).
+- ``SPMDSIM_JAX_SUITE_TEST_TIMEOUT``: seconds; a test running longer has every thread's stack written to
+  ``SPMDSIM_JAX_SUITE_HANG`` and the process exits (:func:`faulthandler.dump_traceback_later`), which the
+  harness records as a timeout and then runs the rest.
+
+Nothing else is changed: JAX's test defaults (``jtu.JaxTestCase``'s ``jax_enable_checks=True`` etc., the
+``filterwarnings = error`` of JAX's pyproject.toml) apply as in JAX's own runs.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+
+import pytest
+
+N_DEVICES = 8  # what the test modules ask for (jtu.request_cpu_devices(8))
+MODE = os.environ.get("SPMDSIM_JAX_SUITE_MODE", "jax")
+_RECORDS = os.environ.get("SPMDSIM_JAX_SUITE_RECORDS")
+_DESELECT = os.environ.get("SPMDSIM_JAX_SUITE_DESELECT")
+_TIMEOUT = float(os.environ.get("SPMDSIM_JAX_SUITE_TEST_TIMEOUT") or 0)
+_HANG = os.environ.get("SPMDSIM_JAX_SUITE_HANG")
+REPO = os.environ.get("SPMDSIM_JAX_SUITE_REPO", "/")  # spmdsim's checkout: its paths are shown from there
+
+_patch = None
+_records = None
+_hang_file = None
+
+
+def _write(**record) -> None:
+    if _records is not None:
+        _records.write(json.dumps(record) + "\n")
+        _records.flush()
+
+
+def pytest_configure(config):
+    global _patch, _records, _hang_file
+    if _RECORDS:
+        _records = open(_RECORDS, "a", buffering=1)
+    if _HANG and _TIMEOUT:
+        _hang_file = open(_HANG, "w")
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", N_DEVICES)
+    if MODE != "jax":
+        from spmdsim.jax._patch import patched_jax
+
+        _patch = patched_jax(N_DEVICES, MODE)
+        _patch.__enter__()
+
+
+def pytest_unconfigure(config):
+    global _patch
+    if _patch is not None:
+        _patch.__exit__(None, None, None)
+        _patch = None
+    if _records is not None:
+        _records.flush()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    if not (_DESELECT and os.path.exists(_DESELECT)):
+        return
+    with open(_DESELECT) as f:
+        skip = {line.strip() for line in f if line.strip()}
+    dropped = [item for item in items if item.nodeid in skip]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.nodeid not in skip]
+
+
+def pytest_collection_finish(session):
+    for item in session.items:  # what will run, after -k and the deselection above
+        _write(event="collect", nodeid=item.nodeid)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _write(event="start", nodeid=nodeid)
+    if _hang_file is not None:
+        _hang_file.seek(0)
+        _hang_file.truncate()
+        _hang_file.write(f"TIMEOUT {nodeid}\n")
+        _hang_file.flush()
+        faulthandler.dump_traceback_later(_TIMEOUT, exit=True, file=_hang_file)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _hang_file is not None:
+        faulthandler.cancel_dump_traceback_later()
+    _write(event="finish", nodeid=nodeid)
+
+
+def _first_lines(text: str, n: int = 4) -> list[str]:
+    return [line.rstrip() for line in text.splitlines() if line.strip()][:n]
+
+
+_ASSERTION_HELPERS = ("/unittest/", "/numpy/testing/", "/jax/_src/test_util.py", "/absl/testing/")
+
+
+def _where(excinfo) -> dict:
+    """Where the error was raised: the innermost frame, the innermost frame in spmdsim and the innermost in the
+    test file, each as 'path:line in function' (paths from the package or test folder down)."""
+    where = {"frame": None, "spmdsim_frame": None, "test_frame": None}
+    for entry in excinfo.traceback:
+        path = str(entry.path)
+        short = path
+        for marker in ("/site-packages/", "/lib/python3", "/tests/", REPO + "/"):
+            if marker in path:
+                short = path[path.rindex(marker) + 1:] if marker in ("/lib/python3", "/tests/") else \
+                    path[path.rindex(marker) + len(marker):]
+                break
+        loc = f"{short}:{entry.lineno + 1} in {entry.name}"
+        if not any(helper in path for helper in _ASSERTION_HELPERS):
+            where["frame"] = loc  # an assertEqual's own frames say nothing: the test's line then
+        if "/spmdsim/" in path:
+            where["spmdsim_frame"] = loc
+        elif path.endswith("_test.py"):
+            where["test_frame"] = f"{os.path.basename(path)}:{entry.lineno + 1} in {entry.name}"
+    return where
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    record = dict(event="report", nodeid=item.nodeid, when=rep.when, outcome=rep.outcome,
+                  duration=round(rep.duration, 3))
+    if hasattr(rep, "wasxfail"):
+        record["xfail"] = True
+    if rep.skipped and isinstance(rep.longrepr, tuple):
+        record["message"] = [str(rep.longrepr[2])]
+    elif rep.failed and call.excinfo is not None:
+        try:
+            record["message"] = _first_lines(call.excinfo.exconly())
+            record.update(_where(call.excinfo))
+        except Exception as e:  # noqa: BLE001 - a record must still be written
+            record["message"] = [f"(harness could not format the error: {e!r})"]
+    elif rep.failed:
+        record["message"] = _first_lines(str(rep.longrepr))
+    _write(**record)
