@@ -80,8 +80,9 @@ for _p, _table in {
     "igamma": {F32: 22, F64: 16}, "igammac": {F32: 24, F64: 24}, "igamma_grad_a": {F32: 26},
     "regularized_incomplete_beta": {F32: 10, F64: 13}, "bessel_i0e": {F32: 2, F64: 4},
     "bessel_i1e": {BF16: 1, F16: 1, F32: 2, F64: 2},
-    # sums in another order than XLA:CPU's (its reductions are vectorized, its windows dilated, ...)
-    "reduce_sum": {BF16: 1, F16: 1, F32: 1, F64: 1, C64: 1, C128: 1}, "reduce_prod": {BF16: 2, F16: 2, F32: 1,
+    # sums in another order than XLA:CPU's (its reductions are vectorized, its windows dilated, ...); float16 and
+    # bfloat16 reductions follow XLA's (bit for bit over one axis), float16 over several axes within 2 ulps
+    "reduce_sum": {BF16: 1, F16: 2, F32: 1, F64: 1, C64: 1, C128: 1}, "reduce_prod": {BF16: 2, F16: 2, F32: 1,
                                                                                         F64: 1},
     "cumsum": {BF16: 1, F16: 1, F32: 1, F64: 1, C64: 1, C128: 1}, "cumprod": {BF16: 1, F16: 1, F32: 1, F64: 1},
     "cumlogsumexp": {BF16: 1, F16: 2, F32: 2, F64: 2}, "reduce_window_sum": {BF16: 1, F16: 2, F32: 1, F64: 1,

@@ -29,6 +29,7 @@ import numpy as np
 from jax.extend import core as ext_core
 
 from spmdsim import _primitives
+from spmdsim.jax._contraction import contract
 from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
 
@@ -146,6 +147,7 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
     checks each result; ``stack[-1]`` holds the equation being computed (for error sites), ``ex`` is the
     executor evaluating it (an executor with ``executor``'s program key).
     """
+    jaxpr = contract(jaxpr)  # XLA:CPU's fused multiply-adds (see ._contraction)
     steps, known = _prepare(jaxpr, executor)
     ns: dict = {"ndarray": np.ndarray, "asarray": np.asarray, "bad_result": bad_result}
     names: dict = {}

@@ -31,6 +31,7 @@ from jax.extend import core as ext_core
 from spmdsim import _primitives
 from spmdsim._values import error_state_switch
 from spmdsim.jax import _dtypes, _registry
+from spmdsim.jax._contraction import contract
 
 __all__ = ["eval_jaxpr", "eval_closed_jaxpr", "Executor", "PerDevice", "Vectorized", "HIGHER_ORDER",
            "higher_order", "current_site", "site_of", "supported_primitives", "PER_DEVICE", "REFERENCE"]
@@ -345,6 +346,7 @@ def eval_jaxpr(jaxpr, consts, *args, executor: Executor | None = None) -> list[n
     a primitive without a rule, when it is reached.
     """
     ex = executor if executor is not None else REFERENCE
+    jaxpr = contract(jaxpr)  # XLA:CPU's fused multiply-adds (see ._contraction)
     env: dict = {}
 
     def read(v):

@@ -1016,12 +1016,48 @@ def _canonical(x: np.ndarray, axes) -> np.ndarray:
     return np.asarray(moved, order="C").reshape((*(x.shape[d] for d in kept), math.prod(x.shape[d] for d in axes)))
 
 
+_TREE_WINDOW = 32  # XLA:CPU's TreeReductionRewriter window
+
+
+def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
+    """A float16/bfloat16 sum or product as XLA:CPU computes the ``reduce`` (measured bit for bit on every
+    single-axis shape tried): in the operand's dtype, rounded after every step, from the identity, in XLA's
+    tree order. Where every reduced dimension has at least 32 elements, XLA's TreeReductionRewriter first
+    reduces windows of 32 along each of them (SAME padding with the identity, so the windows at the ends are
+    shorter), then reduces the windows' results the same way; otherwise the reduced elements are folded in
+    row-major order."""
+    dtype, axes = x.dtype, sorted(int(a) for a in axes)
+    if not axes:  # nothing reduced: XLA's reduce is the operand
+        return x
+    kept = [d for d in range(x.ndim) if d not in axes]
+    k, kept_shape = len(axes), tuple(x.shape[d] for d in kept)
+    columns = math.prod(kept_shape)
+    v = np.transpose(x, axes + kept).astype(np.float32).reshape(*(x.shape[a] for a in axes), columns)
+    identity = np.float32(1 if ufunc is np.multiply else 0)
+
+    def fold(rows: np.ndarray) -> np.ndarray:  # (groups, R, columns) -> (groups, columns)
+        acc = np.full((rows.shape[0], columns), identity, np.float32)
+        for j in range(rows.shape[1]):
+            acc = ufunc(acc, rows[:, j]).astype(dtype).astype(np.float32)
+        return acc
+
+    while not any(n < _TREE_WINDOW for n in v.shape[:k]):
+        counts = [-(-n // _TREE_WINDOW) for n in v.shape[:k]]
+        pads = [((c * _TREE_WINDOW - n) // 2, c * _TREE_WINDOW - n - (c * _TREE_WINDOW - n) // 2)
+                for c, n in zip(counts, v.shape[:k])]
+        v = np.pad(v, pads + [(0, 0)], constant_values=identity)
+        v = v.reshape(*(d for c in counts for d in (c, _TREE_WINDOW)), columns)
+        v = v.transpose(*range(0, 2 * k, 2), *range(1, 2 * k, 2), 2 * k)
+        v = fold(v.reshape(math.prod(counts), _TREE_WINDOW ** k, columns)).reshape(*counts, columns)
+    return fold(v.reshape(1, -1, columns) if columns else v.reshape(1, 0, 0)).astype(dtype).reshape(kept_shape)
+
+
 def _reduction(ufunc, name):
     accumulate = ufunc in (np.add, np.multiply)
 
     def rule(x, *, axes, out_sharding=None):
         if x.dtype in LOW_FLOATS and accumulate:
-            return ufunc.reduce(_canonical(x.astype(np.float32), axes), axis=-1).astype(x.dtype)
+            return _low_precision_fold(x, axes, ufunc)
         if x.dtype.kind == "f" and ufunc is np.maximum:
             return _reduce_float_extremum(_canonical(x, axes), _float_max)
         if x.dtype.kind == "f" and ufunc is np.minimum:

@@ -1,0 +1,107 @@
+"""XLA:CPU's fused multiply-adds across equations: a jaxpr rewritten before it is evaluated.
+
+XLA:CPU fuses the elementwise operations of a program into loops and compiles them with LLVM allowed to contract
+a multiply feeding an add into one fused multiply-add (``fma``: rounded once) where the instruction set has one:
+float32 with FMA (AVX2 and above), float16 with AVX512-FP16, never bfloat16 (:mod:`._xla_cpu_isa`; measured).
+A product used only by adds is fused into each of them (of an add of two products, the first operand's);
+a product that something else uses too (another multiply, the program's output), counting equal products as one as
+XLA's common-subexpression elimination does, is computed on its own and fused into none.
+``jax.random.uniform(k, shape, minval, maxval)`` computes ``u * (hi - lo) + lo`` this way, and so do flax's
+initialisers and every ``x * w + b`` inside a map.
+
+:func:`contract` rewrites a jaxpr the same way: each ``add``, ``add_any`` or ``sub`` of float32 (float16) values
+that takes such a ``mul`` (or ``square``) of the same jaxpr becomes one equation of ``xla_cpu_fma`` (the
+multiply's operands and the addend), and the multiply's equation goes where nothing else uses it. Both executors and the reference loop
+evaluate the rewritten jaxpr (sub-jaxprs are rewritten when they are evaluated), so they agree with each other
+bit for bit; the rewrite is made once per jaxpr.
+
+Not modelled (XLA's result can still differ by an ulp there; measured): products that feed an add through a
+reshape or from another jaxpr (a ``jit`` call's output: XLA inlines calls), and contractions inside reductions
+(``reduce_sum`` of a product).
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+from jax._src import core
+from jax._src.util import weakref_lru_cache
+
+from spmdsim.jax import _xla_cpu_isa
+from spmdsim.jax._numpy_rules import elementwise
+
+__all__ = ["contract", "fma_p"]
+
+fma_p = core.Primitive("xla_cpu_fma")  # never bound: it only appears in jaxprs spmdsim rewrote for itself
+
+_PRODUCTS = ("mul", "square")
+_SUMS = ("add", "add_any", "sub")
+
+
+def _fused_dtypes() -> tuple:
+    isa = _xla_cpu_isa.current()
+    return tuple(np.dtype(d) for d, fused in ((np.float32, isa.fma), (np.float16, isa.fp16)) if fused)
+
+
+def _plain(eqn) -> bool:
+    return all(v is None for k, v in eqn.params.items() if k in ("out_dtype", "accuracy"))
+
+
+def _key(eqn) -> tuple:
+    """Equal products are one product to XLA (its common-subexpression elimination)."""
+    return eqn.primitive.name, tuple(v if isinstance(v, core.Var) else (repr(np.asarray(v.val).tolist()), v.aval)
+                                     for v in eqn.invars)
+
+
+def _is_sum(eqn) -> bool:
+    return eqn.primitive.name in _SUMS and _plain(eqn)
+
+
+@weakref_lru_cache
+def contract(jaxpr):
+    """``jaxpr`` with XLA:CPU's multiply-add contractions made (see the module docstring); ``jaxpr`` itself
+    when there are none."""
+    dtypes = _fused_dtypes()
+    if not dtypes or not any(e.primitive.name in _PRODUCTS for e in jaxpr.eqns):
+        return jaxpr
+    products = {e.outvars[0]: e for e in jaxpr.eqns
+                if e.primitive.name in _PRODUCTS and _plain(e) and np.dtype(e.outvars[0].aval.dtype) in dtypes}
+    # a product that anything but a sum uses (or the jaxpr returns) is computed as it is, and no sum fuses it
+    kept = {_key(products[v]) for e in jaxpr.eqns if not _is_sum(e) for v in e.invars
+            if isinstance(v, core.Var) and v in products}
+    kept.update(_key(products[v]) for v in jaxpr.outvars if isinstance(v, core.Var) and v in products)
+    fusible = {v for v, e in products.items() if _key(e) not in kept}
+    eqns, fused = [], set()
+    for e in jaxpr.eqns:
+        position = next((k for k, v in enumerate(e.invars) if isinstance(v, core.Var) and v in fusible), None) \
+            if _is_sum(e) else None
+        if position is None:
+            eqns.append(e)
+            continue
+        product = products[e.invars[position]]
+        fused.add(product.outvars[0])
+        a, b = product.invars * 2 if product.primitive.name == "square" else product.invars
+        sub = e.primitive.name == "sub"
+        eqns.append(core.new_jaxpr_eqn(
+            [a, b, e.invars[1 - position]], e.outvars, fma_p,
+            {"negate_product": sub and position == 1, "negate_addend": sub and position == 0},
+            e.effects, e.source_info, e.ctx))
+    if not fused:
+        return jaxpr
+    used = {v for e in eqns for v in e.invars if isinstance(v, core.Var)}
+    return jaxpr.replace(eqns=[e for e in eqns if not (e.outvars and e.outvars[0] in fused
+                                                       and e.outvars[0] not in used)])
+
+
+@elementwise("xla_cpu_fma")
+def _fma(a, b, c, *, negate_product: bool, negate_addend: bool):
+    """``±a * b ± c`` rounded once, in the operands' dtype (float32 or float16): the product of two such values
+    is exact in float64, and so is the sum of float16 values; a float32 sum is rounded to float64 first, which
+    differs from one rounding in about one case in 2**29 (as :func:`._xla_cpu_math.fma`)."""
+    dtype = np.result_type(a, b, c)
+    a, b, c = (np.asarray(x, np.float64) for x in (a, b, c))
+    if negate_product:
+        a = -a
+    if negate_addend:
+        c = -c
+    return np.asarray(a * b + c, dtype)
