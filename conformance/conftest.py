@@ -31,8 +31,8 @@ def virtual_devices():
 
 
 # jax_enable_checks: JAX type-checks every jaxpr it makes (a spmdsim_map equation by its own rule: the body
-# with the map's axes bound). On by default for the JAX front end's conformance files below (they take ~6%
-# more CPU time); SPMDSIM_JAX_CHECKS=1 turns it on for every conformance test, =0 off for all.
+# with the map's axes bound). On by default for the JAX front end's conformance files below (together they
+# take 6-8% more CPU time with it); SPMDSIM_JAX_CHECKS=1 turns it on for every conformance test, =0 off for all.
 _JAX_CHECKS = os.environ.get("SPMDSIM_JAX_CHECKS", "")
 JAX_CHECKED_FILES = frozenset({"test_jax_frontend.py", "test_transformations.py", "test_shard_map.py"})
 
