@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import io
 import os
+import pkgutil
 import runpy
 import sys
 import traceback
+import types
 from typing import Collection
 
 from spmdsim.cli import UsageError
@@ -127,8 +130,10 @@ def run_program(program: Program, *, shown: Collection[BaseException] = ()) -> i
     """Run ``program`` in this process as ``__main__`` and return its exit status.
 
     ``sys.argv`` and ``sys.path`` are set as ``python SCRIPT.py`` / ``python -m MODULE`` sets them, and
-    restored afterwards. ``SystemExit`` becomes the returned status. An exception from the program is printed
-    as Python prints it, without the runner's own frames above the program, and gives status 1.
+    restored afterwards. A script's ``__file__`` and its code's file names are absolute, as Python (3.9 and
+    later) makes them, and ``sys.argv[0]`` is as typed (see :func:`_run_script`). ``SystemExit`` becomes the
+    returned status. An exception from the program is printed as Python prints it, without the runner's own
+    frames above the program, and gives status 1.
     An error in ``shown`` (its report was already printed, e.g. by the debugger) gets its traceback and only
     the first line of its message. BaseExceptions that are not ``Exception`` (KeyboardInterrupt, the
     debugger's quit) propagate.
@@ -139,12 +144,16 @@ def run_program(program: Program, *, shown: Collection[BaseException] = ()) -> i
     origin = check_program(program)
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [origin if program.module else program.path, *program.args]
-    sys.path.insert(0, os.getcwd() if program.module else os.path.dirname(os.path.abspath(program.path)))
     try:
         if program.module:
+            sys.path.insert(0, os.getcwd())
             runpy.run_module(program.module, run_name="__main__", alter_sys=True)
+        elif pkgutil.get_importer(os.path.abspath(program.path)) is not None:
+            # a folder (or zip file) with __main__.py: runpy puts it first on sys.path, as python does
+            runpy.run_path(os.path.abspath(program.path), run_name="__main__")
         else:
-            runpy.run_path(program.path, run_name="__main__")
+            sys.path.insert(0, os.path.dirname(os.path.realpath(program.path)))
+            _run_script(os.path.join(os.getcwd(), program.path))  # as Python makes it absolute: not normalised
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
@@ -156,6 +165,34 @@ def run_program(program: Program, *, shown: Collection[BaseException] = ()) -> i
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return 0
+
+
+def _run_script(path: str) -> None:
+    """Run the script at ``path`` (absolute) as ``__main__``, as ``python SCRIPT.py`` does: compiled with that
+    file name (so tracebacks and JAX's messages name it whole), in a new ``__main__`` module (``__file__`` the
+    path, ``__loader__`` a file loader, ``__spec__``, ``__package__`` and ``__cached__`` None) that is
+    ``sys.modules["__main__"]`` while it runs. ``runpy.run_path`` would also set ``sys.argv[0]`` to the path,
+    which Python leaves as typed. A compiled ``.pyc`` runs as such."""
+    import builtins
+    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
+    with io.open_code(path) as f:
+        code = pkgutil.read_code(f)
+    loader = SourceFileLoader if code is None else SourcelessFileLoader
+    if code is None:
+        with io.open_code(path) as f:
+            code = compile(f.read(), path, "exec")
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=path, __cached__=None, __loader__=loader("__main__", path), __package__=None,
+                           __spec__=None, __builtins__=builtins)  # the module, as in python's __main__
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is None:
+            sys.modules.pop("__main__", None)
+        else:
+            sys.modules["__main__"] = saved
 
 
 def _print_from_program(error: BaseException, origin: str, brief: bool = False) -> None:
