@@ -28,7 +28,7 @@ import scipy.special
 
 from spmdsim._values import broadcast_view
 from spmdsim.jax import _dtypes, _xla_cpu_isa, _xla_cpu_math
-from spmdsim.jax._registry import PER_DEVICE, per_device, specialize, vectorized
+from spmdsim.jax._registry import PER_DEVICE, VECTORIZED, per_device, specialize, vectorized
 
 LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _LOW_FLOATS = LOW_FLOATS  # the name other modules used
@@ -1000,6 +1000,115 @@ for _names, _combine in ((("scatter",), _assign),
     _rule, _stacked = _scatter(_combine)
     per_device(*_names)(_rule)
     vectorized(*_names)(_stacked)
+
+
+# -- PRNG keys in the shape rules ---------------------------------------------------------------------------
+# A typed key array's NumPy form is its key data: its shape followed by its impl's key shape (uint32; see
+# ._dtypes). As JAX lowers these primitives on keys, their rules apply to the key data with their parameters
+# extended over the trailing key-data axes (never moved, split or broadcast); eq/ne compare every word of a
+# key. The extension is worked out from the equation: once per equation through ``specialize`` (what both
+# executors' compiled form calls), or from the equation being evaluated (the reference loop).
+
+def _trailing(start: int, key_shape: tuple) -> tuple:
+    return tuple(range(start, start + len(key_shape)))
+
+
+def _rank(var) -> int:
+    return len(var.aval.shape)
+
+
+def _zero_starts(starts, count: int) -> list:
+    return [np.zeros_like(starts[0] if starts else np.int32(0))] * count
+
+
+def _key_params(eqn, ks, vect):
+    """``(operands -> operands or None, physical params, result -> result or None)`` of ``eqn`` on key data."""
+    p, kn, name = eqn.params, len(ks), eqn.primitive.name
+    if name == "broadcast_in_dim":
+        shape = tuple(p["shape"])
+        return None, {**p, "shape": (*shape, *ks),
+                      "broadcast_dimensions": (*p["broadcast_dimensions"], *_trailing(len(shape), ks))}, None
+    if name == "reshape":
+        dims = p.get("dimensions")
+        return None, {**p, "new_sizes": (*p["new_sizes"], *ks), "dimensions": None if dims is None else
+                      (*dims, *_trailing(_rank(eqn.invars[0]), ks))}, None
+    if name == "transpose":
+        return None, {**p, "permutation": (*p["permutation"], *_trailing(len(p["permutation"]), ks))}, None
+    if name == "tile":
+        return None, {**p, "reps": (*p["reps"], *(1,) * kn)}, None
+    if name == "slice":
+        return None, {**p, "start_indices": (*p["start_indices"], *(0,) * kn), "limit_indices": (
+            *p["limit_indices"], *ks), "strides": None if p["strides"] is None else (*p["strides"], *(1,) * kn)}, None
+    if name in ("dynamic_slice", "dynamic_update_slice"):
+        first, r = (1 if name == "dynamic_slice" else 2), _rank(eqn.invars[0])
+
+        def operands(xs):
+            starts = list(xs[first:first + r])
+            return (*xs[:first + r], *_zero_starts(starts, kn), *xs[first + r:])
+        params = {**p, "slice_sizes": (*p["slice_sizes"], *ks)} if name == "dynamic_slice" else p
+        return operands, params, None
+    if name == "gather":
+        dn = p["dimension_numbers"]
+        return None, {**p, "dimension_numbers": dn._replace(offset_dims=(
+            *dn.offset_dims, *_trailing(_rank(eqn.outvars[0]), ks))), "slice_sizes": (*p["slice_sizes"], *ks)}, None
+    if name == "scatter":
+        dn = p["dimension_numbers"]
+        return None, {**p, "dimension_numbers": dn._replace(update_window_dims=(
+            *dn.update_window_dims, *_trailing(_rank(eqn.invars[2]), ks)))}, None
+    if name == "pad":
+        r = _rank(eqn.invars[0])
+        operands = (lambda xs: (xs[0], xs[1].reshape(xs[1].shape[:1] + (1,) * r + xs[1].shape[1:]))) if vect else None
+        return operands, {**p, "padding_config": (*p["padding_config"], *((0, 0, 0),) * kn)}, None
+    if name == "select_n":
+        def operands(xs):
+            which = xs[0]
+            return (which.reshape(which.shape + (1,) * kn) if vect or which.ndim else which, *xs[1:])
+        return operands, p, None
+    if name in ("eq", "ne"):
+        axes = tuple(range(-kn, 0))
+        return None, p, (lambda out: out.all(axis=axes)) if name == "eq" else (lambda out: out.any(axis=axes))
+    raise AssertionError(name)
+
+
+def _on_key_data(rule, name: str, vect: bool):
+    """``rule`` (of primitive ``name``), also computing equations on PRNG keys (see above)."""
+    inner = getattr(rule, "specialize", None)
+
+    def on_keys(eqn):
+        ks = _dtypes.key_data_shape_of(eqn)
+        if ks is None:
+            return None
+        operands, params, finish = _key_params(eqn, ks, vect)
+
+        def call(*xs):
+            out = rule(*(operands(xs) if operands is not None else xs), **params)
+            return finish(out) if finish is not None else out
+        return call
+
+    def specialized(eqn):
+        call = on_keys(eqn)
+        if call is None and inner is not None:
+            call = inner(eqn)
+        if call is None:
+            call = functools.partial(rule, **eqn.params) if eqn.params else rule
+        return call
+
+    def key_aware(*xs, **params):
+        if any(getattr(x, "dtype", None) == np.uint32 for x in xs):  # key data is uint32
+            eqn = _dtypes.equation_being_evaluated(name)
+            call = on_keys(eqn) if eqn is not None else None
+            if call is not None:
+                return call(*xs)
+        return rule(*xs, **params)
+    key_aware.specialize = specialized
+    key_aware.__wrapped__ = rule
+    return key_aware
+
+
+for _name in ("broadcast_in_dim", "reshape", "transpose", "tile", "slice", "dynamic_slice", "dynamic_update_slice",
+              "gather", "scatter", "pad", "select_n", "eq", "ne"):
+    PER_DEVICE[_name] = _on_key_data(PER_DEVICE[_name], _name, False)
+    VECTORIZED[_name] = _on_key_data(VECTORIZED[_name], _name, True)
 
 
 # -- reductions ------------------------------------------------------------------------------------------

@@ -1,24 +1,36 @@
-"""JAX's random primitives in NumPy, bit for bit with ``jax.random`` (partitionable threefry, JAX's default).
+"""JAX's random primitives in NumPy, bit for bit with ``jax.random`` on XLA:CPU, for every PRNG implementation.
 
-Key data is a uint32 array with a trailing axis of 2 (``random_wrap``/``random_unwrap`` are identities). Every
-rule works on a whole batch of keys at once (the leading axes of the key array), so its vectorized twin is
-the same rule: the device axis is one more batch axis of keys.
+A key array is its key data: a uint32 array with the key's shape followed by its impl's key shape
+(``random_wrap``/``random_unwrap`` are identities). A key's impl is not in its data: each rule learns it from its
+equation (see "the key primitives" below).
+
+threefry2x32 (partitionable, JAX's default) is computed here in NumPy. Every rule works on a whole batch of keys at
+once (the leading axes of the key array), so its vectorized twin is the same rule: the device axis is one more batch
+axis of keys. Every other implementation (rbg, unsafe_rbg, philox2x32/4x32, threefry4x32, or one made with
+``jax.extend.random.define_prng_impl``) is computed as JAX lowers it: the impl's own function, traced and
+evaluated with spmdsim's rules (for rbg and unsafe_rbg, ``rng_bit_generator`` below), device by device in the
+vectorized twin. The hash primitives those lowerings bind (``threefry4x32``, ``philox4x32``, ``philox2x32``,
+``iota_2x32_shape``) have rules of their own.
 
 ``random_gamma`` is JAX's own sampler (Marsaglia and Tsang's rejection method, with JAX's boost for alpha < 1
 and its log-space variant) written in NumPy on the same threefry bits, with XLA:CPU's float32 ``log``,
 ``log1p`` and ``erf_inv`` (:mod:`._xla_cpu_math`) and its fused multiply-adds where XLA:CPU fuses. Samples equal
 ``jax.random.gamma``'s on XLA:CPU bit for bit except where XLA's ``rsqrt`` (a hardware estimate refined by two
 Newton steps, in ``c = 1/3 * rsqrt(d)``) or ``pow`` (alpha < 1) differ by an ulp: about 3% of float32 samples,
-within 4 ulps (the conformance report has the measured distance).
+within 4 ulps (the conformance report has the measured distance). For keys of other impls it is JAX's CPU
+lowering of the sampler (a ``lax.map`` over the keys), traced and evaluated, with the same ulp-level differences.
 
 ``rng_bit_generator`` is XLA's RngBitGenerator: Philox-4x32 (XLA:CPU's default) or Threefry on the key as a
 u64[2] state, with XLA's counters and its interleaving of the generated words, bit for bit.
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import numpy as np
 
-from spmdsim.jax import _xla_cpu_math
+from spmdsim.jax import _dtypes, _xla_cpu_math
 from spmdsim.jax._numpy_rules import LOW_FLOATS, elementwise, expand_to
 from spmdsim.jax._registry import PER_DEVICE, per_device, vectorized
 
@@ -89,6 +101,183 @@ def seed(seeds: np.ndarray) -> np.ndarray:
 elementwise("threefry2x32")(lambda k1, k2, x1, x2: list(threefry2x32(k1, k2, x1, x2)))
 
 
+# The hash primitives of JAX's other counter-based impls (jax/_src/random/{threefry4x32,philox4x32,philox2x32}.py),
+# which their lowerings bind, and the counters their splits and bits hash (iota_2x32_shape).
+
+_ROTATIONS_4X32 = ((10, 26), (11, 21), (13, 27), (23, 5), (6, 20), (17, 11), (25, 10), (18, 20))
+
+
+def threefry4x32(k0, k1, k2, k3, x0, x1, x2, x3):
+    """The Threefry-4x32 hash with 20 rounds (Random123's rotations and key schedule), on broadcasting uint32
+    arrays."""
+    k = list(np.broadcast_arrays(*(np.asarray(a, np.uint32) for a in (k0, k1, k2, k3, x0, x1, x2, x3))))
+    ks = [*k[:4], k[0] ^ k[1] ^ k[2] ^ k[3] ^ np.uint32(0x1BD11BDA)]
+    x = [k[4 + i] + ks[i] for i in range(4)]
+    for rnd in range(20):
+        r0, r1 = _ROTATIONS_4X32[rnd % 8]
+        if rnd % 2 == 0:
+            x[0] = x[0] + x[1]
+            x[1] = x[0] ^ _rotl(x[1], r0)
+            x[2] = x[2] + x[3]
+            x[3] = x[2] ^ _rotl(x[3], r1)
+        else:
+            x[0] = x[0] + x[3]
+            x[3] = x[0] ^ _rotl(x[3], r0)
+            x[2] = x[2] + x[1]
+            x[1] = x[2] ^ _rotl(x[1], r1)
+        if rnd % 4 == 3:
+            j = rnd // 4
+            x = [x[i] + ks[(1 + i + j) % 5] for i in range(4)]
+            x[3] = x[3] + np.uint32(1 + j)
+    return x
+
+
+def _mulhilo(m: np.uint64, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    p = x.astype(np.uint64) * m
+    return p.astype(np.uint32), (p >> np.uint64(32)).astype(np.uint32)
+
+
+def philox2x32(k0, x0, x1):
+    """The Philox-2x32 hash with 10 rounds, on broadcasting uint32 arrays."""
+    k0, x0, x1 = np.broadcast_arrays(*(np.asarray(a, np.uint32) for a in (k0, x0, x1)))
+    for rnd in range(10):
+        if rnd:
+            k0 = k0 + np.uint32(0x9E3779B9)
+        lo, hi = _mulhilo(np.uint64(0xD256D193), x0)
+        x0, x1 = hi ^ x1 ^ k0, lo
+    return [x0, x1]
+
+
+elementwise("threefry4x32")(lambda *words: threefry4x32(*words))
+elementwise("philox2x32")(lambda k0, x0, x1: philox2x32(k0, x0, x1))
+elementwise("philox4x32")(lambda k0, k1, x0, x1, x2, x3: philox4x32(
+    list(np.broadcast_arrays(*(np.asarray(a, np.uint32) for a in (x0, x1, x2, x3, k0, k1))))[:4],
+    [np.asarray(k0, np.uint32), np.asarray(k1, np.uint32)]))
+
+
+@per_device("iota_2x32_shape")
+def _iota_2x32_shape(*, shape):
+    return list(_iota_2x32(tuple(shape)))
+
+
+vectorized("iota_2x32_shape")(lambda *, shape: [w[np.newaxis] for w in _iota_2x32(tuple(shape))])
+
+
+# -- the key primitives, for every PRNG implementation ------------------------------------------------------------
+# A key's impl is not in its key data: the rules learn it from the equation (the key operand's dtype, or the
+# ``impl`` parameter), once per equation through ``specialize``, or from the equation being evaluated (the reference
+# loop). threefry2x32 (JAX's default) is computed by the NumPy code above. Any other implementation (rbg,
+# unsafe_rbg, philox, threefry4x32, or one made with jax.extend.random.define_prng_impl) is computed as JAX lowers it:
+# the impl's own function (its ``seed``, ``split``, ``fold_in`` or ``random_bits``) vmapped over the key batch as
+# jax/_src/random/prng.py does, traced once per impl, shapes and parameters, and evaluated with spmdsim's rules
+# (rbg and unsafe_rbg draw their bits from ``rng_bit_generator``, XLA's Philox; JAX's batching of that primitive
+# draws a whole batch from the batch's first key, and so does the traced function). The vectorized twins evaluate
+# it device by device, so that the device axis never becomes a key batch axis.
+
+def _is_threefry(impl) -> bool:
+    return impl is _threefry_impl()
+
+
+@functools.lru_cache(maxsize=1)
+def _threefry_impl():
+    from jax._src.random import prng as jax_prng
+    return jax_prng.prngs["threefry2x32"]
+
+
+@functools.lru_cache(maxsize=1)
+def _default_impl():
+    from jax._src.random import prng as jax_prng
+    return jax_prng.prngs[jax.config.jax_default_prng_impl]
+
+
+def _impl_of(eqn):
+    """The PRNG impl of ``eqn``'s key operand (or of its ``impl`` parameter)."""
+    impl = eqn.params.get("impl")
+    if impl is not None:
+        return impl
+    return _dtypes.key_impl(eqn.invars[0].aval.dtype)
+
+
+def _impl_now(name: str, keys: np.ndarray, vect: bool):
+    """The impl of the keys of the ``name`` equation being evaluated; called by hand (no equation), JAX's default
+    impl when the key data has its shape."""
+    eqn = _dtypes.equation_being_evaluated(name)
+    if eqn is not None:
+        return _impl_of(eqn)
+    default = _default_impl()
+    if keys.shape[keys.ndim - len(default.key_shape):] == tuple(default.key_shape) and keys.ndim >= 1 + vect:
+        return default
+    raise TypeError(f"spmdsim: {name} on key data of shape {keys.shape}: which PRNG implementation it belongs to is "
+                    f"only known from its equation (evaluate the jaxpr, or call the rule's specialize(eqn))")
+
+
+def _shape_dtype(x: np.ndarray):
+    return jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lowered(impl, op: str, in_avals: tuple, params: tuple):
+    """The jaxpr of what JAX lowers ``op`` of ``impl`` to, for physical operands of ``in_avals`` ((shape, dtype)
+    pairs: key data, seeds, messages). Traced with 64-bit types on where an operand or the result is 64-bit (the
+    evaluating thread need not be the one that enabled them)."""
+    from jax._src.random import prng as jax_prng
+    params = dict(params)
+    shapes = [s for s, _ in in_avals]
+    key_rank = len(impl.key_shape)
+    if op == "seed":
+        fn = jax_prng.iterated_vmap_unary(len(shapes[0]), impl.seed)
+    elif op == "split":
+        fn = jax_prng.iterated_vmap_unary(len(shapes[0]) - key_rank, lambda k: impl.split(k, params["shape"]))
+    elif op == "fold_in":
+        fn = jax_prng.iterated_vmap_binary_bcast(shapes[0][:len(shapes[0]) - key_rank], shapes[1], impl.fold_in)
+    elif op == "bits":
+        fn = jax_prng.iterated_vmap_unary(len(shapes[0]) - key_rank, lambda k: impl.random_bits(
+            k, params["bit_width"], params["shape"]))
+    else:
+        raise AssertionError(op)
+    wide = any(np.dtype(d).itemsize == 8 for _, d in in_avals) or params.get("bit_width") == 64
+    with jax.enable_x64(wide):
+        return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, d) for s, d in in_avals))
+
+
+def _through_jax(impl, op: str, *operands, **params):
+    """``op`` of ``impl`` on one device's physical operands, evaluated from the jaxpr JAX lowers it to."""
+    from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
+    operands = [np.asarray(x) for x in operands]
+    closed = _lowered(impl, op, tuple((x.shape, x.dtype) for x in operands),
+                      tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items())))
+    return per_device_executor.eval_jaxpr(closed.jaxpr, closed.consts, operands)[0]
+
+
+def _device_by_device(fn, *operands):
+    """The vectorized form of a per-device ``fn``: each device's operands in turn, results stacked."""
+    n = max(np.shape(x)[0] for x in operands)
+    operands = [np.broadcast_to(x, (n, *np.shape(x)[1:])) for x in operands]
+    return np.stack([np.asarray(fn(*(x[d] for x in operands))) for d in range(n)])
+
+
+def _key_rule(name: str, threefry, op: str, key_operand: bool = True, **fixed):
+    """Register both rules of key primitive ``name``: ``threefry(*operands, **params)`` for threefry2x32 keys (any
+    leading batch axes, the device axis one of them), JAX's lowering of the impl's ``op`` for the others."""
+    def compute(impl, vect, operands, params):
+        if _is_threefry(impl):
+            return threefry(*operands, vect=vect, **params)
+        physical = {k: v for k, v in params.items() if k != "impl"}
+        one = lambda *xs: _through_jax(impl, op, *xs, **physical)  # noqa: E731
+        return _device_by_device(one, *operands) if vect else one(*operands)
+
+    for vect, table in ((False, per_device), (True, vectorized)):
+        def rule(*operands, _vect=vect, **params):
+            impl = params.get("impl") or _impl_now(name, operands[0], _vect)
+            return compute(impl, _vect, operands, params)
+
+        def specialized(eqn, _vect=vect):
+            impl, params = _impl_of(eqn), dict(eqn.params)
+            return lambda *operands: compute(impl, _vect, operands, params)
+        rule.specialize = specialized
+        table(name)(rule)
+
+
 @per_device("random_wrap")
 @vectorized("random_wrap")
 def _random_wrap(data, *, impl):
@@ -101,28 +290,19 @@ def _random_unwrap(keys):
     return keys
 
 
-@per_device("random_seed")
-@vectorized("random_seed")
-def _random_seed(seeds, *, impl):
-    return seed(seeds)
+def _fold_in_threefry(keys, msgs, *, vect):
+    """fold_in of threefry2x32 keys: JAX broadcasts a key array and messages of equal ranks, or either of rank 0."""
+    msgs, lead = np.asarray(msgs), int(vect)
+    rank_keys, rank_msgs = keys.ndim - 1 - lead, msgs.ndim - lead
+    if rank_keys < rank_msgs:
+        keys = keys.reshape(keys.shape[:lead] + (1,) * (rank_msgs - rank_keys) + keys.shape[lead:])
+    return fold_in(keys, expand_to(msgs, keys.ndim - 1))
 
 
-@per_device("random_split")
-@vectorized("random_split")
-def _random_split(keys, *, shape):
-    return split(keys, shape)
-
-
-@per_device("random_fold_in")
-@vectorized("random_fold_in")
-def _random_fold_in(keys, msgs):
-    return fold_in(keys, expand_to(np.asarray(msgs), keys.ndim - 1))
-
-
-@per_device("random_bits")
-@vectorized("random_bits")
-def _random_bits(keys, *, bit_width, shape):
-    return random_bits(keys, bit_width, shape)
+_key_rule("random_seed", lambda seeds, *, impl, vect: seed(seeds), "seed")
+_key_rule("random_split", lambda keys, *, shape, vect: split(keys, shape), "split")
+_key_rule("random_fold_in", _fold_in_threefry, "fold_in")
+_key_rule("random_bits", lambda keys, *, bit_width, shape, vect: random_bits(keys, bit_width, shape), "bits")
 
 
 # -- jax.random.gamma ------------------------------------------------------------------------------------------
@@ -213,14 +393,48 @@ def gamma_samples(keys: np.ndarray, alpha: np.ndarray, log_space: bool) -> np.nd
         return np.asarray(np.asarray(d * V, ops.dtype) * boost, ops.dtype)
 
 
-@per_device("random_gamma")
-@vectorized("random_gamma")
-def _random_gamma(keys, a, *, log_space):
+def _gamma_threefry(keys, a, *, log_space):
     """JAX's _gamma_impl: each key split into as many keys as alphas it covers, then one sample per alpha."""
     key_batch = keys.shape[:-1]
     per_key = int(np.prod(a.shape[len(key_batch):], dtype=np.int64))
     sub = split(keys.reshape(-1, 2), (per_key,)).reshape(-1, 2)
     return gamma_samples(sub, np.asarray(a, a.dtype).reshape(-1).copy(), bool(log_space)).reshape(a.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _gamma_lowered(key_dtype, key_shape: tuple, a_shape: tuple, a_dtype, log_space: bool):
+    """The jaxpr of JAX's CPU lowering of random_gamma (its _gamma_impl, a lax.map of _gamma_one over the keys for
+    impls other than threefry2x32), on typed keys."""
+    from jax._src.random import core as jax_random_core
+    fn = functools.partial(jax_random_core._gamma_impl, log_space=log_space, use_vmap=True)
+    with jax.enable_x64(np.dtype(a_dtype).itemsize == 8):
+        return jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(key_shape, key_dtype), jax.ShapeDtypeStruct(a_shape, a_dtype))
+
+
+def _gamma(key_dtype, vect: bool, keys, a, log_space):
+    if key_dtype is None or _is_threefry(_dtypes.key_impl(key_dtype)):
+        return _gamma_threefry(keys, a, log_space=log_space)
+    from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
+    key_rank = len(_dtypes.key_data_shape(key_dtype))
+
+    def one(k, alpha):
+        closed = _gamma_lowered(key_dtype, k.shape[:k.ndim - key_rank], alpha.shape, alpha.dtype, bool(log_space))
+        return per_device_executor.eval_jaxpr(closed.jaxpr, closed.consts, [k, alpha])[0]
+    return _device_by_device(one, keys, a) if vect else one(keys, a)
+
+
+def _gamma_key_dtype(eqn):
+    return eqn.invars[0].aval.dtype if eqn is not None and _dtypes.is_key(eqn.invars[0].aval.dtype) else None
+
+
+for _vect, _table in ((False, per_device), (True, vectorized)):
+    def _random_gamma(keys, a, *, log_space, _vect=_vect):
+        """threefry2x32 keys: :func:`gamma_samples`; other impls: JAX's lowering, traced and evaluated."""
+        return _gamma(_gamma_key_dtype(_dtypes.equation_being_evaluated("random_gamma")), _vect, keys, a, log_space)
+
+    _random_gamma.specialize = lambda eqn, _vect=_vect: functools.partial(
+        _gamma, _gamma_key_dtype(eqn), _vect, log_space=eqn.params["log_space"])
+    _table("random_gamma")(_random_gamma)
 
 
 # -- lax.rng_bit_generator: XLA's RngBitGenerator (Philox-4x32 on CPU by default, or Threefry) ----------------
