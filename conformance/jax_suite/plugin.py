@@ -10,6 +10,8 @@ The harness copies this file into its work folder and configures it through the 
   collected test, per test start and per setup/call/teardown report), so a run that is killed (too slow, a
   hang) keeps what it had done and can be resumed.
 - ``SPMDSIM_JAX_SUITE_DESELECT``: a file of node ids (one a line) not to run (done in an earlier attempt).
+- ``SPMDSIM_JAX_SUITE_CONFIG``: JSON object, empty but for a diagnostic run (``--jax-config``): JAX options
+  to set instead of JaxTestCase's defaults.
 - ``SPMDSIM_JAX_SUITE_TEST_TIMEOUT``: seconds; a test running longer has every thread's stack written to
   ``SPMDSIM_JAX_SUITE_HANG`` and the process exits (:func:`faulthandler.dump_traceback_later`), which the
   harness records as a timeout and then runs the rest.
@@ -53,6 +55,15 @@ def pytest_configure(config):
     import jax
 
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
+    config = json.loads(os.environ.get("SPMDSIM_JAX_SUITE_CONFIG") or "{}")
+    if config:  # a diagnostic run (--jax-config): JaxTestCase enters its defaults in every setUp
+        from jax._src import test_util as jtu
+
+        for name, value in config.items():
+            if name in jtu.JaxTestCase._default_thread_local_config:
+                jtu.JaxTestCase._default_thread_local_config[name] = value
+            else:
+                jax.config.update(name, value)
     if MODE != "jax":
         from spmdsim.jax._patch import patched_jax
 

@@ -225,12 +225,17 @@ def outcomes(records: list[dict]) -> dict[str, dict]:
     return result
 
 
+def _label(mode: str, config: dict | None) -> str:
+    """``mode``, with the JAX options a diagnostic run overrides (``threads+jax_enable_checks=False``)."""
+    return "+".join([mode, *(f"{k}={v}" for k, v in sorted((config or {}).items()))])
+
+
 def run_file(file: str, mode: str, *, workdir: str, results: str, keyword: str | None, nodeids: list[str],
-             test_timeout: float, wall_timeout: float, resume: bool, stream: bool) -> dict:
+             test_timeout: float, wall_timeout: float, resume: bool, stream: bool, config: dict | None = None) -> dict:
     """Runs ``tests/<file>`` under ``mode`` (``jax`` or an executor) until every selected test has an outcome
     (a hung or crashed test is recorded and the rest run in a new process) or ``wall_timeout`` passes.
     Returns {"records": path, "seconds": wall time, "attempts": n, "complete": bool}."""
-    stem = f"{file.removesuffix('.py')}.{mode}"
+    stem = f"{file.removesuffix('.py')}.{_label(mode, config)}"
     records = os.path.join(results, f"{stem}.jsonl")
     deselect = os.path.join(results, f"{stem}.deselect")
     hang = os.path.join(results, f"{stem}.hang.txt")
@@ -240,6 +245,7 @@ def run_file(file: str, mode: str, *, workdir: str, results: str, keyword: str |
             if name.startswith(stem + "."):
                 os.remove(os.path.join(results, name))
     env = dict(os.environ, SPMDSIM_JAX_SUITE_MODE=mode, SPMDSIM_JAX_SUITE_RECORDS=records,
+               SPMDSIM_JAX_SUITE_CONFIG=json.dumps(config or {}),
                SPMDSIM_JAX_SUITE_DESELECT=deselect, SPMDSIM_JAX_SUITE_TEST_TIMEOUT=str(test_timeout),
                SPMDSIM_JAX_SUITE_HANG=hang, JAX_PLATFORMS="cpu",
                SPMDSIM_JAX_SUITE_REPO=REPO, SPMDSIM_TRACEBACK_FILTERING="off",  # spmdsim's frames in the records (JaxTestCase: JAX's too)
@@ -394,6 +400,9 @@ def write_report(path: str, meta: dict, per_file: dict, changes: list[str]) -> N
                 out.append(f"| {file} | {mode} | {r.get('date', '?')} | {r.get('commit', '?') if mode != 'jax' else '–'} "
                            f"| {r.get('load', '?')} | {r['seconds']} | {r['attempts']} | {'yes' if r['complete'] else 'NO'} |")
     out.append("")
+    if meta.get("config"):
+        out += [f"- **diagnostic run, not the measurement**: on spmdsim JAX's test defaults were overridden with "
+                f"{', '.join(f'`{k}={v!r}`' for k, v in meta['config'].items())} (the JAX run keeps them)", ""]
     if meta.get("keyword"):
         out += [f"- selection: `-k {meta['keyword']}`", ""]
     if meta.get("nodeids"):
@@ -414,7 +423,7 @@ def write_report(path: str, meta: dict, per_file: dict, changes: list[str]) -> N
     out.append("")
     for (file, executor), d in per_file.items():
         jo = d["compare"]["jax_outcomes"]
-        out.append(f"- {file}: on JAX {', '.join(f'{v} {k}' for k, v in sorted(jo.items()))}"
+        out.append(f"- {file} [{executor}]: on JAX {', '.join(f'{v} {k}' for k, v in sorted(jo.items()))}"
                    f"{'' if d['jax_run']['complete'] else ' (JAX run incomplete)'}"
                    f"{'' if d['sim_run']['complete'] else f' ({executor} run incomplete: see results/)'}; "
                    f"{len(d['compare']['passes_only_on_spmdsim'])} pass on spmdsim but not on JAX")
@@ -441,7 +450,7 @@ def write_report(path: str, meta: dict, per_file: dict, changes: list[str]) -> N
                 "| test | outcome | first error line | raised at | spmdsim frame | test frame |",
                 "|---|---|---|---|---|---|"]
         for nid, sim, _ in sorted(failing["in"]):
-            msg = " / ".join(sim["message"][:2])[:300]
+            msg = " / ".join(sim["message"][:2])[:160]
             out.append(f"| `{_md(short(nid))}` | {sim['outcome']} | {_md(msg)} | {_md(sim.get('frame') or '')} | "
                        f"{_md(sim.get('spmdsim_frame') or '')} | {_md(sim.get('test_frame') or '')} |")
         out += ["", "</details>", "", f"### {file}, {executor}: out-of-scope tests not passing", "",
@@ -486,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-jax", action="store_true", help="only the JAX runs")
     ap.add_argument("--stream", action="store_true", help="show pytest's output instead of logging it")
     ap.add_argument("--no-report", action="store_true", help="print the summary only (REPORT.md unchanged)")
+    ap.add_argument("--jax-config", action="append", default=[], metavar="NAME=VALUE",
+                    help="diagnostic: override one of JaxTestCase's defaults (or a jax option) in the spmdsim runs, "
+                         "e.g. jax_enable_checks=False; reports to results/REPORT.partial.md")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the runs kept in results/")
     ap.add_argument("--mirror", default=MIRROR, help="JAX's git repository (default %(default)s)")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), f"spmdsim-jax-suite-{os.getuid()}"))
@@ -499,7 +511,14 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.files:
         file, _, rest = spec.partition("::")
         by_file.setdefault(os.path.basename(file), []).extend([f"{os.path.basename(file)}::{rest}"] if rest else [])
-    partial_run = bool(args.keyword or any(by_file.values()))
+    config = {}
+    for item in args.jax_config:
+        name, _, value = item.partition("=")
+        try:
+            config[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            config[name] = value
+    partial_run = bool(args.keyword or any(by_file.values()) or config)
     extracted = extract(args.mirror, tag, list(by_file), args.workdir)
     os.makedirs(args.results, exist_ok=True)
     print(f"jax_suite: jax {version}; extracted {', '.join(extracted)} into {args.workdir}", flush=True)
@@ -512,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(mode: str, reuse: bool, resume: bool = False) -> dict:
             """The run of ``file`` under ``mode``: done now, or (``reuse``) the kept one of this selection."""
-            meta_path = os.path.join(args.results, f"{file.removesuffix('.py')}.{mode}.meta.json")
+            cfg = config if mode != "jax" else None
+            meta_path = os.path.join(args.results, f"{file.removesuffix('.py')}.{_label(mode, cfg)}.meta.json")
             kept = json.load(open(meta_path)) if os.path.exists(meta_path) else None
             if reuse and kept and kept["selection"] == selection_f and (kept["run"]["complete"] or
                                                                           args.report_only):
@@ -526,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
                     "commit": _git_commit(), "load": ", ".join(f"{x:.1f}" for x in os.getloadavg())}
             result = run_file(file, mode, workdir=args.workdir, results=args.results, keyword=args.keyword,
                               nodeids=nodeids, test_timeout=args.test_timeout, wall_timeout=args.wall_timeout,
-                              resume=resume, stream=args.stream)
+                              resume=resume, stream=args.stream, config=cfg)
             result.update(info)
             with open(meta_path, "w") as f:
                 json.dump({"selection": selection_f, "run": result}, f, indent=1)
@@ -570,13 +590,15 @@ def main(argv: list[str] | None = None) -> int:
             os.path.join(args.results, "REPORT.partial.md")
     else:
         report = args.report
-        with open(outcomes_path, "w") as f:
-            json.dump(dict(sorted(current.items())), f, indent=0)
+        with open(outcomes_path, "w") as f:  # one line per test, for diffs
+            f.write("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(current.items()))
+                    + "\n}\n")
     meta = {"files": list(by_file), "jax": version, "tag": tag, "mirror": args.mirror,
             "executors": args.executor, "date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"),
             "cores": os.cpu_count(), "machine": f"{platform.machine()}, {platform.python_implementation()} "
             f"{platform.python_version()}", "test_timeout": args.test_timeout,
-            "keyword": args.keyword, "nodeids": [n for v in by_file.values() for n in v], "seconds": total}
+            "keyword": args.keyword, "nodeids": [n for v in by_file.values() for n in v], "seconds": total,
+            "config": config}
     write_report(report, meta, per_file, changes)
     print(f"jax_suite: wrote {os.path.relpath(report)}" + ("" if partial_run else " and OUTCOMES.json"))
     return 0
