@@ -37,33 +37,13 @@ _JAX_CHECKS = os.environ.get("SPMDSIM_JAX_CHECKS", "")
 JAX_CHECKED_FILES = frozenset({"test_jax_frontend.py", "test_transformations.py", "test_shard_map.py"})
 
 
-def _pmap_bodies_trace_under_checks() -> bool:
-    """Whether spmdsim.jax.pmap traces a body with a collective under checks: JAX checks the traced body when
-    spmdsim/jax/_api.py's _trace_body turns its constants into inputs, which must happen with the map's axes
-    bound. Until it does, the default is off for the pmap files (the run's header says so)."""
-    from jax import lax
-
-    import spmdsim.jax as sjax
-    with jax.enable_checks(True):
-        try:
-            jax.make_jaxpr(sjax.pmap(lambda x: lax.psum(x, "i"), "i"))(jax.ShapeDtypeStruct((2,), "float32"))
-        except NameError:
-            return False
-    return True
-
-
-_CHECKED_BY_DEFAULT = frozenset() if _JAX_CHECKS else JAX_CHECKED_FILES if _pmap_bodies_trace_under_checks() \
-    else frozenset({"test_shard_map.py"})
+_CHECKED_BY_DEFAULT = frozenset() if _JAX_CHECKS else JAX_CHECKED_FILES
 
 
 def pytest_report_header(config):
     if _JAX_CHECKS:
         return f"jax_enable_checks: {'off' if _JAX_CHECKS == '0' else 'on'} (SPMDSIM_JAX_CHECKS={_JAX_CHECKS})"
-    header = f"jax_enable_checks: on in {', '.join(sorted(_CHECKED_BY_DEFAULT))}"
-    if _CHECKED_BY_DEFAULT != JAX_CHECKED_FILES:
-        header += (" (not in the pmap files: spmdsim.jax.pmap cannot trace a body with a collective under checks; "
-                   "see conformance/conftest.py)")
-    return header
+    return f"jax_enable_checks: on in {', '.join(sorted(_CHECKED_BY_DEFAULT))}"
 
 
 @pytest.fixture(autouse=True)

@@ -43,24 +43,6 @@ def checks_on():
         jax.config.update("jax_enable_checks", previous)
 
 
-def _pmap_bodies_trace_under_checks() -> bool:
-    """Whether ``spmdsim.jax.pmap`` traces a body with a collective under checks: JAX checks the traced body
-    when spmdsim/jax/_api.py's ``_trace_body`` turns its constants into inputs, so that must happen with the
-    map's axes bound (``core.extend_axis_env_nd(axis_env)``). Until it does, the pmap cases below fail with
-    JAX's unbound-axis NameError and are expected to (strictly: they must pass once it does)."""
-    with jax.enable_checks(True):
-        try:
-            jax.make_jaxpr(sjax.pmap(lambda x: lax.psum(x, "i"), "i"))(np.zeros(2, np.float32))
-        except NameError:
-            return False
-    return True
-
-
-pmap_traced = pytest.mark.xfail(not _pmap_bodies_trace_under_checks(), raises=NameError, strict=True,
-                                reason="spmdsim/jax/_api.py's _trace_body converts the body's constants outside the "
-                                       "map's axes: JAX's check of the body cannot see them")
-
-
 def close(actual, expected, tol=2e-5):
     assert_trees_match(actual, expected, out_axis=None, rtol=tol, atol=tol, what=("spmdsim", "jax"))
 
@@ -76,7 +58,6 @@ def real(cases: str, case: str, *args):
 
 # -- the issue's reproducer ------------------------------------------------------------------------------------
 
-@pmap_traced
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_pmap_of_psum_with_checks_on(executor):
     assert jax.config.jax_enable_checks
@@ -132,14 +113,12 @@ PMAP_CASES = {
 }
 
 
-@pmap_traced
 @pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("case", sorted(PMAP_CASES))
 def test_pmap_transformations_with_checks_on(case, executor):
     close(PMAP_CASES[case](functools.partial(sjax.pmap, executor=executor)), real("pmap", case))
 
 
-@pmap_traced
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_nested_pmap_with_checks_on(executor):
     """A map in a map's body: the inner equation is checked inside the outer body, both axes bound (JAX
@@ -209,7 +188,6 @@ def test_shard_map_transformations_with_checks_on(case, check_vma, executor):
 
 # -- under `spmdsim run` (jax.pmap, jax.shard_map and jax.jit patched), checks on ---------------------------
 
-@pmap_traced
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_patched_jax_with_checks_on(executor):
     from spmdsim.jax._patch import patched_jax

@@ -84,8 +84,6 @@ SHARD_MAP_DIFFERENCES: dict[str, str] = {
                                                "0.10 raises a wrong divisibility error; spmdsim computes it",
     "error-psum-tuple-with-unknown-axis": "psum over a tuple with an unbound name: JAX's varying-axes check says "
                                           "ValueError first; spmdsim raises its unbound-axis NameError",
-    "explicit-grad-outside-jit-without-set_mesh": "grad of an Explicit-axes shard_map outside jit: JAX needs "
-                                                   "jax.set_mesh; spmdsim computes the gradient",
 }
 
 

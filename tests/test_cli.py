@@ -108,8 +108,8 @@ def test_a_script_error_shows_the_script_frames_only(tmp_path):
     (tmp_path / "bad.py").write_text("def f():\n    raise ValueError('boom')\n\nf()\n")
     proc = spmdsim_command("debug", "bad.py", cwd=tmp_path, no_jax=True)
     assert proc.returncode == 1
-    assert proc.stderr.startswith('Traceback (most recent call last):\n  File "bad.py", line 4, in <module>'), \
-        proc.stderr
+    assert proc.stderr.startswith(f'Traceback (most recent call last):\n  File "{tmp_path / "bad.py"}", line 4, in '
+                                  f'<module>'), proc.stderr  # as `python bad.py` shows it: the absolute path
     assert "runpy" not in proc.stderr and "ValueError: boom" in proc.stderr
 
 

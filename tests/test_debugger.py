@@ -160,6 +160,6 @@ def test_spmdsim_debug_steps_a_jax_program_whose_devices_run_jaxprs(tmp_path):
     out, code = drive(["-m", "spmdsim", "debug", "jprog.py", "--devices", "4"], ["p 0 x", "c"], cwd=tmp_path,
                       env={"JAX_PLATFORMS": "cpu"})
     assert code == 0, out
-    assert "stop 0: psum(float32[], float32[], axis_name='i') (step 0) at jprog.py:4" in out
+    assert f"stop 0: psum(float32[], float32[], axis_name='i') (step 0) at {tmp_path / 'jprog.py'}:4" in out
     assert "operand 1 of 2: float32[]" in out
     assert "*** device 0 [i=0] has no Python frame held here" in out and "'b': Array([3., 3., 3., 3.]" in out

@@ -10,7 +10,9 @@ transformation through to the body.
 from __future__ import annotations
 
 import functools
+import linecache
 import math
+import os
 import threading
 from typing import Callable, Hashable, Sequence
 
@@ -18,10 +20,11 @@ import jax
 import numpy as np
 from jax._src import api_util, core
 from jax._src.array import ArrayImpl
+from jax._src.sharding import IndivisibleError
 from jax.extend import core as ext_core
 
-from spmdsim import _hosts, _pmap, _runtime
-from spmdsim._axes import Unnamed
+from spmdsim import _hosts, _pmap, _runtime, errors
+from spmdsim._axes import Unnamed, unbound_message
 from spmdsim._values import check_array_dtype
 from spmdsim.jax._map import global_avals, map_params, simulate, spmdsim_map_p, threads_run, to_jax, to_numpy
 
@@ -34,17 +37,24 @@ def _prefix_leaves(tree) -> list:
     return jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
 
 
+class MappedSizeError(errors.MappedSizeError, IndivisibleError):
+    """``spmdsim.jax.pmap``'s error for mapped sizes that cannot be run (arguments whose mapped axes differ in
+    size, more rows than virtual devices): :class:`spmdsim.errors.MappedSizeError`, its message naming the key
+    paths, the sizes and the reshape to do, and JAX's ``IndivisibleError``, which ``jax.pmap`` raises there."""
+
+
 def _aval(leaf, path: str):
     """The abstract value a leaf is traced with (JAX's dtype canonicalisation, weak types for Python
-    scalars); TypeError naming the argument for what is not an array."""
+    scalars); TypeError naming the argument for what is not an array (:class:`~spmdsim.errors.NotAnArrayError`,
+    also a ValueError, as ``jax.pmap`` raises when no mapped argument is an array)."""
     try:
         aval = core.shaped_abstractify(leaf)
     except TypeError:
         if isinstance(getattr(leaf, "dtype", None), np.dtype):  # strings, objects, datetimes
             check_array_dtype(np.asarray(leaf), f"argument {path}", "pmap")
-        raise TypeError(f"pmap: argument {path} of type {type(leaf).__name__} is not an array; mapped function "
-                        f"arguments must be arrays or numbers. Pass non-array values with "
-                        f"static_broadcasted_argnums, or close over them.") from None
+        raise errors.NotAnArrayError(f"pmap: argument {path} of type {type(leaf).__name__} is not an array; mapped "
+                                     f"function arguments must be arrays or numbers. Pass non-array values with "
+                                     f"static_broadcasted_argnums, or close over them.") from None
     # A block's type carries no sharding: inside the map each device holds a plain array, whatever mesh the
     # caller's array lives on (tracing with it would add resharding equations).
     return core.ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type)
@@ -68,7 +78,7 @@ def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, n, axis_e
     def body(*blocks):
         squeezed = [jax.lax.squeeze(b, (ax,)) if ax is not None else b for b, ax in zip(blocks, in_axes, strict=True)]
         dyn, kw = jax.tree_util.tree_unflatten(in_tree, squeezed)
-        out = fun(*_pmap.merge_static(statics, dyn), **kw)
+        out = with_axis_errors(fun)(*_pmap.merge_static(statics, dyn), **kw)
         leaves, out_tree = jax.tree_util.tree_flatten(out)
         flat_out_axes = api_util.flatten_axes("pmap out_axes", out_tree, out_axes)
         found["tree"], found["axes"] = out_tree, flat_out_axes
@@ -92,13 +102,78 @@ def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, n, axis_e
         closed = jax.make_jaxpr(body, axis_env=axis_env)(*block_avals)
     finally:
         _tracing.stack.pop()
-    jaxpr = ext_core.ClosedJaxpr(_convert_constvars(closed.jaxpr), ())
+    with core.extend_axis_env_nd(axis_env):  # JAX checks the body here (jax_enable_checks): its axes bound
+        jaxpr = ext_core.ClosedJaxpr(_convert_constvars(closed.jaxpr), ())
     in_specs = [tuple((name,) if d == ax else () for d in range(len(a.shape)))
                 for a, ax in zip(avals, in_axes, strict=True)]
     const_specs = [((),) * len(v.aval.shape) for v in closed.jaxpr.constvars]  # closed-over: replicated
     out_specs = [tuple((name,) if d == (ax % len(a.shape)) else () for d in range(len(a.shape))) if ax is not None
                  else ((),) * len(a.shape) for a, ax in zip(closed.out_avals, found["axes"], strict=True)]
     return _Body(jaxpr, list(closed.consts), found["tree"], (*const_specs, *in_specs), tuple(out_specs))
+
+
+def with_axis_errors(fun: Callable) -> Callable:
+    """``fun``, a map's body that JAX traces, raising :class:`~spmdsim.errors.UnboundAxisError` (a NameError and an
+    AssertionError) with the NumPy front end's message ("did you mean 'batch'?", and the line of the call) where
+    a collective over an axis name no enclosing map binds makes JAX raise its NameError ("please call psum under
+    `jax.shard_map`") or, under shard_map with ``check_vma=True``, a bare AssertionError. The bound names are
+    those of JAX's axis environment while the body is traced; the collective, its ``axis_name`` and the user's
+    line come from the traceback."""
+    @functools.wraps(fun)
+    def body(*args, **kwargs):
+        try:
+            return fun(*args, **kwargs)
+        except (NameError, AssertionError) as e:
+            if isinstance(e, errors.UnboundAxisError):
+                raise  # a map inside this body already said it
+            found = _unbound_axis_error(e, list(core.get_axis_env().axis_sizes))
+            if found is None:
+                raise
+            raise found.with_traceback(e.__traceback__.tb_next) from None
+    return body
+
+
+_JAX_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, __import__("jaxlib")))
+
+
+def _unbound_axis_error(error: Exception, bound: list) -> "errors.UnboundAxisError | None":
+    """The UnboundAxisError for JAX's ``error`` (raised while tracing a body whose bound axis names are ``bound``),
+    or None when it is not about an unbound axis name: the innermost JAX function with an ``axis_name`` argument
+    that user code called (``lax.pmean``) names the axes and, with its caller, the line."""
+    if isinstance(error, AssertionError) and str(error):
+        return None  # JAX's unbound-axis assertion is a bare one
+    if isinstance(error, NameError) and "unbound axis name" not in str(error):
+        return None
+    call = caller = None
+    tb, previous = error.__traceback__, None
+    while tb is not None:
+        frame = tb.tb_frame
+        in_jax = frame.f_code.co_filename.startswith(_JAX_DIRS)
+        if in_jax and previous is not None and "axis_name" in frame.f_locals \
+                and not previous.tb_frame.f_code.co_filename.startswith(_JAX_DIRS):
+            call, caller = frame, previous
+        previous, tb = tb, tb.tb_next
+    if call is None:
+        return None
+    axis_name = call.f_locals["axis_name"]
+    names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    unbound = [n for n in names if not isinstance(n, int) and n not in bound]
+    if isinstance(error, NameError):  # JAX names the one it met
+        unbound = [n for n in unbound if f"axis name: {n}" in str(error)] or unbound
+    if not unbound:
+        return None
+    code = caller.tb_frame.f_code
+    line = linecache.getline(code.co_filename, caller.tb_lineno).strip()
+    line = line if len(line) <= 80 else line[:77] + "..."
+    where = f" at {os.path.basename(code.co_filename)}:{caller.tb_lineno} (in {code.co_name}: {line})"
+    text = unbound_message(unbound[0], bound, call.f_code.co_name, where)
+    from jax._src import mesh as mesh_lib
+    mesh = mesh_lib.get_abstract_mesh()
+    if not mesh.empty and unbound[0] in mesh.axis_names:
+        manual = ", ".join(map(repr, mesh.manual_axes)) or "none"
+        text += (f" {unbound[0]!r} is an axis of the mesh, but not a manual axis of this shard_map (manual: "
+                 f"{manual}): add it to axis_names to use it in collectives.")
+    return errors.UnboundAxisError(text)
 
 
 class _Tracing(threading.local):
@@ -137,7 +212,8 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
       in_axes: as ``jax.pmap``: an int, None, or a pytree prefix of the positional arguments.
       out_axes: as ``jax.pmap``: an int, None, or a pytree prefix of the output.
       static_broadcasted_argnums: positional arguments passed unchanged to every device (hashable).
-      devices: only their number matters (the first N are used).
+      devices: only their number matters to the simulation (the first N are used); JAX devices also say where
+        the outputs go, as in ``jax.pmap``.
       backend: accepted for compatibility; no effect.
       axis_size: checked against the mapped size.
       donate_argnums: accepted for compatibility; no effect.
@@ -150,8 +226,12 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
 
     Returns:
       A function returning ``jax.Array`` leaves in ``fun``'s output tree, stacked along ``out_axes``: shape
-      ``(N, *block_shape)`` for ``out_axes=0``; dtypes as JAX computes them (inputs canonicalised: float64 ->
-      float32 while x64 is off).
+      ``(N, *block_shape)`` for ``out_axes=0``; dtypes and weak types as JAX computes them (inputs
+      canonicalised: float64 -> float32 while x64 is off). Placed as ``jax.pmap`` places them when JAX has
+      the devices: committed, ``NamedSharding(Mesh(devices[:N], (axis_name,)), spec)`` (the axis named
+      ``'_internal_pmap_axis_name'`` without ``axis_name``; the spec splits the ``out_axes`` dimension, or
+      ``P()``), one block per device; in a multi-host run this host's devices. Otherwise (more devices than
+      JAX's platform has, a pmap inside a mapped body) as ``jnp.asarray`` places them.
 
     Raises:
       ValueError: what ``jax.pmap`` raises for the same arguments, with the differences of
@@ -170,6 +250,8 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
                                         prefix_leaves=_prefix_leaves)
     map_params(None, (), (), (), check_vma=False, executor=executor, api="pmap")  # checks ``executor``
     name = axis_name if axis_name is not None else Unnamed("pmap")
+    jax_devices = tuple(devices) if devices is not None and all(isinstance(d, jax.Device) for d in devices) \
+        else None
     cache: dict = {}
     calls: dict = {}  # call signature (see _call_key) -> its _Call, for concrete calls seen before
     lock = threading.Lock()
@@ -185,8 +267,9 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         avals = [_aval(leaf, paths[k]) for k, leaf in enumerate(leaves)]
         flat_in_axes = [None if ax is None else _pmap.canonical_in_axis(ax, a.shape, p, "pmap")
                         for a, ax, p in zip(avals, flat_in_axes, paths, strict=True)]
-        n = local = _pmap.mapped_size(paths, [a.shape for a in avals], flat_in_axes, "pmap", axis_size)
-        _pmap.check_device_count(n, devices, outer=math.prod(_tracing.stack))
+        n = local = _pmap.mapped_size(paths, [a.shape for a in avals], flat_in_axes, "pmap", axis_size,
+                                      size_error=MappedSizeError)
+        _pmap.check_device_count(n, devices, outer=math.prod(_tracing.stack), size_error=MappedSizeError)
         if not _tracing.stack:  # a top-level pmap of a multi-host run spans every host's devices
             n = _pmap.multi_host_size(n)[1]
         outer = [(f.name, f.size) for f in (lane.frames if lane is not None else ())
@@ -202,6 +285,8 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
                     cache[key] = body
         params = map_params(body.jaxpr, ((name, n),), body.in_specs, body.out_specs, check_vma=False,
                             executor=executor, api="pmap")
+        if jax_devices is not None:  # where the outputs go (JAX's mesh of these devices)
+            params["devices"] = jax_devices
         return local, n, body, params
 
     @_runtime.api_boundary
@@ -213,7 +298,7 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         call_key = _call_key(leaves, in_tree, statics, lane) if not _tracing.stack else None
         call = calls.get(call_key) if call_key is not None else None
         if call is not None:  # checked and traced before: only the device count can differ
-            _pmap.check_device_count(call.local, devices)
+            _pmap.check_device_count(call.local, devices, size_error=MappedSizeError)
             if _pmap.multi_host_size(call.local)[1] != call.n:
                 call = None
         if call is None:
@@ -224,18 +309,25 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
             run = None if params["executor"] == "vectorized" else threads_run(
                 params["jaxpr"], params["in_specs"], params["out_specs"], params["axes"], params["axes"],
                 params["executor"], "pmap")
-            call = _Call(local, n, body, params, global_avals(params), run)
+            from spmdsim.jax._shard_map import map_out_shardings  # (that module imports this one)
+            call = _Call(local, n, body, params, global_avals(params), run,
+                         map_out_shardings(params) if _hosts.current() is None else None)
             if call_key is not None and body.cacheable:
                 with lock:
                     if len(calls) > 256:
                         calls.clear()
                     calls[call_key] = call
         args = [*call.consts, *map(to_numpy, leaves)]
-        if call.run is not None and _hosts.current() is None:  # no multi-host run: the mesh is this host's own
+        host = _hosts.current()
+        if call.run is not None and host is None:  # no multi-host run: the mesh is this host's own
             numpy_outs = call.run(args, check_replicated)
         else:
             numpy_outs = simulate(args, **call.params, check_replicated=check_replicated)
-        outs = [to_jax(o, a) for o, a in zip(numpy_outs, call.out_avals, strict=True)]
+        shardings = call.shardings if host is None else None
+        if shardings is None:  # a multi-host run: this host's devices
+            from spmdsim.jax._shard_map import map_out_shardings
+            shardings = map_out_shardings(call.params)
+        outs = [to_jax(o, a, s) for o, a, s in zip(numpy_outs, call.out_avals, shardings, strict=True)]
         return jax.tree_util.tree_unflatten(call.body.out_tree, outs)
 
     mapped._spmdsim_cache = cache  # for tests and the benchmarks: how many traces were made
@@ -245,13 +337,15 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
 class _Call:
     """What a concrete call worked out from its arguments' signature: the mapped size here (``local``) and in
     all (``n``, every host's devices), the traced body, the primitive's parameters, the output avals, the
-    closed-over values as NumPy arrays, and the thread executor's run of the map outside a multi-host run
-    (``run``; None for the vectorized executor)."""
+    closed-over values as NumPy arrays, the thread executor's run of the map outside a multi-host run
+    (``run``; None for the vectorized executor) and where JAX puts the outputs outside a multi-host run
+    (``shardings``, see :func:`spmdsim.jax._shard_map.map_out_shardings`; None when made in one)."""
 
-    __slots__ = ("local", "n", "body", "params", "out_avals", "consts", "run")
+    __slots__ = ("local", "n", "body", "params", "out_avals", "consts", "run", "shardings")
 
-    def __init__(self, local: int, n: int, body: "_Body", params: dict, out_avals: list, run):
+    def __init__(self, local: int, n: int, body: "_Body", params: dict, out_avals: list, run, shardings):
         self.local, self.n, self.body, self.params, self.out_avals, self.run = local, n, body, params, out_avals, run
+        self.shardings = shardings
         self.consts = [to_numpy(c) for c in body.consts]  # a body cached with its constants has concrete ones
 
 

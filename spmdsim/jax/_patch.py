@@ -60,9 +60,10 @@ def patched_jax(n_devices: int, executor: str = "threads", host=None):
 
     @functools.wraps(build)
     def shard_map(f, **kwargs):
-        return _shard_map.simulated(build(f, **kwargs), executor)
+        return _shard_map.simulated(build(_shard_map.with_axis_errors(f), **kwargs), executor)
 
-    replaced = [(jax, "pmap", pmap), (jax, "jit", _shard_map.jit), (jax_shard_map, "_shard_map", shard_map)]
+    replaced = [(jax, "pmap", pmap), (jax, "jit", _shard_map.jit_for(executor)),
+                (jax_shard_map, "_shard_map", shard_map)]
     if host is not None:
         replaced += host_replacements(host)
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
