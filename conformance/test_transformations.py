@@ -187,3 +187,17 @@ def test_a_trace_is_made_once_per_signature_and_not_kept_with_outer_tracers():
     jax.grad(lambda w: sjax.pmap(lambda x: x * w, "i")(X).sum())(1.0)  # closes over a tracer: not cached
     g(X)
     assert len(g._spmdsim_cache) == 1
+
+
+@pytest.mark.parametrize("executor", ["threads", "vectorized", "reference"])
+@pytest.mark.parametrize("axis_name", [None, "i"])
+def test_grad_of_a_broadcast_argument_sums_every_devices_cotangent(executor, axis_name):
+    """JAX's pmap_test testPmapInAxesGrad: the gradient with respect to an ``in_axes=None`` argument is the sum
+    of every device's cotangent, with or without an axis name (without one, spmdsim's transpose psums over the
+    unnamed axis; it used to return device 0's alone)."""
+    f = lambda x, y: jnp.sin(x + y)  # noqa: E731
+    x = jnp.linspace(0.0, 1.0, 8)
+    ours = jax.grad(lambda y: sjax.pmap(f, axis_name, in_axes=(0, None), executor=executor)(x, y).sum())(0.5)
+    real = jax.grad(lambda y: jax.pmap(f, axis_name, in_axes=(0, None))(x, y).sum())(0.5)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(real), rtol=1e-6)
+    assert np.asarray(real) > 4  # eight cotangents near cos(1), not one

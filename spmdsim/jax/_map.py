@@ -390,7 +390,7 @@ class _axis_env:
     shard_map's body also JAX's context for it: the mesh with those axes manual, and ``check_vma``."""
 
     def __init__(self, axes, mesh=None, check_vma: bool = False):
-        self.named = [(name, size) for name, size in axes if not isinstance(name, _runtime.Unnamed)]
+        self.named = list(axes)  # an unnamed pmap axis too: the transpose psums over it
         self.mesh, self.check_vma = mesh, check_vma
 
     def __enter__(self):
@@ -572,7 +572,7 @@ def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tupl
                 continue
             if type(ct) is ad.Zero:
                 ct = ad.instantiate_zeros(ct)
-            replicated = [name for name, _ in _unmentioned(spec, axes) if not isinstance(name, _runtime.Unnamed)]
+            replicated = [name for name, _ in _unmentioned(spec, axes)]  # an unnamed pmap axis too (bound here)
             if not check_vma and replicated and ct.dtype != jax.dtypes.float0:
                 ct = jax.lax.psum(ct, tuple(replicated))
             out.append(ct)
