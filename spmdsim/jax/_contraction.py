@@ -3,17 +3,17 @@
 XLA:CPU fuses the elementwise operations of a program into loops and compiles them with LLVM allowed to contract
 a multiply feeding an add into one fused multiply-add (``fma``: rounded once) where the instruction set has one:
 float32 with FMA (AVX2 and above), float16 with AVX512-FP16, never bfloat16 (:mod:`._xla_cpu_isa`; measured).
-A product used only by adds is fused into each of them (of an add of two products, the first operand's);
-a product that something else uses too (another multiply, the program's output), counting equal products as one as
-XLA's common-subexpression elimination does, is computed on its own and fused into none.
+A product used only by adds is fused into each of them (of an add of two products, the first operand's); a
+product that something else uses too (another multiply, the program's output), counting equal products as one
+as XLA's common-subexpression elimination does, is computed on its own and fused into none.
 ``jax.random.uniform(k, shape, minval, maxval)`` computes ``u * (hi - lo) + lo`` this way, and so do flax's
 initialisers and every ``x * w + b`` inside a map.
 
 :func:`contract` rewrites a jaxpr the same way: each ``add``, ``add_any`` or ``sub`` of float32 (float16) values
 that takes such a ``mul`` (or ``square``) of the same jaxpr becomes one equation of ``xla_cpu_fma`` (the
-multiply's operands and the addend), and the multiply's equation goes where nothing else uses it. Both executors and the reference loop
-evaluate the rewritten jaxpr (sub-jaxprs are rewritten when they are evaluated), so they agree with each other
-bit for bit; the rewrite is made once per jaxpr.
+multiply's operands and the addend), and the multiply's equation goes where nothing else uses it. Both executors
+and the reference loop evaluate the rewritten jaxpr (sub-jaxprs are rewritten when they are evaluated), so they
+agree with each other bit for bit; the rewrite is made once per jaxpr.
 
 Not modelled (XLA's result can still differ by an ulp there; measured): products that feed an add through a
 reshape or from another jaxpr (a ``jit`` call's output: XLA inlines calls), and contractions inside reductions
