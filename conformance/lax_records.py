@@ -88,13 +88,15 @@ for _p, _table in {
     "cumlogsumexp": {BF16: 1, F16: 2, F32: 2, F64: 2}, "reduce_window_sum": {BF16: 1, F16: 2, F32: 1, F64: 1,
                                                                              C64: 8, C128: 4},
     "reduce_window": {F32: 2, F64: 1}, "dot_general": {F32: 2, F64: 2}, "conv_general_dilated": {F32: 4, F64: 4},
+    "ragged_dot_general": {F32: 2, F64: 2},  # dot_general's: one dot of the dense groups, as JAX lowers it
     "random_gamma": {BF16: 9, F32: 4, F64: 256}, "scatter-mul": {C64: 13},
 }.items():
     for _d, _u in _table.items():
         _tol(_p, _d, float(_u))
 # results with cancellation (complex products, transforms, rank-one updates, numerical derivatives): relative to
 # the largest magnitude of the result
-for _p, _dtypes, _eps in (("dot_general", (C64, C128), 1e-6), ("conv_general_dilated", (C64,), 1e-6),
+for _p, _dtypes, _eps in (("dot_general", (C64, C128), 1e-6), ("ragged_dot_general", (C64, C128), 1e-6),
+                          ("conv_general_dilated", (C64,), 1e-6),
                           ("reduce_prod", (C64, C128), 1e-6), ("fft", (C64,), 1e-6),
                           ("cholesky_update", (F32,), 1e-6), ("cholesky_update", (F64,), 1e-14),
                           ("igamma_grad_a", (F64,), 1e-9),
@@ -556,6 +558,38 @@ record("dot_general", DOT, lambda x, y, pref: lax.dot_general(x, y, (((1,), (0,)
        variants=[{"pref": np.int32}, {"pref": np.float32}], label="preferred")
 
 
+def _ragged_dims(contract, batch, ragged, group):
+    return lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(contract, batch), lhs_ragged_dimensions=ragged,
+                                         rhs_group_dimensions=group)
+
+
+def _ragged_args(dtype, rng, variant):
+    k = "small" if np.dtype(dtype).kind in "iu" else "positive-sum"
+    return [[values(rng, variant["ls"], dtype, k), noncontiguous(values(rng, variant["rs"], dtype, k)),
+             np.asarray(variant["gs"], np.int32)]]
+
+
+# lax.ragged_dot's modes (jax/_src/lax/lax.py's RaggedDotMode): ragged non-contracting (groups of rows, one rhs per
+# group; a zero-size group, rows left over; group sizes per batch index), ragged contracting (a result per group),
+# ragged batch (group sizes unused)
+record("ragged_dot_general", DOT, lambda x, y, g, ls, rs, gs, dn, pref: lax.ragged_dot_general(
+    x, y, g, dn, preferred_element_type=pref), _ragged_args, NUM, variants=[
+        {"ls": (7, 3), "rs": (3, 3, 5), "gs": [2, 0, 4], "dn": _ragged_dims(((1,), (1,)), ((), ()), (0,), (0,)),
+         "pref": None},
+        {"ls": (6, 4), "rs": (2, 4, 3), "gs": [2, 3], "dn": _ragged_dims(((1,), (1,)), ((), ()), (0,), (0,)),
+         "pref": None},
+        {"ls": (2, 5, 3), "rs": (3, 2, 3, 4), "gs": [[1, 2, 2], [0, 5, 0]],
+         "dn": _ragged_dims(((2,), (2,)), ((0,), (1,)), (1,), (0,)), "pref": None},
+        {"ls": (4, 6), "rs": (6, 5), "gs": [1, 3, 2], "dn": _ragged_dims(((1,), (0,)), ((), ()), (1,), ()),
+         "pref": None},
+        {"ls": (3, 4, 2), "rs": (3, 2, 5), "gs": [1, 2], "dn": _ragged_dims(((2,), (1,)), ((0,), (0,)), (0,), ()),
+         "pref": None}])
+record("ragged_dot_general", DOT, lambda x, y, g, pref: lax.ragged_dot(x, y, g, preferred_element_type=pref),
+       lambda d, r, v: [[values(r, (6, 4), d, "small"), values(r, (2, 4, 3), d, "small"),
+                         np.array([4, 2], np.int32)]], ("int8", "bfloat16", "float16"),
+       variants=[{"pref": np.int32}, {"pref": np.float32}], label="preferred")
+
+
 def _conv_args(dtype, rng, variant):
     k = "small" if np.dtype(dtype).kind in "iu" else "positive-sum"
     return [[values(rng, variant["lhs"], dtype, k), values(rng, variant["rhs"], dtype, k)]]
@@ -700,6 +734,21 @@ record("householder_product", LINALGF, lambda a, t: lax.linalg.householder_produ
 record("ormqr", LINALGF, lambda a, t, c, left, transpose: lax.linalg.ormqr(a, t, c, left=left, transpose=transpose),
        lambda d, r, v: [[values(r, (4, 4), d), values(r, (3,), d), values(r, (4, 2) if v["left"] else (2, 4), d)]],
        LINALG, variants=[{"left": True, "transpose": False}, {"left": False, "transpose": True}])
+record("geqrf", LINALGF, lambda a, shape: jax._src.lax.linalg.geqrf(a), _matrices((4, 4)), LINALG,
+       variants=[{"shape": s} for s in ((2, 5, 3), (3, 5), (4, 4), (0, 3), (3, 0))])
+
+
+def _geqp3_args(dtype, rng, variant):
+    a = _matrices(variant["shape"])(dtype, rng, variant)[0][0]
+    jpvt = np.zeros(a.shape[:-2] + a.shape[-1:], np.int32)
+    jpvt[..., list(variant["fixed"])] = 1  # columns moved to the front before pivoting
+    return [[a, jpvt]]
+
+
+# (no rows: XLA:CPU dies of a SIGFPE on it)
+record("geqp3", LINALGF, lambda a, p, shape, fixed: jax._src.lax.linalg.geqp3(a, p), _geqp3_args, LINALG,
+       variants=[{"shape": s, "fixed": f} for s, f in (((2, 5, 3), ()), ((3, 5), ()), ((4, 4), ()), ((3, 0), ()),
+                                                       ((5, 4), (2,)), ((3, 5), (1, 4)))])
 record("svd", LINALGF, lambda a, full, uv, shape: lax.linalg.svd(a, full_matrices=full, compute_uv=uv),
        _matrices((3, 3)), LINALG, variants=[{"full": f, "uv": uv, "shape": s} for f, uv in ((True, True),
                                                                                            (False, True),
@@ -770,6 +819,20 @@ record("random_unwrap", RANDOM, lambda k: jax.random.key_data(jax.random.wrap_ke
 record("random_clone", RANDOM, _wrapped(lambda k: jax.random.key_data(jax.random.clone(k))), _KEYS, ("uint32",))
 record("threefry2x32", RANDOM, lambda a, b, c, e: jax.extend.random.threefry2x32_p.bind(a, b, c, e),
        lambda d, r, v: [[r.integers(0, 2 ** 32, (5,), dtype=np.uint32) for _ in range(4)]], ("uint32",))
+
+
+def _words(count):
+    """uint32 words for a hash primitive: arrays of 5, one of them a scalar (the primitives broadcast)."""
+    return lambda d, r, v: [[r.integers(0, 2 ** 32, (5,) if i else (), dtype=np.uint32) for i in range(count)]]
+
+
+# the hash primitives that the lowerings of the other PRNG impls bind (spmdsim evaluates those lowerings)
+record("threefry4x32", RANDOM, lambda *w: jax._src.random.threefry4x32.threefry4x32_p.bind(*w), _words(8),
+       ("uint32",))
+record("philox4x32", RANDOM, lambda *w: jax._src.random.philox4x32.philox4x32_p.bind(*w), _words(6), ("uint32",))
+record("philox2x32", RANDOM, lambda *w: jax._src.random.philox2x32.philox2x32_p.bind(*w), _words(3), ("uint32",))
+record("iota_2x32_shape", RANDOM, lambda x, shape: [w + x for w in jax._src.random.prng.iota_2x32_shape(shape)],
+       lambda d, r, v: [[np.uint32(7)]], ("uint32",), variants=[{"shape": (3, 4)}, {"shape": (5,)}])
 record("random_gamma", RANDOM, lambda k, a, log_space: jax.random.loggamma(jax.random.wrap_key_data(k), a, dtype=a.dtype)
        if log_space else jax.random.gamma(jax.random.wrap_key_data(k), a, dtype=a.dtype),
        lambda d, r, v: [[r.integers(0, 2 ** 32, (2,), dtype=np.uint32), values(r, (64,), d, "pos")]],

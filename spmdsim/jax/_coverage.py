@@ -6,7 +6,9 @@
 - every primitive in the jaxprs (sub-jaxprs included) of :func:`representative_programs`: calls of
   ``jax.numpy``, ``jax.numpy.linalg``, ``jax.numpy.fft``, ``jax.scipy.special``, ``jax.scipy.linalg``,
   ``jax.nn`` and ``jax.random``, with their gradients where JAX's transpose rules emit primitives of their
-  own (max-pooling's ``select_and_scatter_add``, ``jnp.stack``'s ``unstack``, ``lgamma``'s ``digamma``).
+  own (max-pooling's ``select_and_scatter_add``, ``jnp.stack``'s ``unstack``, ``lgamma``'s ``digamma``), and
+  the functions JAX lowers the key primitives of every registered PRNG impl to (spmdsim evaluates those for
+  impls other than threefry2x32: their hash primitives are found there).
 
 Every enumerated primitive has a rule in both rule tables (:mod:`spmdsim.jax._registry`), except
 
@@ -167,6 +169,11 @@ def representative_programs() -> list[tuple[str, Callable, tuple]]:
         ("linalg.svd", lambda a: (jnp.linalg.svd(a), jnp.linalg.pinv(a), jnp.linalg.norm(a, 2),
                                   jnp.linalg.matrix_rank(a)), (m,)),
         ("linalg.qr", lambda a: jnp.linalg.qr(a), (m,)),
+        # QR's LAPACK steps, bound by jax.numpy and jax.scipy themselves (qr's own lowering binds them too)
+        ("linalg.qr-modes", lambda a: (jnp.linalg.qr(a, mode="raw"), jnp.linalg.qr(a, mode="r"),
+                                       jnp.linalg.qr(a, mode="complete"), jnp.linalg.slogdet(a, method="qr"),
+                                       jsl.qr(a, pivoting=True), jsl.qr_multiply(a, a[0]),
+                                       jsl.qr_multiply(a, a[0], pivoting=True)), (m,)),
         ("linalg.lstsq", lambda a: jnp.linalg.lstsq(a, a[0]), (m,)),
         ("linalg.matrix_power", lambda a: jnp.linalg.matrix_power(a, 3), (m,)),
         # jax.numpy.fft
@@ -205,6 +212,8 @@ def representative_programs() -> list[tuple[str, Callable, tuple]]:
                                       jax.nn.sparse_plus(a), jax.nn.mish(a)), (v,)),
         ("nn.grads", lambda a: (grad(jax.nn.relu)(a), grad(jax.nn.gelu)(a), grad(jax.nn.softmax)(a)), (v,)),
         ("nn.dot_product_attention", lambda q: jax.nn.dot_product_attention(q, q, q), (np.ones((1, 4, 2, 8), f32),)),
+        ("lax.ragged_dot", lambda a, b, g: lax.ragged_dot(a, b, g), (m[:, :3], np.ones((2, 3, 5), f32),
+                                                                    np.array([1, 3], np.int32))),
         # pooling and convolution, and their gradients
         ("pooling", lambda x: (max_pool(x), min_pool(x), avg_pool(x), grad(max_pool)(x), grad(avg_pool)(x),
                                grad(min_pool)(x)), (img,)),
@@ -237,6 +246,9 @@ def representative_programs() -> list[tuple[str, Callable, tuple]]:
         ("random.legacy-key", lambda k: (jax.random.normal(k, (2,)), jax.random.split(k)), (raw_key,)),
         ("lax.rng_bit_generator", lambda k: lax.rng_bit_generator(k, (4,), dtype=np.uint32),
          (np.zeros(4, np.uint32),)),
+        ("random.impls", lambda: [(jax.random.normal(k, (2,)), jax.random.split(k), jax.random.fold_in(k, 3))
+                                  for k in (jax.random.key(0, impl=name) for name in _prng_impls())], ()),
+        *_impl_lowerings(),
         # others reachable from user code
         ("lax.misc", lambda a: (lax.reduce_precision(a, 5, 10), lax.population_count(ints), lax.clz(ints),
                                 lax.mulhi(ints, ints), lax.tile(a, (2,)), lax.optimization_barrier(a),
@@ -254,6 +266,29 @@ def representative_programs() -> list[tuple[str, Callable, tuple]]:
         ("lax.custom_root/solve", lambda a: jax.lax.custom_linear_solve(lambda x: a @ x, a[0],
                                                                        lambda mv, b: jnp.linalg.solve(a, b)), (m,)),
     ]
+    return programs
+
+
+def _prng_impls() -> list[str]:
+    from jax._src.random import prng as jax_prng
+    return sorted(jax_prng.prngs)
+
+
+def _impl_lowerings() -> list[tuple[str, Callable, tuple]]:
+    """For every registered PRNG impl, the functions JAX lowers its key primitives to (its seed, split, fold_in
+    and random_bits on key data), which spmdsim traces and evaluates for impls other than threefry2x32: their hash
+    primitives (threefry4x32, philox4x32, philox2x32, iota_2x32_shape, rng_bit_generator) are found here."""
+    import jax
+    from jax._src.random import prng as jax_prng
+
+    programs = []
+    for name in _prng_impls():
+        impl = jax_prng.prngs[name]
+        data = np.zeros(impl.key_shape, np.uint32)
+        programs.append((f"random.lowering.{name}", lambda k, impl=impl: (
+            impl.seed(np.int32(3)), impl.split(k, (2,)), impl.fold_in(k, np.uint32(5)),
+            impl.random_bits(k, 32, (3,)), jax.vmap(lambda kk: impl.random_bits(kk, 8, (2,)))(jax.numpy.stack([k, k]))),
+            (data,)))
     return programs
 
 

@@ -5,7 +5,13 @@ its routines from ``scipy.linalg.cython_lapack`` — one matrix at a time, with 
 here call the same routines through ``scipy.linalg.lapack`` the same way (same routine, job and uplo options,
 optimal workspace, column-major copies), so results equal XLA:CPU's bit for bit in the cases measured, and
 follow its conventions: eigenvector and Q/R signs are LAPACK's, LU pivots are 0-based, a failed factorization
-(``info != 0``) is NaN, ``qr`` is ``geqrf`` then ``orgqr``/``ungqr`` as JAX lowers it.
+(``info != 0``) is NaN, ``qr`` is ``geqrf`` then ``orgqr``/``ungqr`` as JAX lowers it. The ``geqrf`` and
+``geqp3`` primitives (``jnp.linalg.qr(mode="raw")``, ``slogdet(method="qr")``, ``jax.scipy.linalg.qr_multiply``)
+are those LAPACK calls alone; ``geqp3`` takes the caller's column pivots, so it calls the routine of
+``scipy.linalg.cython_lapack`` itself, as jaxlib does (SciPy's wrapper has no ``jpvt`` argument).
+
+``ragged_dot_general`` is JAX's CPU lowering of it: the ragged operand made dense per group, then one
+``dot_general`` (computed by dot_general's own rules, so within dot_general's tolerance of XLA:CPU).
 
 A batch of matrices is a loop of LAPACK calls on its leading axes; the vectorized twins make the device axis
 one more leading batch axis of the same loop (the same calls, so the same bits). float16 and bfloat16 are
@@ -13,6 +19,7 @@ computed in float32 and rounded.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -467,3 +474,169 @@ def _custom_linear_solve_v(*args, const_lengths, jaxprs):
     outs = [_custom_linear_solve(*(np.broadcast_to(a, (n, *np.shape(a)[1:]))[d] for a in args),
                                  const_lengths=const_lengths, jaxprs=jaxprs) for d in range(n)]
     return [np.stack([np.asarray(o[k]) for o in outs]) for k in range(len(outs[0]))]
+
+
+# -- geqrf and geqp3: the LAPACK steps of QR that jnp.linalg.qr(mode="raw"), slogdet(method="qr") and
+# jax.scipy.linalg.qr_multiply bind themselves --------------------------------------------------------------------
+
+@_both("geqrf")
+def _geqrf_rule(x):
+    """LAPACK ?geqrf with the optimal workspace, as jaxlib's geqrf_ffi calls it: R above the diagonal, the
+    Householder reflectors below it and in ``taus``."""
+    compute = _compute_dtype(x.dtype)
+
+    def one(a):
+        if a.size == 0:
+            return np.asarray(a, compute), np.zeros(min(a.shape), compute)
+        return _geqrf(a, compute)
+    one.empty_shapes = lambda s: [s, (min(s),)]
+    return _per_matrix(one, [x], [2], [x.dtype, x.dtype])
+
+
+def _cython_lapack(name: str):
+    """The LAPACK routine ``name`` of scipy.linalg.cython_lapack (the functions jaxlib calls), callable with
+    pointers (Fortran's calling convention)."""
+    import ctypes
+
+    import scipy.linalg.cython_lapack as cython_lapack
+
+    capsule = cython_lapack.__pyx_capi__[name]
+    get_name, get_pointer = ctypes.pythonapi.PyCapsule_GetName, ctypes.pythonapi.PyCapsule_GetPointer
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    pointer = get_pointer(capsule, get_name(capsule))
+    count = 10 if name[0] in "cz" else 9
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * count))(pointer)
+
+
+_GEQP3: dict = {}
+
+
+def _geqp3_one(a: np.ndarray, jpvt: np.ndarray, compute: np.dtype):
+    """LAPACK ?geqp3 as jaxlib's geqp3_ffi calls it: on a column-major copy of ``a`` and of the caller's
+    ``jpvt`` (1-based; a nonzero entry moves its column to the front), workspace from a query (lwork = -1), a
+    real workspace of 2n for complex types."""
+    name = _prefix(compute) + "geqp3"
+    routine = _GEQP3.get(name)
+    if routine is None:
+        routine = _GEQP3[name] = _cython_lapack(name)
+    m, n = a.shape
+    a = np.array(a, dtype=compute, order="F", copy=True)
+    jpvt = np.array(jpvt, dtype=np.int32, copy=True)
+    tau = np.zeros(min(m, n), compute)
+    if m == 0:  # XLA:CPU dies of a SIGFPE here: LAPACK's column order for no rows, without its xerbla message
+        fixed = 0
+        for j in range(n):  # ?geqp3's first loop: columns marked in jpvt moved to the front
+            if jpvt[j] != 0:
+                if j != fixed:
+                    jpvt[j], jpvt[fixed] = jpvt[fixed], j + 1
+                else:
+                    jpvt[j] = j + 1
+                fixed += 1
+            else:
+                jpvt[j] = j + 1
+        return a, jpvt, tau
+    ints = [np.array([v], np.int32) for v in (m, n, max(1, m))]
+    info, lwork = np.zeros(1, np.int32), np.array([-1], np.int32)
+    real = np.zeros(1, np.float32 if compute in (np.float32, np.complex64) else np.float64)
+    rwork = np.zeros(max(1, 2 * n), real.dtype)
+    query = np.zeros(1, compute)
+
+    def call(work):
+        args = [ints[0], ints[1], a, ints[2], jpvt, tau, work, lwork] + ([rwork] if compute.kind == "c" else [])
+        routine(*(x.ctypes.data for x in args), info.ctypes.data)
+    call(query)
+    lwork[0] = _lwork(query[0])
+    call(np.zeros(lwork[0], compute))
+    return a, jpvt, tau
+
+
+@_both("geqp3")
+def _geqp3_rule(x, jpvt, *, use_magma=None):
+    compute = _compute_dtype(x.dtype)
+
+    def one(a, p):
+        r, p_out, tau = _geqp3_one(a, p, compute)
+        return r, p_out, tau
+    one.empty_shapes = lambda s, t: [s, t, (min(s),)]
+    return _per_matrix(one, [x, jpvt], [2, 1], [x.dtype, jpvt.dtype, x.dtype])
+
+
+# -- ragged_dot_general: as JAX lowers it on CPU (jax/_src/lax/lax.py's _ragged_dot_general_impl) -----------------
+# The ragged operand is made dense, one copy per group with the rows (or contracted entries) outside the group
+# zeroed, and one dot_general contracts the group axis too (ragged non-contracting dimension), or keeps it as
+# the leading batch axis of the result (ragged contracting dimension); a ragged batch dimension is a plain
+# dot_general. Both twins call dot_general's own rules, the device axis an outer batch axis of the same products.
+
+def _ragged_mode(lhs_rank: int, dnums):
+    (lc, _), (lb, _) = dnums.dot_dimension_numbers
+    ragged = dnums.lhs_ragged_dimensions[0]
+    if ragged in lc:
+        return "contracting", ragged
+    if ragged in lb:
+        return "batch", ragged
+    return "noncontracting", ragged
+
+
+def _ragged_prefix(mode: str, rank: int, ragged: int, batch, contract) -> list:
+    batch, contract = list(batch), list(contract)
+    if mode == "noncontracting":
+        free = [d for d in range(rank) if d not in batch and d not in contract]
+        return batch + free[:free.index(ragged)]
+    if mode == "contracting":
+        return batch + contract[:contract.index(ragged)]
+    return batch[:batch.index(ragged)]
+
+
+def _ragged_to_dense(x: np.ndarray, sizes: np.ndarray, dim: int, axes: list, lead: int) -> np.ndarray:
+    """``x`` (``lead`` device axes, then its own) as ``(lead..., g, x...)``: group ``j`` keeps the entries of
+    ``dim`` in ``[start_j, end_j)`` (``sizes``' running sum in its own dtype), zero elsewhere; ``sizes`` has
+    shape ``(lead..., [x.shape[a] for a in axes]..., g)``."""
+    outer, shape = x.shape[:lead], x.shape[lead:]
+    g = sizes.shape[-1]
+    ends = np.cumsum(sizes, axis=-1, dtype=sizes.dtype).astype(np.int64)
+    starts = np.concatenate([np.zeros_like(ends[..., :1]), ends[..., :-1]], axis=-1)
+    order = np.argsort(axes).tolist()
+    perm = (*range(lead), lead + len(axes), *(lead + o for o in order))
+    bounds_shape = (*outer, g, *(shape[a] if a in axes else 1 for a in range(len(shape))))
+    starts, ends = (b.transpose(perm).reshape(bounds_shape) for b in (starts, ends))
+    iota = np.arange(shape[dim], dtype=np.int64).reshape(
+        (1,) * (lead + 1) + tuple(shape[dim] if a == dim else 1 for a in range(len(shape))))
+    mask = (starts <= iota) & (iota < ends)
+    return np.where(mask, np.expand_dims(x, lead), np.zeros((), x.dtype))
+
+
+def _ragged_dot(lead: int, lhs, rhs, group_sizes, *, ragged_dot_dimension_numbers, precision=None,
+                preferred_element_type=None, group_offset=None, out_sharding=None):
+    from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
+
+    if group_offset is not None:
+        raise NotImplementedError("ragged_dot_general with group_offset (JAX does not implement it either)")
+    dnums = ragged_dot_dimension_numbers
+    dot = (VECTORIZED if lead else PER_DEVICE)["dot_general"]
+    rank = lhs.ndim - lead
+    mode, ragged = _ragged_mode(rank, dnums)
+    (lc, rc), (lb, rb) = dnums.dot_dimension_numbers
+    params = dict(precision=precision, preferred_element_type=preferred_element_type)
+    if mode == "batch":
+        return dot(lhs, rhs, dimension_numbers=dnums.dot_dimension_numbers, **params)
+    l_prefix = _ragged_prefix(mode, rank, ragged, lb, lc)
+    sizes = np.asarray(group_sizes)
+    if sizes.ndim - lead == 1:  # [g]: the same groups for every prefix index
+        prefix_shape = tuple(lhs.shape[lead + d] for d in l_prefix)
+        sizes = np.broadcast_to(sizes.reshape(sizes.shape[:lead] + (1,) * len(prefix_shape) + sizes.shape[-1:]),
+                                sizes.shape[:lead] + prefix_shape + sizes.shape[-1:])
+    up = lambda dims: [d + 1 for d in dims]  # noqa: E731
+    dense_lhs = _ragged_to_dense(lhs, sizes, ragged, l_prefix, lead)
+    if mode == "noncontracting":
+        group_dim = dnums.rhs_group_dimensions[0]
+        return dot(dense_lhs, rhs, dimension_numbers=((up(lc) + [0], list(rc) + [group_dim]), (up(lb), list(rb))),
+                   **params)
+    rhs_ragged = rc[list(lc).index(ragged)]
+    r_prefix = _ragged_prefix(mode, rhs.ndim - lead, rhs_ragged, rb, rc)
+    dense_rhs = _ragged_to_dense(rhs, sizes, rhs_ragged, r_prefix, lead)
+    return dot(dense_lhs, dense_rhs, dimension_numbers=((up(lc), up(rc)), ([0] + up(lb), [0] + up(rb))), **params)
+
+
+per_device("ragged_dot_general")(functools.partial(_ragged_dot, 0))
+vectorized("ragged_dot_general")(functools.partial(_ragged_dot, 1))
