@@ -34,6 +34,12 @@ __all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop
 
 IDLE_SECONDS = float(os.environ.get("SPMDSIM_IDLE_THREAD_SECONDS", "2"))
 REUSE = os.environ.get("SPMDSIM_REUSE_THREADS", "1") != "0"
+# CPython raises a signal's exception (Ctrl-C) in the main thread where its bytecode next checks for one; a blocking
+# lock acquire checks nothing and wakes only when the signal interrupts that very thread's wait. A SIGINT whose C
+# handler ran after the caller's last check and before it blocked (e.g. while it waited for the GIL on a loaded
+# machine), or in another thread, was never raised, and the call waited for its devices forever: the caller's wait
+# for them comes back to Python this often.
+SIGNAL_CHECK_SECONDS = 0.1
 
 
 def _pinned_cpu() -> set | None:
@@ -98,8 +104,13 @@ class Threads:
             self._done.release()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every body returned (True) or ``timeout`` seconds passed (False)."""
-        if not self._done.acquire(timeout=-1 if timeout is None else timeout):
+        """Wait until every body returned (True) or ``timeout`` seconds passed (False). Without a timeout, in the
+        main thread (the one that gets Ctrl-C), the wait comes back to Python every ``SIGNAL_CHECK_SECONDS``: a
+        Ctrl-C is raised there even when its handler ran in C without waking this thread (see there)."""
+        if timeout is None and threading.current_thread() is threading.main_thread():
+            while not self._done.acquire(True, SIGNAL_CHECK_SECONDS):
+                pass
+        elif not self._done.acquire(True, -1 if timeout is None else timeout):
             return False
         self._done.release()
         return True

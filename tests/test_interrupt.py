@@ -113,3 +113,38 @@ def test_after_ctrl_c_an_abandoned_thread_never_runs_user_code_and_no_thread_is_
     assert report["spmdsim_threads_left"] == []           # and the parked ones after the idle time
     assert "user code ran after the interrupt" not in run["out"]
     assert "Exception in thread" not in run["err"], run["err"]
+
+
+LOST_SIGNAL_PROGRAM = """
+import os, signal, threading, time, numpy as np, spmdsim
+from spmdsim import lax
+looping, sent = threading.Event(), []
+def helper():
+    looping.wait()
+    time.sleep(0.2)  # the caller is blocked in its wait by then (were it not, the signal would take the usual way)
+    sent.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGINT)  # delivered to this thread: every other one blocks SIGINT
+threading.Thread(target=helper, daemon=True).start()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the device threads, started from here, block it too
+def f(x):
+    if lax.axis_index("i") == 0:
+        looping.set()
+        while True:
+            pass
+    return lax.psum(x, "i")
+try:
+    spmdsim.pmap(f, axis_name="i")(np.zeros(4))
+except KeyboardInterrupt as e:
+    print("interrupted", time.monotonic() - sent[0] < 5, "where every device was" in "\\n".join(e.__notes__))
+"""
+
+
+def test_a_ctrl_c_whose_handler_ran_while_the_caller_was_blocked_elsewhere_still_ends_the_call():
+    """CPython raises a signal's exception in the main thread at its next bytecode boundary, and a blocking lock
+    acquire has none: a SIGINT whose C handler ran just before the caller blocked in its wait for the devices (a
+    loaded machine can preempt it there), or in another thread, was never raised, and the call hung with a device
+    looping forever. Made certain here: the caller blocks SIGINT, so a helper thread takes it."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", LOST_SIGNAL_PROGRAM], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.stdout.splitlines() == ["interrupted True True"], proc.stdout + proc.stderr
