@@ -27,6 +27,7 @@ from spmdsim import _hosts, _pmap, _runtime, errors
 from spmdsim._axes import Unnamed, unbound_message
 from spmdsim._values import check_array_dtype
 from spmdsim.jax._map import global_avals, map_params, simulate, spmdsim_map_p, threads_run, to_jax, to_numpy
+from spmdsim.jax._placement import map_out_shardings
 
 __all__ = ["pmap"]
 
@@ -309,7 +310,6 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
             run = None if params["executor"] == "vectorized" else threads_run(
                 params["jaxpr"], params["in_specs"], params["out_specs"], params["axes"], params["axes"],
                 params["executor"], "pmap")
-            from spmdsim.jax._shard_map import map_out_shardings  # (that module imports this one)
             call = _Call(local, n, body, params, global_avals(params), run,
                          map_out_shardings(params) if _hosts.current() is None else None)
             if call_key is not None and body.cacheable:
@@ -325,7 +325,6 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
             numpy_outs = simulate(args, **call.params, check_replicated=check_replicated)
         shardings = call.shardings if host is None else None
         if shardings is None:  # a multi-host run: this host's devices
-            from spmdsim.jax._shard_map import map_out_shardings
             shardings = map_out_shardings(call.params)
         outs = [to_jax(o, a, s) for o, a, s in zip(numpy_outs, call.out_avals, shardings, strict=True)]
         return jax.tree_util.tree_unflatten(call.body.out_tree, outs)
@@ -339,7 +338,7 @@ class _Call:
     all (``n``, every host's devices), the traced body, the primitive's parameters, the output avals, the
     closed-over values as NumPy arrays, the thread executor's run of the map outside a multi-host run
     (``run``; None for the vectorized executor) and where JAX puts the outputs outside a multi-host run
-    (``shardings``, see :func:`spmdsim.jax._shard_map.map_out_shardings`; None when made in one)."""
+    (``shardings``, see :func:`spmdsim.jax._placement.map_out_shardings`; None when made in one)."""
 
     __slots__ = ("local", "n", "body", "params", "out_avals", "consts", "run", "shardings")
 

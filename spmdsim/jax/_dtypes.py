@@ -8,6 +8,8 @@ import functools
 import numpy as np
 import jax
 
+from spmdsim.jax import _registry
+
 KEY_DATA_SHAPE = (2,)  # threefry2x32's key data (JAX's default implementation); others: key_data_shape(dtype)
 
 
@@ -54,18 +56,11 @@ def key_data_shape_of(eqn) -> tuple | None:
     return None
 
 
-_eqn_stack = None
-
-
 def equation_being_evaluated(name: str):
     """The equation of primitive ``name`` that an executor is evaluating on this thread (both executors, the
     reference loop and the compiled form, record the equation before calling its rule), or None (a rule called
     by hand, or by another rule for another equation). How a rule called without ``specialize`` learns what its
     operands do not say: the PRNG impl of a key, whether a uint32 array is key data."""
-    global _eqn_stack
-    if _eqn_stack is None:
-        from spmdsim.jax._interpreter import eqn_stack
-        _eqn_stack = eqn_stack
-    stack = _eqn_stack()
+    stack = _registry.eqn_stack()
     eqn = stack[-1] if stack else None
     return eqn if eqn is not None and eqn.primitive.name == name else None

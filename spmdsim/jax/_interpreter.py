@@ -22,7 +22,6 @@ a separate layer, tested equal to this loop on the conformance suite (``executor
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Callable, Hashable, Sequence
 
 import numpy as np
@@ -40,7 +39,7 @@ __all__ = ["eval_jaxpr", "eval_closed_jaxpr", "Executor", "PerDevice", "Vectoriz
 HIGHER_ORDER: dict[str, Callable] = {}
 # The registry under the names the rule modules use.
 IMPL, impl, specialize = _registry.PER_DEVICE, _registry.per_device, _registry.specialize
-_local = threading.local()
+eqn_stack = _registry.eqn_stack  # the equations being evaluated on this thread, innermost last
 
 
 # XLA computes through overflow and NaN without a warning: ``token = ignore_errors()`` ... ``restore_errors(token)``.
@@ -71,13 +70,6 @@ def site_of(eqn) -> str:
 def _summarize(source_info) -> str:
     from jax._src import source_info_util
     return source_info_util.summarize(source_info)
-
-
-def eqn_stack() -> list:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
 
 
 def current_site() -> str:

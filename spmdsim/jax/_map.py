@@ -41,6 +41,7 @@ from spmdsim import _hosts, _primitives, _runtime, _sharding
 from spmdsim._values import broadcast_view, read_only
 from spmdsim.jax import _dtypes
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
+from spmdsim.jax._placement import PMAP_AXIS, local_mesh, map_out_shardings
 
 __all__ = ["spmdsim_map_p", "simulate", "threads_run", "global_avals", "map_params", "to_numpy", "to_jax", "EXECUTORS"]
 
@@ -169,7 +170,7 @@ def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, execut
         if check_replicated:
             _check_replicated(stacked, out_specs, axes, api)
         return [_sharding.assemble(o, spec, axes) for o, spec in zip(stacked, out_specs, strict=True)]
-    local = axes if _runtime.current_lane() is not None else _local_mesh(axes)  # top level: this host's box
+    local = axes if _runtime.current_lane() is not None else local_mesh(axes)  # top level: this host's box
     return threads_run(jaxpr, in_specs, out_specs, axes, local, executor, api)(args, check_replicated)
 
 
@@ -207,9 +208,9 @@ class _ThreadsRun:
 def _global_arrays(api: str, axes: tuple, ex) -> slice | None:
     """A top-level ``shard_map`` in a multi-host run takes and returns *global* arrays, as ``jax.Array``s are in a
     multi-process JAX job (JAX traces it with their global shapes): the slice of the mesh's devices that this host
-    runs, or None for any other map (pmap takes process-local data: see :func:`_local_mesh`)."""
+    runs, or None for any other map (pmap takes process-local data: see :func:`._placement.local_mesh`)."""
     if api != "shard_map" or isinstance(ex, Vectorized) or _runtime.current_lane() is not None \
-            or _local_mesh(axes) == axes:
+            or local_mesh(axes) == axes:
         return None
     host = _hosts.current()
     return slice(host.devices.start, host.devices.stop)
@@ -221,16 +222,6 @@ def _every_hosts_blocks(stacked: list[np.ndarray]) -> list[np.ndarray]:
     a global array are not addressable; in spmdsim every host's JAX holds all of them (see the README)."""
     from spmdsim import multihost
     return multihost.process_allgather(stacked, tiled=True)
-
-
-def _local_mesh(axes: tuple) -> tuple:
-    """This host's box of a top-level map's mesh in a multi-host run (its process-local data are laid over it;
-    see :func:`spmdsim._hosts.local_mesh`); the mesh itself otherwise, and for a mesh that does not span every
-    host's devices (a map nested in a body)."""
-    found = _hosts.layout()
-    if found is None or math.prod(size for _, size in axes) != found[0] * found[1]:
-        return axes
-    return _hosts.local_mesh(axes, "the map's mesh")
 
 
 @weakref_lru_cache
@@ -288,7 +279,7 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
     if ex is None and _runtime.current_lane() is None and _hosts.layout() is not None:
         # a multi-host run: this host's devices, their collectives across hosts
         mine = _global_arrays(api, axes, ex)
-        local = axes if mine is not None else _local_mesh(axes)
+        local = axes if mine is not None else local_mesh(axes)
         stacked = [_sharding.split(x, spec, local) for x, spec in zip(args, in_specs, strict=True)]
         if mine is not None:
             stacked = [x[mine] for x in stacked]
@@ -331,7 +322,6 @@ def _nested(ex: Executor, *args, **params):
 # -- the primitive -----------------------------------------------------------------------------------------
 
 def _impl(*args, **params):
-    from spmdsim.jax._shard_map import map_out_shardings  # (that module imports this one)
     outs = simulate([to_numpy(x) for x in args], **params)
     return [to_jax(o, aval, sharding) for o, aval, sharding in
             zip(outs, global_avals(params), map_out_shardings(params, args), strict=True)]
@@ -345,7 +335,7 @@ def global_avals(params) -> list:
     axes = params["axes"]
     mesh = params.get("mesh")
     if params.get("api") != "shard_map":
-        return _global_avals(params["jaxpr"], params["out_specs"], _local_mesh(axes))
+        return _global_avals(params["jaxpr"], params["out_specs"], local_mesh(axes))
     if mesh is None or jax.sharding.AxisType.Explicit not in getattr(mesh, "axis_types", ()):
         return _global_avals(params["jaxpr"], params["out_specs"], axes)
     from jax._src import mesh as mesh_lib
@@ -677,7 +667,7 @@ def _typecheck(_ctx_factory, *in_atoms, jaxpr, axes, in_specs, out_specs, check_
     if len(out_specs) != len(jaxpr.out_avals):
         raise core.JaxprTypeError(f"spmdsim_map has {len(out_specs)} out_specs for a body of "
                                   f"{len(jaxpr.out_avals)} outputs")
-    layout = axes if api == "shard_map" else _local_mesh(axes)
+    layout = axes if api == "shard_map" else local_mesh(axes)
     for k, (x, aval, spec) in enumerate(zip(in_atoms, jaxpr.in_avals, in_specs)):
         got = x.aval
         if len(spec) != len(aval.shape) or got.dtype != aval.dtype \
@@ -702,11 +692,8 @@ core.custom_typechecks[spmdsim_map_p] = _typecheck
 
 # -- printing (make_jaxpr) ---------------------------------------------------------------------------------
 
-_PMAP_AXIS_NAME = "_internal_pmap_axis_name"  # jax.pmap's name for the axis of a pmap without axis_name
-
-
 def _shown_name(name):
-    return _PMAP_AXIS_NAME if isinstance(name, _runtime.Unnamed) else name
+    return PMAP_AXIS if isinstance(name, _runtime.Unnamed) else name
 
 
 def _shown_spec(dims: tuple) -> jax.sharding.PartitionSpec:

@@ -14,9 +14,13 @@ Rules never modify their operands (they may be read-only views shared between de
 the dtype the jaxpr declares (the interpreter checks every result's shape and dtype). A per-device rule may
 carry ``rule.specialize(eqn) -> fn(*operands) | None``: a function with everything the equation fixes worked
 out once per jaxpr (see :func:`specialize`).
+
+Both executors record, per thread, the equation whose rule they are calling (:func:`eqn_stack`): for error
+sites, and for the few rules whose operands do not say all they need (a key's PRNG impl).
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 __all__ = ["PER_DEVICE", "VECTORIZED", "per_device", "vectorized", "specialize", "register"]
@@ -51,3 +55,14 @@ def specialize(specializer):
         rule.specialize = specializer
         return rule
     return attach
+
+
+_local = threading.local()
+
+
+def eqn_stack() -> list:
+    """The equations being evaluated on this thread, innermost last (None while between equations)."""
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack

@@ -7,7 +7,7 @@ A call of ``spmdsim.jax.shard_map(f, ...)`` (or of ``jax.shard_map`` under ``spm
 
 - with concrete arguments, the jaxpr is evaluated by spmdsim's interpreter on global NumPy values, and each
   ``shard_map`` equation in it runs per device (:func:`simulate_shard_map`), in threads by default; the
-  outputs are placed on JAX's devices as JAX places them (:func:`map_out_shardings`, :func:`_placement`);
+  outputs are placed on JAX's devices as JAX places them (:mod:`._placement`);
 - with JAX tracers as arguments (under ``grad``, ``vmap``, ``jit``, ...), each ``shard_map`` equation is
   re-bound as the ``spmdsim_map`` primitive, whose transformation rules follow JAX's shard_map conventions
   (:mod:`spmdsim.jax._map`), and everything else as itself.
@@ -26,16 +26,14 @@ import types
 import jax
 from jax._src import core, source_info_util
 from jax._src import mesh as mesh_lib
-from jax._src.util import weakref_lru_cache
 from jax.extend import core as ext_core
-from jax.sharding import AxisType
 
-from spmdsim import _hosts, _runtime
-from spmdsim._axes import Unnamed
+from spmdsim import _runtime
 
 from spmdsim.jax._api import with_axis_errors
 from spmdsim.jax._interpreter import PER_DEVICE, Executor, eval_jaxpr, higher_order
 from spmdsim.jax._map import map_params, simulate, spmdsim_map_p, to_jax, to_numpy
+from spmdsim.jax._placement import program_shardings
 
 __all__ = ["shard_map", "jit", "simulated", "real_shard_map"]
 
@@ -130,7 +128,7 @@ def _rebind(jaxpr, consts, args, executor: str) -> list:
 
 def _run_traced(closed, flat_args, executor: str) -> list:
     """Run a traced program: re-bound under JAX tracers, evaluated by spmdsim on concrete values (its outputs
-    placed as JAX places them: :func:`_program_shardings`)."""
+    placed as JAX places them: :func:`._placement.program_shardings`)."""
     if any(isinstance(x, core.Tracer) for x in flat_args):
         return _rebind(closed.jaxpr, closed.consts, flat_args, executor)
     previous, _executor.name = _executor.name, executor
@@ -139,199 +137,8 @@ def _run_traced(closed, flat_args, executor: str) -> list:
                           executor=PER_DEVICE)
     finally:
         _executor.name = previous
-    return [to_jax(o, a, s) for o, a, s in zip(outs, closed.out_avals, _program_shardings(closed.jaxpr, flat_args),
+    return [to_jax(o, a, s) for o, a, s in zip(outs, closed.out_avals, program_shardings(closed.jaxpr, flat_args),
                                                 strict=True)]
-
-
-# -- where outputs go: JAX's placement of what spmdsim computed ----------------------------------------------
-
-PMAP_AXIS = "_internal_pmap_axis_name"  # the mesh axis name of a jax.pmap without axis_name (JAX 0.10)
-
-
-def map_out_shardings(params: dict, args=()) -> tuple:
-    """Where JAX puts each output of a map (``spmdsim_map``'s ``params``, called on ``args``): a shard_map's on
-    its mesh by its out_spec; a pmap's on the mesh of its devices (JAX 0.10's pmap is a jit of a shard_map over
-    ``Mesh(devices[:n], (axis_name,))``; in a multi-host run, this host's part of it). None, ``jnp.asarray``'s
-    placement, for a map inside a mapped body and where JAX has no such devices (a mesh larger than JAX's CPU
-    platform, an AbstractMesh that neither the context nor an argument makes concrete)."""
-    if _runtime.current_lane() is not None:
-        return (None,) * len(params["out_specs"])
-    return _named_shardings(_map_mesh(params, args), params["out_specs"])
-
-
-def _map_mesh(params: dict, args=()):
-    """The concrete ``jax.sharding.Mesh`` a map runs on (see :func:`map_out_shardings`), or None."""
-    if params["api"] == "shard_map":
-        mesh = params["mesh"]
-        if mesh is None or isinstance(mesh, jax.sharding.Mesh):
-            return mesh
-        return _concrete_mesh(mesh, _context_mesh(), _argument_meshes(args))
-    from spmdsim.jax._map import _local_mesh
-    axes = params["axes"]
-    (name, n), = axes
-    local = _local_mesh(axes)[0][1]
-    host = _hosts.current() if local != n else None  # a multi-host pmap: this host's devices
-    return _pmap_mesh(PMAP_AXIS if isinstance(name, Unnamed) else name, local,
-                      0 if host is None else host.devices.start, params.get("devices"))
-
-
-@functools.lru_cache(maxsize=256)
-def _pmap_mesh(name, count: int, start: int, devices):
-    """``Mesh(devices[start:start + count], (name,))`` (``devices``: JAX's unless the pmap names them), or None
-    where there are not that many."""
-    chosen = (tuple(jax.devices()) if devices is None else tuple(devices))[start:start + count]
-    if len(chosen) < count:
-        return None
-    try:
-        return jax.sharding.Mesh(chosen, (name,))
-    except Exception:  # noqa: BLE001 - an axis name JAX's Mesh does not take: no placement
-        return None
-
-
-@functools.lru_cache(maxsize=1024)
-def _named_shardings(mesh, out_specs: tuple) -> tuple:
-    """``NamedSharding(mesh, spec)`` per output (spmdsim's per-dimension specs; pmap's unnamed axis as JAX names
-    it), or Nones without a mesh."""
-    if mesh is None:
-        return (None,) * len(out_specs)
-    return tuple(jax.sharding.NamedSharding(mesh, _partition_spec(tuple(
-        tuple(PMAP_AXIS if isinstance(name, Unnamed) else name for name in names) for names in dims)))
-        for dims in out_specs)
-
-
-def _context_mesh():
-    """The concrete mesh of ``jax.set_mesh``, or None."""
-    mesh = mesh_lib.get_concrete_mesh()
-    return None if mesh is None or mesh.empty else mesh
-
-
-def _argument_meshes(args) -> tuple:
-    """The concrete meshes of the arguments' shardings, in order, each once."""
-    found = []
-    for x in args:
-        mesh = getattr(getattr(x, "sharding", None), "mesh", None) if isinstance(x, jax.Array) else None
-        if isinstance(mesh, jax.sharding.Mesh) and mesh not in found:
-            found.append(mesh)
-    return tuple(found)
-
-
-def _same_shape(a, b) -> bool:
-    return tuple(a.axis_names) == tuple(b.axis_names) and tuple(a.axis_sizes) == tuple(b.axis_sizes)
-
-
-def _concrete_mesh(mesh, context, argument_meshes: tuple):
-    """The concrete mesh a shard_map over ``mesh`` runs on: itself; for an ``AbstractMesh`` (a shard_map
-    without ``mesh=`` under ``jax.set_mesh``) the context mesh of its shape, else an argument's (where JAX finds
-    it); None if none."""
-    if mesh is None or isinstance(mesh, jax.sharding.Mesh):
-        return mesh
-    return next((m for m in (context, *argument_meshes) if m is not None and _same_shape(m, mesh)), None)
-
-
-class _Forwarded:
-    """A program output that is one of its inputs: JAX hands back a new array with the input's sharding when
-    the input is committed to the program's mesh, else on that mesh, replicated (``otherwise``)."""
-
-    def __init__(self, index: int, mesh, otherwise):
-        self.index, self.mesh, self.otherwise = index, mesh, otherwise
-
-    def sharding(self, args):
-        x = args[self.index]
-        if isinstance(x, jax.Array) and x.committed and getattr(x.sharding, "mesh", None) == self.mesh:
-            return x.sharding
-        return self.otherwise
-
-
-def _program_shardings(jaxpr, args) -> list:
-    """Where JAX puts each output of a jitted program that contains maps (see :func:`_placement`), for this
-    call's arguments; worked out once per program, context mesh and host."""
-    if _runtime.current_lane() is not None:
-        return [None] * len(jaxpr.outvars)
-    host = _hosts.current()
-    context = _context_mesh()
-    rules, unresolved = _placement(jaxpr, context, None if host is None else host.index, None)
-    if unresolved:  # a shard_map over an AbstractMesh that the context does not make concrete
-        rules, _ = _placement(jaxpr, context, None if host is None else host.index, _argument_meshes(args))
-    return [rule.sharding(args) if isinstance(rule, _Forwarded) else rule for rule in rules]
-
-
-@weakref_lru_cache
-def _placement(jaxpr, context, host, argument_meshes) -> tuple[list, bool]:
-    """Each output's sharding as JAX gives it (or a :class:`_Forwarded`), and whether a map's mesh is unknown
-    without the arguments' (``argument_meshes`` None: not looked at). A jitted program runs on the devices of
-    its maps' meshes (the first met): a map's output has the map's out_spec on its mesh (also through a jit),
-    an input handed back keeps its placement there, a value whose type names an Explicit sharding has it on
-    the concrete mesh of that shape, and anything else is replicated over the mesh (XLA's sharding
-    propagation may split some of these in JAX); None where no mesh is known (``jnp.asarray``'s placement)."""
-    meshes: list = []
-    unresolved: list = []
-    produced = _map_outputs(jaxpr, meshes, context, argument_meshes, unresolved)
-    mesh = meshes[0] if meshes else None
-    otherwise = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh is not None else None
-    inputs = {v: k for k, v in enumerate(jaxpr.invars)}
-    known = [*meshes, *([context] if context is not None else [])]
-    rules = []
-    for v in jaxpr.outvars:
-        if isinstance(v, ext_core.Literal):
-            rules.append(otherwise)
-        elif v in produced:
-            rules.append(produced[v])
-        elif v in inputs:
-            rules.append(_Forwarded(inputs[v], mesh, otherwise))
-        else:
-            rules.append(_typed_sharding(v.aval, known) or otherwise)
-    return rules, bool(unresolved) and argument_meshes is None
-
-
-def _typed_sharding(aval, meshes: list):
-    """The sharding an Explicit-axes type names, on the concrete mesh of its mesh's shape; None otherwise."""
-    sharding = getattr(aval, "sharding", None)
-    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
-    if mesh is None or spec is None or not any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
-        return None
-    concrete = next((m for m in meshes if _same_shape(m, mesh)), None)
-    return None if concrete is None else jax.sharding.NamedSharding(concrete, spec)
-
-
-def _partition_spec(dims: tuple) -> jax.sharding.PartitionSpec:
-    """Per-dimension tuples of axis names as a PartitionSpec (trailing unsplit dimensions dropped)."""
-    parts = [None if not names else names[0] if len(names) == 1 else names for names in dims]
-    while parts and parts[-1] is None:
-        parts.pop()
-    return jax.sharding.PartitionSpec(*parts)
-
-
-def _map_outputs(jaxpr, meshes: list, context, argument_meshes, unresolved: list) -> dict:
-    """Variables of ``jaxpr`` produced by a map (a shard_map or a pmap, directly or as outputs of a jit around
-    one), with their shardings; ``meshes`` collects the concrete meshes of the maps met (also inside control
-    flow), ``unresolved`` the maps whose mesh is not known."""
-    found: dict = {}
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in ("shard_map", "spmdsim_map"):
-            params = eqn.params
-            if name == "shard_map" or params["api"] == "shard_map":
-                mesh = _concrete_mesh(params["mesh"], context, argument_meshes or ())
-            else:  # a pmap
-                mesh = _map_mesh(params)
-            if mesh is None:
-                unresolved.append(eqn)
-                continue
-            meshes.append(mesh)
-            shardings = [jax.sharding.NamedSharding(mesh, spec) for spec in params["out_specs"]] \
-                if name == "shard_map" else _named_shardings(mesh, params["out_specs"])  # JAX's specs, or spmdsim's
-            found.update(zip(eqn.outvars, shardings, strict=True))
-        elif name in ("pjit", "jit", "closed_call"):
-            inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-            inner = getattr(inner, "jaxpr", inner)
-            inner_found = _map_outputs(inner, meshes, context, argument_meshes, unresolved)
-            for v, inner_v in zip(eqn.outvars, inner.outvars, strict=True):
-                if not isinstance(inner_v, ext_core.Literal) and inner_v in inner_found:
-                    found[v] = inner_found[inner_v]
-        else:
-            for sub in ext_core.jaxprs_in_params(eqn.params):
-                _map_outputs(sub, meshes, context, argument_meshes, unresolved)
-    return found
 
 
 def _inside_a_map_trace() -> bool:
