@@ -322,3 +322,16 @@ def test_issue_25_reproducers_under_spmdsim_run_print_what_python_prints(reprodu
     assert simulated.stdout == python.stdout, simulated.stderr
     assert error_lines(simulated.stderr) == error_lines(python.stderr)
     assert f"{where / 'handback.py'}:" in "\n".join(error_lines(simulated.stderr))  # the absolute path
+
+
+def test_unreduced_and_reduced_specs_are_refused_with_what_to_do():
+    """JAX 0.10's PartitionSpecs with unreduced/reduced axes (partial sums reduced later) are not simulated: a
+    NotImplementedError saying so and how to write the program without them, not JAX's '*pspec is dangerous'."""
+    from jax.sharding import PartitionSpec as P
+
+    from spmdsim.jax._shard_map import _spec_dims
+
+    assert _spec_dims(P("x", None), 3) == (("x",), (), ())
+    for spec in (P(None, reduced={"seq"}), P("x", unreduced={"seq"})):
+        with pytest.raises(NotImplementedError, match=r"unreduced or reduced.*psum over \['seq'\]"):
+            _spec_dims(spec, 2)

@@ -43,7 +43,13 @@ _INFER = inspect.signature(jax.shard_map).parameters["in_specs"].default  # JAX'
 
 def _spec_dims(spec, ndim: int) -> tuple:
     """A ``PartitionSpec`` as one tuple of mesh axis names per dimension (``()``: not split). ValueError for a
-    mesh axis named twice (JAX's ``DuplicateSpecError``, raised only when XLA runs the program)."""
+    mesh axis named twice (JAX's ``DuplicateSpecError``, raised only when XLA runs the program);
+    NotImplementedError for a spec with ``unreduced``/``reduced`` axes (partial sums that JAX reduces later)."""
+    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        raise NotImplementedError(
+            f"spmdsim does not simulate PartitionSpecs with unreduced or reduced mesh axes yet (got {spec}): each "
+            f"device's block would be a partial sum that JAX reduces later. Reduce inside the body (psum over "
+            f"{sorted(spec.unreduced | spec.reduced)}) and use a plain spec, or run this program on real JAX.")
     parts = tuple(spec) + (None,) * (ndim - len(tuple(spec)))
     dims = tuple(() if p is None else tuple(p) if isinstance(p, tuple) else (p,) for p in parts)
     names = [n for d in dims for n in d]
