@@ -274,6 +274,10 @@ record("abs", ARITH, lax.abs, elementwise(1, ("full",)), NUM)
 record("add", ARITH, lax.add, elementwise(2, ("full",)), NUM)
 record("sub", ARITH, lax.sub, elementwise(2, ("full",)), NUM)
 record("mul", ARITH, lax.mul, elementwise(2, ("full",)), NUM)
+# out_dtype: both operands converted to it (canonicalised: float64 is float32 while x64 is off), then multiplied
+record("mul", ARITH, lambda x, y, out: lax.mul(x, y, out_dtype=out), elementwise(2, ("full",)),
+       ("int8", "uint16", "bfloat16", "float16", "float32", "float64"), label="out-dtype",
+       variants=[{"out": np.float64}, {"out": np.int32}, {"out": jnp.bfloat16}, {"out": np.float32}])
 record("div", ARITH, lax.div, elementwise(2, ("full", "normal")), NUM)
 record("rem", ARITH, lax.rem, elementwise(2, ("full", "normal")), INT + FLOAT)
 record("max", ARITH, lax.max, elementwise(2, ("full",)), ALL)
@@ -365,8 +369,30 @@ record("zeta", SPECIAL, lax.zeta, lambda d, r, v: [[values(r, (6,), d, "ge1") + 
 record("igamma", SPECIAL, lax.igamma, elementwise(2, ("pos",), with_specials=False), FLOAT)
 record("igammac", SPECIAL, lax.igammac, elementwise(2, ("pos",), with_specials=False), FLOAT)
 record("igamma_grad_a", SPECIAL, lax.igamma_grad_a, elementwise(2, ("pos",), with_specials=False), FLOAT)
+_SPECIAL, _ORDINARY = (0.0, -0.0, np.inf, -1.0, np.nan), (0.5, 1.0, 2.0, 7.5)
+
+
+def _boundary_grid(*axes):
+    """XLA's boundary cases (a = 0, x = 0, x = inf, ...): every combination of ``(special, ordinary)`` values
+    per operand with at least one special value (only ordinary values: XLA's own approximation, recorded by the
+    other cases within their tolerance)."""
+    def make(dtype, rng, variant):
+        grid = np.meshgrid(*(np.array(special + ordinary) for special, ordinary in axes), indexing="ij")
+        special = np.zeros(grid[0].shape, bool)
+        for g, (values_, _) in zip(grid, axes):
+            special |= np.isin(g, values_) | (np.isnan(g) & any(np.isnan(v) for v in values_))
+        return [[g[special].astype(dtype) for g in grid]]
+    return make
+
+
+for _name, _fn in (("igamma", lax.igamma), ("igammac", lax.igammac), ("igamma_grad_a", lax.igamma_grad_a)):
+    record(_name, SPECIAL, _fn, _boundary_grid((_SPECIAL, _ORDINARY), (_SPECIAL, _ORDINARY)), FLOAT,
+           label="boundaries")
 record("regularized_incomplete_beta", SPECIAL, lax.betainc,
        lambda d, r, v: [[values(r, (7,), d, "pos"), values(r, (7,), d, "pos"), values(r, (7,), d, "prob")]], FLOAT)
+record("regularized_incomplete_beta", SPECIAL, lax.betainc,
+       _boundary_grid((_SPECIAL, (0.5, 2.0)), (_SPECIAL, (0.5, 2.0)), ((0.0, -0.0, 1.0, 1.5, -1.0, np.nan), (0.25,))),
+       FLOAT, label="boundaries")
 record("bessel_i0e", SPECIAL, lax.bessel_i0e, elementwise(1), FLOAT)
 record("bessel_i1e", SPECIAL, lax.bessel_i1e, elementwise(1), FLOAT)
 
@@ -401,9 +427,32 @@ def _bitcast_targets(name):
 for _target in [t for t in ALL if t != "bool" and dtype_of(t).kind != "c"]:
     record("bitcast_convert_type", CONVERT, functools.partial(
         lambda t, x: lax.bitcast_convert_type(x, dtype_of(t)), _target),
-        lambda d, r, v: [[values(r, (3, 4), d, "full" if np.dtype(d).kind in "iu" else "normal")]],
+        lambda d, r, v: [[values(r, shape, d, "full" if np.dtype(d).kind in "iu" else "normal")]
+                         for shape in ((3, 4), (), (3, 2), (3, 8), (0, 2))],  # every width ratio JAX allows
         [t for t in ALL if t != "bool" and dtype_of(t).kind != "c"], label=f"to-{_target}",
         wide=True if _target in WIDE else None)
+
+
+def _sub_byte_args(dtype, rng, variant):
+    """int4/uint4/float4_e2m1fn/int2/uint2 operands (from int8 values; ``dtype`` is only the record's key)."""
+    source = np.dtype(getattr(ml_dtypes, variant["source"]))
+    lo, hi = (-8, 7) if source.name in ("int4", "float4_e2m1fn") else (0, 15) if source.name == "uint4" else \
+        (-2, 1) if source.name == "int2" else (0, 3)
+    make = lambda shape: rng.integers(lo, hi, shape, endpoint=True).astype(np.int8).astype(  # noqa: E731
+        np.float32 if source.kind == "V" and "float" in source.name else np.int8).astype(source)
+    return [[make(shape)] for shape in ((3, 2), (3, 4), (3, 8), (3, 16), (2, 3))]
+
+
+_SUB_BYTE = [n for n in ("int4", "uint4", "float4_e2m1fn", "int2", "uint2") if hasattr(ml_dtypes, n)]
+record("bitcast_convert_type", CONVERT, lambda x, source, target: lax.bitcast_convert_type(x, dtype_of(target)),
+       _sub_byte_args, ("int8",), label="sub-byte",
+       variants=[{"source": s, "target": t} for s in _SUB_BYTE for t in
+                 ("int8", "uint8", "int16", "float16", "bfloat16", "int32", "float32") + tuple(_SUB_BYTE)])
+record("bitcast_convert_type", CONVERT, lambda x, target: lax.bitcast_convert_type(x, getattr(ml_dtypes, target)),
+       lambda d, r, v: [[values(r, shape, d, "full" if np.dtype(d).kind in "iu" else "normal")]
+                        for shape in ((3,), ())], ("int8", "uint8", "int16", "float16", "bfloat16", "int32",
+                                                    "float32"), label="to-sub-byte",
+       variants=[{"target": t} for t in _SUB_BYTE])
 record("reduce_precision", CONVERT, lambda x, e, m: lax.reduce_precision(x, e, m), elementwise(1, ("wide",)),
        FLOAT, variants=[{"e": 5, "m": 10}, {"e": 8, "m": 7}, {"e": 4, "m": 3}, {"e": 2, "m": 1}, {"e": 11, "m": 52},
                         {"e": 8, "m": 0}])
@@ -493,6 +542,21 @@ for _name, _fn in (("scatter", lax.scatter), ("scatter-add", lax.scatter_add), (
                                                            "float64", "complex64"),
            variants=[{"mode": lax.GatherScatterMode.FILL_OR_DROP}, {"mode": lax.GatherScatterMode.CLIP}])
 
+
+
+def _scatter_apply_args(dtype, rng, variant):
+    x = values(rng, (5, 3), dtype, "small")
+    return [[x, np.array([[4], [0], [2]], np.int32)], [x, np.array([[1], [1], [3], [7], [-1], [1]], np.int32)],
+            [values(rng, (0, 3), dtype), np.zeros((2, 1), np.int32)]]
+
+
+# update_jaxpr: x.at[i].apply(f) / lax.scatter_apply, the update computation applied once per index, in order
+record("scatter", SHAPE, lambda x, i, f, mode: lax.scatter_apply(x, i, f, _SCATTER, update_shape=(len(i), 3),
+                                                                 mode=mode),
+       _scatter_apply_args, ("int8", "uint16", "int32", "int64", "bfloat16", "float32", "float64", "complex64"),
+       label="update-jaxpr", variants=[{"f": f, "mode": m} for f in (lambda v: (v + 1) * 3, lambda v: -v)
+                                       for m in (lax.GatherScatterMode.FILL_OR_DROP, lax.GatherScatterMode.CLIP)])
+
 # reductions and cumulative ops ------------------------------------------------------------------------------------
 REDUCE = "reductions and cumulative"
 
@@ -556,6 +620,14 @@ record("dot_general", DOT, lambda x, y, pref: lax.dot_general(x, y, (((1,), (0,)
        lambda d, r, v: [[values(r, (4, 6), d, "small"), values(r, (6, 3), d, "small")]], ("int8", "bfloat16",
                                                                                           "float16"),
        variants=[{"pref": np.int32}, {"pref": np.float32}], label="preferred")
+# operands of two types: the result type is XLA's of higher precision (JAX's dtype rule), both operands converted
+# to it (or to the preferred type) before the product, as JAX lowers it for XLA:CPU
+record("dot_general", DOT, lambda x, y, other, pref: lax.dot_general(
+           x, y.astype(dtype_of(other)), (((1,), (0,)), ((), ())), preferred_element_type=pref),
+       lambda d, r, v: [[values(r, (4, 6), d, "small"), values(r, (6, 3), d, "small")]],
+       ("bool", "int8", "uint8", "int16", "bfloat16", "float16", "float32"), label="mixed",
+       variants=[{"other": o, "pref": p} for o in ("bool", "int8", "uint8", "int16", "int32", "bfloat16", "float16",
+                                                    "float32") for p in (None, np.float32, np.int32)])
 
 
 def _ragged_dims(contract, batch, ragged, group):
@@ -722,7 +794,8 @@ record("hessenberg", LINALGF, lax.linalg.hessenberg, _matrices((2, 5, 5)), LINAL
 record("tridiagonal", LINALGF, lambda a, lower: lax.linalg.tridiagonal(a, lower=lower), _matrices((2, 5, 5), "spd"),
        LINALG, variants=[{"lower": True}, {"lower": False}])
 record("lu", LINALGF, lambda a, shape: lax.linalg.lu(a), _matrices((2, 4, 4)), LINALG,
-       variants=[{"shape": (2, 4, 4)}, {"shape": (5, 3)}, {"shape": (3, 5)}])
+       variants=[{"shape": (2, 4, 4)}, {"shape": (5, 3)}, {"shape": (3, 5)}, {"shape": (0, 0)}, {"shape": (2, 0, 0)},
+                 {"shape": (3, 0)}, {"shape": (0, 2)}])
 record("lu_pivots_to_permutation", LINALGF, lambda p, size: lax.linalg.lu_pivots_to_permutation(p, size),
        fixed([np.array([[2, 2, 3], [0, 4, 2]], np.int32)]), ("int32",), variants=[{"size": 5}, {"size": 3}])
 record("qr", LINALGF, lambda a, full, shape: lax.linalg.qr(a, full_matrices=full), _matrices((4, 4)), LINALG,

@@ -10,7 +10,10 @@ devices reports it with what the other devices did (:meth:`Executor.diverged`).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from spmdsim._primitives import Diverged
+from spmdsim.jax._dtypes import is_token
 from spmdsim.jax._interpreter import Executor, current_site, higher_order
 
 
@@ -63,22 +66,35 @@ def _cond(ex: Executor, index, *operands, branches, **_params):
 
 @higher_order("while")
 def _while(ex: Executor, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+    """A predicate of shape ``()`` per device: each device iterates while its own is true. A batched predicate
+    (``vmap`` of a ``while_loop`` whose condition depends on the batched carry) is lowered by JAX as XLA runs
+    it: the loop goes on while any element is true, and each iteration keeps the body's result only where the
+    predicate (evaluated on the carry before the body, broadcast over the carry's trailing axes) is true."""
     cond_consts, body_consts = args[:cond_nconsts], args[cond_nconsts:cond_nconsts + body_nconsts]
     carry = list(args[cond_nconsts + body_nconsts:])
+    batched = len(cond_jaxpr.out_avals[0].shape)  # the predicate's own axes (after a device axis, if any)
+    tokens = [is_token(aval) for aval in body_jaxpr.out_avals]
     while True:
-        parts = ex.partition(ex.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0], 2)
+        pred = ex.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0]
+        any_true = np.any(pred, axis=tuple(range(pred.ndim - batched, pred.ndim))) if batched else pred
+        parts = ex.partition(any_true, 2)
         going = [selection for keep, selection in parts if keep]
         if not going:
             return carry
         selection = going[0]
         sub = ex.subset(selection)
+        old = [ex.select(x, selection) for x in carry]
         try:
-            new = sub.eval_closed(body_jaxpr, [ex.select(x, selection) for x in (*body_consts, *carry)])
+            new = sub.eval_closed(body_jaxpr, [*(ex.select(x, selection) for x in body_consts), *old])
         except Diverged as d:
             if selection is None:
                 raise
             ex.diverged(d.calls, [(stopped, f"left the while loop at {current_site()}") for keep, stopped in parts
                                   if not keep], f"in the while loop at {current_site()}")
+        if batched:
+            keep = ex.select(pred, selection)
+            new = [n if token else np.where(keep.reshape(keep.shape + (1,) * (np.ndim(n) - keep.ndim)), n, o)
+                   for n, o, token in zip(new, old, tokens, strict=True)]
         carry = ex.merge(carry, new, selection)
 
 

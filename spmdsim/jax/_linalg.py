@@ -239,6 +239,8 @@ def _lu(x):
     m, n = x.shape[-2:]
 
     def one(a):
+        if a.size == 0:  # LAPACK rejects an empty matrix (lda < 1); XLA: no pivots, the identity permutation
+            return a, np.zeros(0, np.int32), np.arange(m, dtype=np.int32)
         lu, piv, info = _routine("getrf", compute)(np.asfortranarray(a, compute))
         piv = np.asarray(piv, np.int32)[:min(m, n)]
         return lu, piv, _pivots_to_permutation(piv, m)

@@ -49,9 +49,12 @@ def _operand_dtype(eqn, i: int = 0) -> np.dtype | None:
 def via_f32(fn):
     """``fn`` in float32 for float16/bfloat16 inputs, rounded back once to the input dtype. Accepts the
     elementwise parameters of JAX 0.10: ``accuracy`` (a hint XLA:CPU ignores) and ``out_dtype`` (``mul``:
-    both operands converted to it first, as the lowering does)."""
+    both operands converted to it first, as the lowering does; the parameter keeps the dtype asked for, the
+    jaxpr's result has it canonicalised: float32 for float64 while x64 is off, and so does the lowering)."""
     def rule(x, *rest, accuracy=None, out_dtype=None, input_dtype=None):
-        if out_dtype is not None and np.dtype(out_dtype) != x.dtype:
+        if out_dtype is not None:
+            out_dtype = _canonical_dtype(out_dtype)
+        if out_dtype is not None and out_dtype != x.dtype:
             x, rest = _convert_element_type(x, new_dtype=out_dtype), tuple(
                 _convert_element_type(r, new_dtype=out_dtype) for r in rest)
         if x.dtype in LOW_FLOATS:
@@ -63,6 +66,12 @@ def via_f32(fn):
     def direct(eqn):  # the jaxpr says the dtype: no float32 detour needed, call the NumPy function itself
         dtype = _operand_dtype(eqn)
         trivial = all(v is None for v in eqn.params.values())
+        if eqn.params.get("out_dtype") is not None and set(eqn.params) <= {"out_dtype", "accuracy"}:
+            target = np.dtype(eqn.outvars[0].aval.dtype)  # the jaxpr's, whatever the x64 setting here
+
+            def converted(*xs):
+                return rule(*(_convert_element_type(v, new_dtype=target) for v in xs))
+            return converted
         if dtype is None or dtype in LOW_FLOATS or not trivial:
             return None
         for_dtype = getattr(fn, "for_dtype", None)  # a NumPy function of its own for some dtypes
@@ -71,6 +80,12 @@ def via_f32(fn):
 
 
 _via_f32 = via_f32
+
+
+def _canonical_dtype(dtype) -> np.dtype:
+    """``dtype`` as JAX canonicalises it under the current x64 setting (float64 -> float32 while it is off)."""
+    import jax  # here: a rule's parameter only
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def expand_to(x: np.ndarray, ndim: int) -> np.ndarray:
@@ -512,15 +527,51 @@ def _convert_element_type(x, *, new_dtype, weak_type=False, sharding=None):
     return x.astype(new_dtype)
 
 
+# Sub-byte dtypes: one per byte in NumPy (ml_dtypes keeps the value in the byte's low bits), packed in XLA.
+SUB_BYTE = {np.dtype(getattr(ml_dtypes, name)): bits for name, bits in (
+    ("int2", 2), ("uint2", 2), ("int4", 4), ("uint4", 4), ("float4_e2m1fn", 4)) if hasattr(ml_dtypes, name)}
+
+
+def bit_width(dtype) -> int:
+    """The width of ``dtype`` in XLA, in bits (4 for int4, where NumPy's itemsize says 1 byte)."""
+    dtype = np.dtype(dtype)
+    return SUB_BYTE.get(dtype, 8 * dtype.itemsize)
+
+
+def _to_bits(x: np.ndarray) -> np.ndarray:
+    """Each element's bit pattern as a uint64."""
+    if x.dtype in SUB_BYTE:
+        return (x.view(np.uint8) & np.uint8((1 << SUB_BYTE[x.dtype]) - 1)).astype(np.uint64)
+    return x.view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
+
+
+def _from_bits(bits: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    storage = np.dtype(np.uint8) if dtype in SUB_BYTE else np.dtype(f"u{dtype.itemsize}")
+    return bits.astype(storage).view(dtype)
+
+
 @elementwise("bitcast_convert_type")
 def _bitcast_convert_type(x, *, new_dtype):
+    """XLA's BitcastConvert: the same bits; to a narrower type a new trailing axis of the width ratio (the first
+    element is the least significant part, as on a little-endian machine), from a narrower type the trailing
+    axis (of that ratio) merged. Sub-byte types are packed, their first element in the low bits."""
     new_dtype = np.dtype(new_dtype)
     x = np.asarray(x, order="C")
-    if new_dtype.itemsize == x.dtype.itemsize:
-        return x.view(new_dtype)
-    if new_dtype.itemsize < x.dtype.itemsize:
-        return x.view(new_dtype).reshape((*x.shape, x.dtype.itemsize // new_dtype.itemsize))
-    return x.view(new_dtype).reshape(x.shape[:-1])
+    old_bits, new_bits = bit_width(x.dtype), bit_width(new_dtype)
+    if x.dtype not in SUB_BYTE and new_dtype not in SUB_BYTE:  # NumPy views: bytes in memory order
+        if new_bits == old_bits:
+            return x.view(new_dtype)
+        if new_bits < old_bits:
+            return x.reshape((*x.shape, 1)).view(new_dtype)
+        return x.view(new_dtype).reshape(x.shape[:-1])
+    bits = _to_bits(x)
+    if new_bits == old_bits:
+        return _from_bits(bits, new_dtype)
+    if new_bits < old_bits:
+        shifts = (np.arange(old_bits // new_bits) * new_bits).astype(np.uint64)
+        return _from_bits((bits[..., None] >> shifts) & np.uint64((1 << new_bits) - 1), new_dtype)
+    shifts = (np.arange(new_bits // old_bits) * old_bits).astype(np.uint64)
+    return _from_bits(np.bitwise_or.reduce(bits << shifts, axis=-1), new_dtype)
 
 
 _FORMATS = {np.dtype(np.float16): (5, 10), np.dtype(ml_dtypes.bfloat16): (8, 7), np.dtype(np.float32): (8, 23),
@@ -952,6 +1003,8 @@ def _gather_v(operand, indices, *, dimension_numbers, slice_sizes, **params):
 def _scatter(combine):
     def rule(operand, indices, updates, *, dimension_numbers, mode, update_jaxpr=None, update_consts=(),
              indices_are_sorted=False, unique_indices=False):
+        if operand.size == 0:  # nothing to update (XLA: every index out of bounds, also when clamped)
+            return operand.copy()
         dn = dimension_numbers
         uw = list(dn.update_window_dims)
         update_window_shape = [updates.shape[d] for d in uw]
@@ -970,7 +1023,9 @@ def _scatter(combine):
         keep = np.broadcast_to(in_bounds.reshape(batch_shape + (1,) * len(window_dims)), upd.shape)
         out = operand.copy()
         full_index = tuple(np.broadcast_to(i, upd.shape)[keep] for i in index)
-        combine(out, full_index, upd[keep])  # float16/bfloat16: rounded after every update, as XLA:CPU does
+        apply = combine if update_jaxpr is None or combine is not _assign else _update_computation(update_jaxpr,
+                                                                                                   update_consts)
+        apply(out, full_index, upd[keep])  # float16/bfloat16: rounded after every update, as XLA:CPU does
         return out
 
     def stacked(operand, indices, updates, *, dimension_numbers, **params):
@@ -989,6 +1044,40 @@ def _scatter(combine):
 
 def _assign(out, index, values):
     out[index] = values
+
+
+def _update_computation(update_jaxpr, update_consts):
+    """A ``scatter`` with an update computation (``lax.scatter_apply``, ``x.at[i].apply(f)``): XLA:CPU applies it
+    to each update in turn, ``out[i] = update(out[i], u)``, in the updates' row-major order. ``combine(out,
+    index, values)`` does the same in rounds: round ``r`` applies every target's ``r``-th update at once (the
+    targets of a round are distinct, and each target sees its updates in order), the update jaxpr evaluated
+    on the round's elements stacked on one axis (the vectorized rules, elementwise, so that the result of an
+    element does not depend on how many are evaluated together)."""
+    jaxpr, consts = (update_jaxpr.jaxpr, update_jaxpr.consts) if hasattr(update_jaxpr, "consts") else \
+        (update_jaxpr, update_consts)
+    if not jaxpr.eqns and not consts and jaxpr.outvars == jaxpr.invars[1:]:  # (x, y) -> y: lax.scatter's own
+        return _assign
+
+    def combine(out, index, values):
+        if values.size == 0:
+            return
+        from spmdsim._primitives import Batch  # here: the interpreter builds on this module
+        from spmdsim.jax._interpreter import Vectorized
+        flat = np.ravel_multi_index(index, out.shape) if out.ndim else np.zeros(values.size, np.intp)
+        order = np.argsort(flat, kind="stable")
+        ordered = flat[order]
+        first = np.r_[True, ordered[1:] != ordered[:-1]]
+        positions = np.arange(len(flat))
+        rank = np.empty(len(flat), np.intp)
+        rank[order] = positions - np.maximum.accumulate(np.where(first, positions, 0))
+        target = out.reshape(-1)  # a view: out is a fresh C-contiguous copy
+        for r in range(int(rank.max()) + 1):
+            now = rank == r
+            where = flat[now]
+            evaluator = Vectorized(Batch((("scatter update", int(where.size)),)))
+            evaluator.compiled = False  # one program per element count otherwise
+            target[where] = evaluator.eval_jaxpr(jaxpr, consts, [target[where], values[now]])[0]
+    return combine
 
 
 for _names, _combine in ((("scatter",), _assign),
@@ -1055,10 +1144,6 @@ def _key_params(eqn, ks, vect):
         dn = p["dimension_numbers"]
         return None, {**p, "dimension_numbers": dn._replace(update_window_dims=(
             *dn.update_window_dims, *_trailing(_rank(eqn.invars[2]), ks)))}, None
-    if name == "pad":
-        r = _rank(eqn.invars[0])
-        operands = (lambda xs: (xs[0], xs[1].reshape(xs[1].shape[:1] + (1,) * r + xs[1].shape[1:]))) if vect else None
-        return operands, {**p, "padding_config": (*p["padding_config"], *((0, 0, 0),) * kn)}, None
     if name == "select_n":
         def operands(xs):
             which = xs[0]
@@ -1106,7 +1191,7 @@ def _on_key_data(rule, name: str, vect: bool):
 
 
 for _name in ("broadcast_in_dim", "reshape", "transpose", "tile", "slice", "dynamic_slice", "dynamic_update_slice",
-              "gather", "scatter", "pad", "select_n", "eq", "ne"):
+              "gather", "scatter", "select_n", "eq", "ne"):
     PER_DEVICE[_name] = _on_key_data(PER_DEVICE[_name], _name, False)
     VECTORIZED[_name] = _on_key_data(VECTORIZED[_name], _name, True)
 
@@ -1352,11 +1437,25 @@ def _dot_general_plan(lhs_shape, rhs_shape, dimension_numbers):
             (*batch, *(lhs_shape[i] for i in lf), *(rhs_shape[i] for i in rf)))
 
 
+def _precision(dtype) -> tuple:
+    """XLA's order of types for a product of two (HigherPrecisionType, as JAX's dot_general dtype rule follows
+    it): complex first, then exponent range, mantissa, width, signed before unsigned."""
+    dtype = np.dtype(dtype)
+    real = np.dtype(np.float32 if dtype == np.complex64 else np.float64) if dtype.kind == "c" else dtype
+    floating = is_float(real) or real.name.startswith("float")
+    info = ml_dtypes.finfo(real) if floating else None
+    return (dtype.kind == "c", info.maxexp if floating else -1, info.nmant if floating else -1,
+            1 if real == np.bool_ else bit_width(real), not (real.kind == "u" or real.name.startswith("uint")))
+
+
 def product_dtypes(lhs_dtype, rhs_dtype, preferred_element_type) -> tuple[np.dtype, np.dtype]:
     """(compute dtype, result dtype) of a dot_general or convolution: float16/bfloat16 computed in float32 and
-    bool in int32, as XLA:CPU does; the result in ``preferred_element_type`` or the operands' common type."""
-    out = np.dtype(preferred_element_type) if preferred_element_type is not None else np.result_type(lhs_dtype,
-                                                                                                      rhs_dtype)
+    bool in int32, as XLA:CPU does; the result in ``preferred_element_type`` or, for operands of two types,
+    the one of higher precision in XLA's order (:func:`_precision`; NumPy has no common type for bfloat16 and
+    an integer, and JAX's is another)."""
+    lhs_dtype, rhs_dtype = np.dtype(lhs_dtype), np.dtype(rhs_dtype)
+    out = np.dtype(preferred_element_type) if preferred_element_type is not None else lhs_dtype \
+        if lhs_dtype == rhs_dtype else max(lhs_dtype, rhs_dtype, key=_precision)
     if out in LOW_FLOATS:
         return np.dtype(np.float32), out
     if out == np.bool_:
@@ -1374,6 +1473,14 @@ def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a, b)
 
 
+def _same_type(lhs: np.ndarray, rhs: np.ndarray, out_dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Operands of two types both converted to the result type first, as JAX lowers dot_general for XLA:CPU
+    (bfloat16 x int16 is a bfloat16 product, with a preferred int32 an int32 one: the floats truncated)."""
+    if lhs.dtype == rhs.dtype:
+        return lhs, rhs
+    return _convert_element_type(lhs, new_dtype=out_dtype), _convert_element_type(rhs, new_dtype=out_dtype)
+
+
 def _dot_general_with(plan, compute, out_dtype, leading: int = 0):
     lhs_perm, lhs_shape, rhs_perm, rhs_shape, out_shape = plan
     lead = tuple(range(leading))
@@ -1381,6 +1488,7 @@ def _dot_general_with(plan, compute, out_dtype, leading: int = 0):
     rhs_perm = lead + tuple(p + leading for p in rhs_perm)
 
     def dot(lhs, rhs):
+        lhs, rhs = _same_type(lhs, rhs, out_dtype)
         n = lhs.shape[:leading]
         a = np.transpose(lhs, lhs_perm).astype(compute, copy=False).reshape((*n, *lhs_shape))
         b = np.transpose(rhs, rhs_perm).astype(compute, copy=False).reshape((*n, *rhs_shape))
@@ -1395,6 +1503,8 @@ def _specialize_dot_general(eqn):
     lhs, rhs = (v.aval for v in eqn.invars)
     compute, out_dtype = product_dtypes(np.dtype(lhs.dtype), np.dtype(rhs.dtype),
                                         eqn.params.get("preferred_element_type"))
+    if np.dtype(lhs.dtype) != np.dtype(rhs.dtype):  # operands converted first: the general rule
+        return None
     lhs_perm, lhs_shape, rhs_perm, rhs_shape, out_shape = _dot_general_plan(lhs.shape, rhs.shape,
                                                                              eqn.params["dimension_numbers"])
 
