@@ -15,9 +15,10 @@ multiply's operands and the addend), and the multiply's equation goes where noth
 and the reference loop evaluate the rewritten jaxpr (sub-jaxprs are rewritten when they are evaluated), so they
 agree with each other bit for bit; the rewrite is made once per jaxpr.
 
-Not modelled (XLA's result can still differ by an ulp there; measured): products that feed an add through a
-reshape or from another jaxpr (a ``jit`` call's output: XLA inlines calls), and contractions inside reductions
-(``reduce_sum`` of a product).
+Not modelled (XLA's result can still differ by an ulp there; measured): float64 multiply-adds, which XLA:CPU
+fuses too from AVX2 on (a float64 fused multiply-add needs more than NumPy's float64 to round once), products
+that feed an add through a reshape or from another jaxpr (a ``jit`` call's output: XLA inlines calls), and
+contractions inside reductions (``reduce_sum`` of a product).
 """
 from __future__ import annotations
 
