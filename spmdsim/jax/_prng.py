@@ -184,7 +184,6 @@ def _threefry_impl():
     return jax_prng.prngs["threefry2x32"]
 
 
-@functools.lru_cache(maxsize=1)
 def _default_impl():
     from jax._src.random import prng as jax_prng
     return jax_prng.prngs[jax.config.jax_default_prng_impl]
@@ -412,7 +411,13 @@ def _gamma_lowered(key_dtype, key_shape: tuple, a_shape: tuple, a_dtype, log_spa
 
 
 def _gamma(key_dtype, vect: bool, keys, a, log_space):
-    if key_dtype is None or _is_threefry(_dtypes.key_impl(key_dtype)):
+    if key_dtype is None:  # called by hand: JAX's default impl, if the key data has its shape
+        from jax._src.random import prng as jax_prng
+        key_dtype = jax_prng.KeyTy(_default_impl())
+        if keys.shape[keys.ndim - len(_dtypes.key_data_shape(key_dtype)):] != _dtypes.key_data_shape(key_dtype):
+            raise TypeError(f"spmdsim: random_gamma on key data of shape {keys.shape}: which PRNG implementation it "
+                            f"belongs to is only known from its equation")
+    if _is_threefry(_dtypes.key_impl(key_dtype)):
         return _gamma_threefry(keys, a, log_space=log_space)
     from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
     key_rank = len(_dtypes.key_data_shape(key_dtype))
