@@ -173,9 +173,7 @@ def test_the_issues_expanded_keys():
         assert np.array_equal(jax.random.key_data(actual), jax.random.key_data(expected))
 
 
-@pytest.mark.xfail(strict=True, reason="spmdsim/jax/_map.py's _callback_form (the lowering under jit) gives key "
-                                       "results a trailing axis of 2 and wraps them with the default impl")
-@pytest.mark.parametrize("impl", ("rbg",))
+@pytest.mark.parametrize("impl", ("rbg", "unsafe_rbg", "threefry2x32"))
 def test_keys_of_other_impls_out_of_a_pmap_under_jit(impl):
     keys = jax.random.split(_key(impl), N)
     fn = lambda k: (jax.random.split(k)[0], jax.random.bits(k, (3,)))  # noqa: E731

@@ -616,8 +616,8 @@ def _callback_form(*args, **params):
     keys_in = [_dtypes.is_key(core.typeof(x).dtype) for x in args]
     keys_out = [_dtypes.is_key(a.dtype) for a in out_avals]
     args = [jax.random.key_data(x) if k else x for x, k in zip(args, keys_in, strict=True)]
-    shapes = [jax.ShapeDtypeStruct((*a.shape, 2), np.uint32) if k else jax.ShapeDtypeStruct(a.shape, a.dtype)
-              for a, k in zip(out_avals, keys_out, strict=True)]
+    shapes = [jax.ShapeDtypeStruct((*a.shape, *_dtypes.key_data_shape(a.dtype)), np.uint32) if k
+              else jax.ShapeDtypeStruct(a.shape, a.dtype) for a, k in zip(out_avals, keys_out, strict=True)]
 
     def host(*values):
         return simulate([to_numpy(v) for v in values], **params)
@@ -629,8 +629,8 @@ def _callback_form(*args, **params):
         outs = io_callback(host, shapes, *args, ordered=bool(jax_effects.ordered_effects.filter_in(effects)))
     else:
         outs = jax.pure_callback(host, shapes, *args)
-    impl = jax.random.key_impl(jax.random.key(0)) if any(keys_out) else None
-    return [jax.random.wrap_key_data(o, impl=impl) if k else o for o, k in zip(outs, keys_out, strict=True)]
+    return [jax.random.wrap_key_data(o, impl=a.dtype) if k else o
+            for o, a, k in zip(outs, out_avals, keys_out, strict=True)]
 
 
 mlir.register_lowering(spmdsim_map_p, mlir.lower_fun(_callback_form, multiple_results=True))
