@@ -22,14 +22,13 @@ contractions inside reductions (``reduce_sum`` of a product).
 """
 from __future__ import annotations
 
-import collections
 
 import numpy as np
 from jax._src import core
 from jax._src.util import weakref_lru_cache
 
 from spmdsim.jax import _xla_cpu_isa
-from spmdsim.jax._numpy_rules import elementwise
+from spmdsim.jax._registry import per_device, vectorized
 
 __all__ = ["contract", "fma_p"]
 
@@ -94,7 +93,7 @@ def contract(jaxpr):
                                                        and e.outvars[0] not in used)])
 
 
-@elementwise("xla_cpu_fma")
+@per_device("xla_cpu_fma")
 def _fma(a, b, c, *, negate_product: bool, negate_addend: bool):
     """``±a * b ± c`` rounded once, in the operands' dtype (float32 or float16): the product of two such values
     is exact in float64, and so is the sum of float16 values; a float32 sum is rounded to float64 first, which
@@ -106,3 +105,10 @@ def _fma(a, b, c, *, negate_product: bool, negate_addend: bool):
     if negate_addend:
         c = -c
     return np.asarray(a * b + c, dtype)
+
+
+@vectorized("xla_cpu_fma")
+def _stacked_fma(a, b, c, **params):
+    """:func:`_fma` on operands stacked on a device axis (a per-device scalar ``(n,)`` broadcast as ``(n, 1...)``)."""
+    ndim = max(np.ndim(a), np.ndim(b), np.ndim(c))
+    return _fma(*(np.reshape(x, np.shape(x) + (1,) * (ndim - np.ndim(x))) for x in (a, b, c)), **params)
