@@ -285,7 +285,12 @@ def test_results_are_canonicalised_as_jax_does(executor):
         return a, b, c, d, e
 
     real = done(jax.pmap(f)(X))
-    assert_same(real, sjax.pmap(f, executor=executor)(X))
+    got = sjax.pmap(f, executor=executor)(X)
+    assert_same(real[:4], got[:4])
+    # The reused buffer: XLA:CPU may keep the callback's array without copying it, so real JAX's rows can show a
+    # later device's values (seen in CI: device 1 got device 2's). spmdsim copies; NumPy gives the expectation.
+    np.testing.assert_array_equal(np.asarray(got[4]), np.stack([X, X + 1, X + 2], axis=1))
+    assert np.asarray(got[4]).dtype == np.float32
 
 
 WRONG = {  # name -> (declared result, what the callback returns, JAX's sentence)
