@@ -33,7 +33,8 @@ from spmdsim.jax import _dtypes, _registry
 from spmdsim.jax._contraction import contract
 
 __all__ = ["eval_jaxpr", "eval_closed_jaxpr", "Executor", "PerDevice", "Vectorized", "HIGHER_ORDER",
-           "higher_order", "current_site", "site_of", "supported_primitives", "PER_DEVICE", "REFERENCE"]
+           "higher_order", "current_site", "site_of", "supported_primitives", "PER_DEVICE", "REFERENCE",
+           "observe_equations"]
 
 # name -> rule(executor, *operands, **params): primitives that evaluate sub-jaxprs, written once for both.
 HIGHER_ORDER: dict[str, Callable] = {}
@@ -198,12 +199,18 @@ class PerDevice(Executor):
         return _dtypes.numpy_shape_dtype(aval)
 
     def eval_jaxpr(self, jaxpr, consts, args):
-        if self.compiled:
+        if self.compiled and _observer is None:
             return _compiled().eval_jaxpr(jaxpr, consts, args, self)
         return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
     def evaluator(self, jaxpr):
-        return _compiled().evaluator(jaxpr, self) if self.compiled else super().evaluator(jaxpr)
+        if not self.compiled:
+            return super().evaluator(jaxpr)
+        fast = _compiled().evaluator(jaxpr, self)
+
+        def evaluate(consts, args):  # the reference loop while an observer watches (see observe_equations)
+            return fast(consts, args) if _observer is None else eval_jaxpr(jaxpr, consts, *args, executor=self)
+        return evaluate
 
     def partition(self, index, count):
         return [(int(np.clip(int(index), 0, count - 1)), None)]
@@ -250,7 +257,7 @@ class Vectorized(Executor):
     def eval_jaxpr(self, jaxpr, consts, args):
         with _primitives.vectorized_batch(self.batch):
             consts = [np.broadcast_to(np.asarray(c), (self.n, *np.shape(c))) for c in consts]
-            if self.compiled:
+            if self.compiled and _observer is None:
                 return _compiled().eval_jaxpr(jaxpr, consts, args, self)
             return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
@@ -328,6 +335,30 @@ _PER_DEVICE_SIDE_EFFECTS = {"debug_print", "debug_callback"}
 PER_DEVICE = PerDevice(compiled=True)
 REFERENCE = PerDevice(compiled=False)
 
+# observer(executor, eqn, operands, results), called by the reference loop after each equation, in the thread
+# that evaluated it; while one is set, every executor evaluates through the reference loop (see observe_equations).
+_observer: Callable | None = None
+
+
+class observe_equations:
+    """For the block, ``observer(executor, eqn, operands, results)`` sees every equation that spmdsim evaluates
+    (in every map, every device's thread, nested jaxprs included) right after its rule ran; the compiled form
+    is set aside meanwhile, so each equation is seen on its own. One observer at a time (``spmdsim.compare``)."""
+
+    def __init__(self, observer: Callable):
+        self.observer = observer
+
+    def __enter__(self):
+        global _observer
+        if _observer is not None:
+            raise RuntimeError("observe_equations: another observer is already watching the equations.")
+        _observer = self.observer
+        return self
+
+    def __exit__(self, *exc):
+        global _observer
+        _observer = None
+
 
 def eval_jaxpr(jaxpr, consts, *args, executor: Executor | None = None) -> list[np.ndarray]:
     """Evaluate ``jaxpr`` (a ``jax.extend.core.Jaxpr``) on NumPy arrays; returns the output arrays.
@@ -358,7 +389,8 @@ def eval_jaxpr(jaxpr, consts, *args, executor: Executor | None = None) -> list[n
     try:
         for eqn in jaxpr.eqns:
             stack[-1] = eqn
-            outs = ex.apply(eqn, [read(v) for v in eqn.invars])
+            operands = [read(v) for v in eqn.invars]
+            outs = ex.apply(eqn, operands)
             outs = outs if eqn.primitive.multiple_results else [outs]
             for v, value in zip(eqn.outvars, outs, strict=True):
                 expected = ex.expected(v.aval)
@@ -368,6 +400,8 @@ def eval_jaxpr(jaxpr, consts, *args, executor: Executor | None = None) -> list[n
                     if value.shape != expected[0] or value.dtype != expected[1]:
                         bad_result(eqn, value, *expected)
                 write(v, value)
+            if _observer is not None:
+                _observer(ex, eqn, operands, outs)
     finally:
         restore_errors(errors)
         stack.pop()
