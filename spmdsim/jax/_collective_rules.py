@@ -1,16 +1,24 @@
 """Collective equations of a jaxpr: both executors hand them, with the equation's own parameters, to
 :func:`spmdsim._primitives.bind`, the same primitive layer ``spmdsim.lax`` uses (its checks, rule,
-vectorized form and rendezvous). The site reported for each call is the user's line that produced it."""
+vectorized form and rendezvous). The site reported for each call is the user's line that produced it, and the
+name is the public function the user called (:func:`user_name`)."""
 from __future__ import annotations
 
 from spmdsim import _primitives
 from spmdsim.jax._interpreter import current_site
-from spmdsim.jax._registry import per_device, vectorized
+from spmdsim.jax._names import user_name
+from spmdsim.jax._registry import eqn_stack, per_device, vectorized
+
+
+def _current_name(default: str) -> str:
+    """:func:`user_name` of the equation being evaluated (``default`` between equations)."""
+    stack = eqn_stack()
+    return user_name(stack[-1]) if stack and stack[-1] is not None else default
 
 
 def _collective(name: str):
     def rule(x, **params):
-        return _primitives.bind(name, [x], site=current_site, **params)[0]  # called only if needed
+        return _primitives.bind(name, [x], site=current_site, api=_current_name(name), **params)[0]
 
     # A compiled jaxpr's equation with a user line binds through its prepared call instead (see
     # spmdsim.jax._compiled); this rule serves the reference loop and equations of JAX's own code.
@@ -56,7 +64,7 @@ def _axis_index(*, axis_name):
 # shard_map's varying-manual-axes forms (check_vma=True): the same values as their plain collectives.
 def _invariant(name: str, plain: str):
     def rule(x, **params):
-        return _primitives.bind(plain, [x], site=current_site(), api=name,
+        return _primitives.bind(plain, [x], site=current_site(), api=_current_name(plain),
                                 **dict(params, axis_index_groups=params.get("axis_index_groups")))[0]
     rule.__name__ = rule.__qualname__ = f"bind_{name}"
     return rule

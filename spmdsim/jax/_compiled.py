@@ -29,6 +29,7 @@ import numpy as np
 from jax.extend import core as ext_core
 
 from spmdsim import _primitives
+from spmdsim.jax._names import user_name
 from spmdsim.jax._contraction import contract
 from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
@@ -58,7 +59,7 @@ class _Step:
         self.nullary = False
         self.operands_tuple = collective  # the call takes the operands as one tuple
         if collective:
-            self.call = _primitives.prepare(name, eqn.params, site=site_of(eqn))
+            self.call = _primitives.prepare(name, eqn.params, site=site_of(eqn), api=user_name(eqn))
         elif self.higher:
             self.call = functools.partial(HIGHER_ORDER[name], **eqn.params)
         else:
