@@ -150,12 +150,25 @@ def _numpy_spec(spec: tuple, aval) -> tuple:
 
 # -- the simulation ----------------------------------------------------------------------------------------
 
-def simulate(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, executor: str, api: str,
-             ex: Executor | None = None, check_replicated: bool = False, **_params) -> list[np.ndarray]:
+# spmdsim compare's end-to-end check: ``map_observer(args, params, outs)`` after each top-level map call (None: off).
+map_observer = None
+
+
+def simulate(args: list[np.ndarray], **params) -> list[np.ndarray]:
     """Run the map on NumPy values: split the inputs into blocks, evaluate the body per device (threads) or all
-    devices at once (vectorized), assemble the outputs. ``ex`` is the evaluating executor when the map is an
-    equation of an outer body (a nested map), None at top level. ``check_replicated``: raise ReplicationError
-    when an output replicated along some mesh axes differs between the devices along them."""
+    devices at once (vectorized), assemble the outputs. ``params``: the map's (see :func:`map_params`); ``ex`` is
+    the evaluating executor when the map is an equation of an outer body (a nested map), None at top level;
+    ``check_replicated``: raise ReplicationError when an output replicated along some mesh axes differs between
+    the devices along them."""
+    outs = simulate_map(args, **params)
+    if map_observer is not None and params.get("ex") is None:
+        map_observer(args, params, outs)
+    return outs
+
+
+def simulate_map(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, executor: str, api: str,
+                 ex: Executor | None = None, check_replicated: bool = False, **_params) -> list[np.ndarray]:
+    """:func:`simulate`, unobserved."""
     if isinstance(ex, Vectorized) or (ex is None and executor == "vectorized"):
         return _simulate_vectorized(args, jaxpr, axes, *_numpy_specs(jaxpr, in_specs, out_specs), ex, api)
     mine = _global_arrays(api, axes, ex)
