@@ -16,6 +16,7 @@ import difflib
 import math
 from typing import Hashable, Sequence
 
+from spmdsim import _process_group
 from spmdsim.errors import UnboundAxisError
 
 __all__ = ["Frame", "Unnamed", "Channel", "frames_label", "resolve_axes", "axis_ids", "membership"]
@@ -57,10 +58,9 @@ def frames_label(frames: Sequence[Frame]) -> str:
 
 
 def _host_prefix(device_frames: Sequence[Frame]) -> str:
-    """``host 1 `` in a multi-host run: the host of the top-level call's device (nested calls run on it)."""
-    from spmdsim import _hosts  # here: _hosts needs the runtime, which needs this module
-
-    found = _hosts.layout()
+    """``host 1 `` in a multi-host run (see :mod:`spmdsim._process_group`): the host of the top-level call's
+    device (nested calls run on it)."""
+    found = _process_group.layout()
     if found is None:
         return ""
     top = [f for f in device_frames if len(f.instance) <= 1]

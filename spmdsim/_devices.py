@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-__all__ = ["VirtualDevice", "devices", "device_count", "local_device_count", "set_device_count"]
+from spmdsim import _process_group, _runtime
+
+__all__ = ["VirtualDevice", "devices", "device_count", "local_device_count", "local_devices", "set_device_count"]
 
 ENV_VAR = "SPMDSIM_NUM_DEVICES"
 DEFAULT_DEVICE_COUNT = 8
@@ -52,8 +54,7 @@ def _count_from_env() -> int:
 _count = _count_from_env()
 
 
-def _layout() -> tuple[int, int] | None:
-    return _hosts.layout()
+_layout = _process_group.layout  # (hosts, local devices) in a multi-host run, else None
 
 
 # How a user asks for more virtual devices, for error messages: ``spmdsim run`` says "--devices N".
@@ -83,7 +84,7 @@ class devices_hint:
 
 def device_count() -> int:
     """The number of virtual devices (like ``jax.device_count()``): in a multi-host run, every host's (see
-    :mod:`spmdsim._hosts`)."""
+    :mod:`spmdsim._process_group`)."""
     found = _layout()
     return _count if found is None else found[0] * found[1]
 
@@ -106,6 +107,13 @@ def devices(backend=None) -> list[VirtualDevice]:
     return [VirtualDevice(i, process_index=i // found[1]) for i in range(found[0] * found[1])]
 
 
+def local_devices() -> list[VirtualDevice]:
+    """This host's virtual devices (``jax.local_devices()``): global devices ``h * L`` to ``h * L + L - 1``; all
+    of them with one host."""
+    group = _process_group.current()
+    return devices() if group.local is None else devices()[group.devices.start:group.devices.stop]
+
+
 class set_device_count:
     """Set the number of virtual devices; usable as a statement or as a context manager.
 
@@ -121,8 +129,6 @@ class set_device_count:
 
     def __init__(self, n: int):
         global _count
-        from spmdsim import _runtime  # local: _runtime imports this module
-
         if _runtime.current_lane() is not None:
             raise ValueError("set_device_count cannot be called inside a mapped function; call it before pmap.")
         if _layout() is not None:
@@ -137,6 +143,3 @@ class set_device_count:
     def __exit__(self, *exc) -> None:
         global _count
         _count = self.previous
-
-
-from spmdsim import _hosts  # noqa: E402  (last: _hosts needs the runtime, which imports this module)

@@ -729,19 +729,29 @@ _checked: dict = {}
 class Batch:
     """The devices the vectorized executor computes at once: the mesh ``axes`` ((name, size) pairs, row-major),
     and ``ids``, the indices (into the row-major device order) of the devices present, ``None`` for all.
-    Every operand carries them on a leading axis."""
+    Every operand carries them on a leading axis.
 
-    def __init__(self, axes: Sequence[tuple[Hashable, int]], ids: np.ndarray | None = None, host=None):
+    ``comm``: None when this process computes every collective; in a run of several processes, the communicator
+    of the call (handed out by :meth:`~spmdsim._process_group.ProcessGroup.run_vectorized`; ``ids`` are then this
+    process's devices), to which :meth:`collective` hands each collective, as mpi4py code hands it to a ``Comm``.
+    """
+
+    def __init__(self, axes: Sequence[tuple[Hashable, int]], ids: np.ndarray | None = None, comm=None):
         self.axes = tuple(axes)
         self.names = tuple(name for name, _ in self.axes)
         self.sizes = tuple(size for _, size in self.axes)
         self.count = math.prod(self.sizes)
         self.ids = ids
-        self.host = host  # in a multi-host run: the call's VectorCall (``ids`` are this host's devices)
+        self.comm = comm
         self.mailboxes: dict = {}  # psend -> precv transfers, per axis names
 
     def subset(self, mask: np.ndarray) -> "Batch":
-        return Batch(self.axes, self.present()[mask], self.host)
+        return Batch(self.axes, self.present()[mask], self.comm)
+
+    @property
+    def host(self):
+        """The old name of :attr:`comm`, still read by ``spmdsim/jax/_map.py``."""
+        return self.comm
 
     def present(self) -> np.ndarray:
         """The row-major indices of the devices present."""
@@ -810,8 +820,8 @@ class Batch:
                     _checked.clear()
                 _checked[key] = checked
         positions, n, groups, rule_params = checked
-        if self.host is not None:
-            return self.host.collective(self, prim, named, positions, groups, rule_params, operands, params, api,
+        if self.comm is not None:
+            return self.comm.collective(self, prim, named, positions, groups, rule_params, operands, params, api,
                                         site, epilogue)
         if self.ids is not None:
             if not self._whole_communicators(positions, n):

@@ -25,6 +25,7 @@ import time
 from typing import Callable
 
 from spmdsim import _output
+from spmdsim._process_group import SINGLE_PROCESS, ProcessGroup
 from spmdsim._axes import Channel, Frame, axis_ids, frames_label, membership, resolve_axes
 from spmdsim._reports import (TABLE_HEADER, Signature, deadlock_text, describe, format_table, mismatch_text,
                               shown_avals)
@@ -188,14 +189,14 @@ class Rendezvous:
 
 class World:
     """Every lane of one top-level mapped call, and the open rendezvous, behind one lock. ``observers``: those
-    of :data:`observers` that watch the calling thread. ``host``: the host that made the call in a multi-host
-    run (see :mod:`spmdsim._hosts`), else None; ``failure_callbacks``: ``callback(error)`` run once, under the
-    lock, when the world fails (they must only wake someone)."""
+    of :data:`observers` that watch the calling thread. ``group``: the process group that made the call (see
+    :mod:`spmdsim._process_group`; its devices' threads run in it); ``failure_callbacks``: ``callback(error)``
+    run once, under the lock, when the world fails (they must only wake someone)."""
 
-    def __init__(self, host=None):
+    def __init__(self, group: ProcessGroup = SINGLE_PROCESS):
         me = threading.get_ident()
         self.observers = [o for o in observers if getattr(o, "thread", None) in (None, me)]
-        self.host = host
+        self.group = group
         self.failure_callbacks: list = []
         self.lock = threading.Lock()
         self.lanes: list[Lane] = []

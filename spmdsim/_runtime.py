@@ -21,8 +21,9 @@ import time
 import types
 from typing import Any, Callable, Hashable, Sequence
 
-from spmdsim import _output, _threads
+from spmdsim import _output, _process_group, _threads
 from spmdsim._axes import Channel, Frame, Unnamed, frames_label, resolve_axes
+from spmdsim._process_group import SINGLE_PROCESS
 from spmdsim._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCount, Lane, Rendezvous,  # noqa: F401
                                  World, failure_hooks, observers, pause_hooks)
 from spmdsim._reports import describe, format_table, who  # noqa: F401  (describe, format_table: for the debugger)
@@ -88,18 +89,19 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     row-major), each in its own thread with the axes bound; return the results in index order.
 
     Called from inside a lane, the new lanes join that lane's world (a nested map). A top-level call over devices
-    made by a host of a multi-host run (:mod:`spmdsim._hosts`) is one global call: ``axes`` is the global mesh,
-    ``body(j)`` runs this host's j-th device, and the results are this host's devices'. Raises the first error in
+    made in a process group of several processes (:mod:`spmdsim._process_group`) is handed to the group
+    (:meth:`~spmdsim._process_group.ProcessGroup.run`): one global call, ``axes`` the global mesh, ``body(j)``
+    running this process's j-th device, the results this process's devices'. Raises the first error in
     index order with the lane named in a note and the other lanes' errors attached (``device_errors``), or the
     world's CollectiveMismatchError/CollectiveDeadlockError; KeyboardInterrupt with the device table.
     """
     parent = current_lane()
     if parent is None:
-        host = _hosts.current()
-        if host is not None and is_device:
-            return host.run(body, tuple(axes))
-        world = World(host)
-        placement = _top_level_frames(tuple(axes), is_device, None if host is None else (host.count, host.local))
+        group = _process_group.current()
+        if group is not SINGLE_PROCESS and is_device:
+            return group.run(body, tuple(axes))
+        world = World(group)
+        placement = _top_level_frames(tuple(axes), is_device, group.layout)
         lanes = placement.take(world)
         results, errors = run_lanes(world, lanes, body, parent)
         out = outcome(world, lanes, results, errors, parent)
@@ -124,11 +126,15 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
     errors: list[BaseException | None] = [None] * size
 
     observed = world.observers
+    group = world.group  # a device runs in the process group of its call (see spmdsim._process_group)
+    enters = group is not SINGLE_PROCESS
 
     def target(i: int) -> None:
         lane = lanes[i]
         lane.thread = threading.current_thread()
         _local.lane = lane
+        if enters:
+            _process_group.enter(group)
         start, how = time.perf_counter() if observed else 0.0, "returned"
         try:
             if isinstance(world.failure, KeyboardInterrupt):  # Ctrl-C before this device started
@@ -146,6 +152,8 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
             world.finish(lane, DONE)
         finally:
             _local.lane = None  # a reused thread must not keep this call's lane (and its world) alive
+            if enters:
+                _process_group.leave()
         for observer in observed:
             observer.lane(lane.label, start, time.perf_counter(), how)
 
@@ -215,7 +223,7 @@ def _frames(outer: tuple, axes: tuple, is_device: bool, instance: tuple, *, shar
 
 def top_level_placement(axes: tuple, is_device: bool = True) -> _Placement:
     """The placement of a top-level call, made once per mesh (and host layout, which the labels name)."""
-    return _top_level_frames(axes, is_device, _hosts.layout())
+    return _top_level_frames(axes, is_device, _process_group.layout())
 
 
 @functools.lru_cache(maxsize=64)
@@ -321,6 +329,3 @@ def _interrupted(error: KeyboardInterrupt, world: World, lanes: list[Lane], thre
                        f"call) and {'was' if len(stuck) == 1 else 'were'} abandoned: "
                        f"{'it stops' if len(stuck) == 1 else 'they stop'} when that call returns, and never run "
                        f"user code again.")
-
-
-from spmdsim import _hosts  # noqa: E402  (last: it imports this module)

@@ -15,6 +15,7 @@ import os
 import sys
 
 import spmdsim
+from spmdsim import hosts
 from spmdsim._script import check_program, run_program, split_argv
 from spmdsim.cli import ArgumentParser, UsageError, positive_int
 
@@ -70,16 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("give the script to run: spmdsim run [options] SCRIPT.py [args], or -m MODULE [args]")
     trace_format = _trace_format(args.trace)
     check_program(program)
-    from spmdsim import _hosts, _transport
 
     host = None
-    if _transport.launched_by_mpi():
+    if hosts.launched_by_mpi():
         from spmdsim import _launch
         if os.environ.get(_launch.CHILD_ENV) != "1":
             return _launch.run_as_host_child(["run", *raw])
         _whole_lines()
         try:
-            host = _hosts.mpi_host(args.devices)
+            host = hosts.mpi_host(args.devices)
         except ValueError as e:  # the devices do not split over the processes mpiexec started
             raise UsageError(f"--devices {args.devices}: {e}") from None
         if args.hosts not in (None, host.count):
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     _write_trace(tr, args.trace, trace_format)
     finally:
         if host is not None:
-            host.exit_process("returned" if status == 0 else f"exited with status {status}")
+            hosts.mpi.exit_process(host, "returned" if status == 0 else f"exited with status {status}")
     if args.devices >= QUICK_EXIT_DEVICES:
         _quick_exit(status)
     return status

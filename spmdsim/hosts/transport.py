@@ -1,6 +1,6 @@
 """How hosts reach each other: a transport moves messages (tuples of Python objects and NumPy arrays) from one
 host to another, and tells a host when another one is gone. It never computes: the protocol that uses it
-(:mod:`spmdsim._host_world`) does.
+(:mod:`spmdsim.hosts.host`) does.
 
 - :class:`Fabric` / :class:`ThreadTransport`: hosts that are threads of one process (``spmdsim.run_hosts``).
   A message is handed to the receiving host at once, in the sender's thread, by reference.
