@@ -31,6 +31,7 @@ from jax.extend import core as ext_core
 from spmdsim import _primitives
 from spmdsim.jax._names import user_name
 from spmdsim.jax._contraction import contract
+from spmdsim.jax._registry import compiled_form
 from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
 
@@ -237,3 +238,6 @@ def _run(run: Callable, executor: Executor, consts, args) -> list[np.ndarray]:
     finally:
         restore_errors(errors)
         stack.pop()
+
+
+compiled_form(eval_jaxpr, evaluator)  # the interpreter evaluates through these (see _registry.COMPILED)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-__all__ = ["PER_DEVICE", "VECTORIZED", "per_device", "vectorized", "specialize", "register"]
+__all__ = ["PER_DEVICE", "VECTORIZED", "per_device", "vectorized", "specialize", "register", "COMPILED",
+           "compiled_form"]
 
 PER_DEVICE: dict[str, Callable] = {}
 VECTORIZED: dict[str, Callable] = {}
@@ -66,3 +67,24 @@ def eqn_stack() -> list:
     if stack is None:
         stack = _local.stack = []
     return stack
+
+
+class CompiledForm:
+    """Where the interpreter finds the compiled form of jaxprs: :mod:`spmdsim.jax._compiled`, a layer on the
+    interpreter (it imports the interpreter, never the reverse), puts its two entry points here when it is
+    imported (:func:`compiled_form`; ``spmdsim.jax`` imports it with the front end)."""
+
+    def eval_jaxpr(self, jaxpr, consts, args, executor) -> list:
+        raise AssertionError("spmdsim bug: spmdsim.jax._compiled was not imported")
+
+    def evaluator(self, jaxpr, executor) -> Callable:
+        raise AssertionError("spmdsim bug: spmdsim.jax._compiled was not imported")
+
+
+COMPILED = CompiledForm()
+
+
+def compiled_form(eval_jaxpr: Callable, evaluator: Callable) -> None:
+    """Install the compiled form's ``eval_jaxpr(jaxpr, consts, args, executor)`` and ``evaluator(jaxpr,
+    executor)``: what :data:`COMPILED` calls from then on."""
+    COMPILED.eval_jaxpr, COMPILED.evaluator = eval_jaxpr, evaluator
