@@ -40,6 +40,7 @@ from jax._src.interpreters import partial_eval as pe
 from spmdsim import _hosts, _primitives, _runtime, _sharding
 from spmdsim._values import broadcast_view, read_only
 from spmdsim.jax import _dtypes
+from spmdsim.jax import _compiled  # noqa: F401  (the compiled form of jaxprs installs itself: _registry.COMPILED)
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
 from spmdsim.jax._placement import PMAP_AXIS, local_mesh, map_out_shardings
 
