@@ -1,0 +1,151 @@
+"""spmdsim's modules import each other without a circle (issue 28): the layers are front ends -> primitives ->
+runtime -> rendezvous -> axes, with the process group at the bottom and the hosts (spmdsim/hosts/) one floor above
+the core. Every import statement counts, also one inside a function or at the bottom of a module (where a circle
+would hide). Read with ``ast``: nothing is imported, jax is not needed."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "spmdsim"
+
+
+def modules(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Dotted module name -> file, for every ``.py`` file of the package at ``root`` (a package is its
+    ``__init__.py``)."""
+    found = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imported_names(module: str, path: pathlib.Path) -> list[str]:
+    """Every name ``module`` imports, anywhere in its file: ``import a.b`` gives ``a.b``; ``from a import b``
+    gives ``a.b`` and ``a`` (b may be a module or a name in a); relative imports made absolute."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                package = package[:len(package) - (node.level - 1)]
+                base = ".".join(package + ([node.module] if node.module else []))
+            names += [f"{base}.{alias.name}" for alias in node.names] + [base]
+    return names
+
+
+def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports. A package's ``__init__`` is left out as a target (importing
+    ``a.b`` runs ``a/__init__.py`` first, which is not an edge of ``a.b``'s own making)."""
+    mods = modules(root)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        for name in imported_names(module, path):
+            if name.split(".")[0] != root.name:
+                continue
+            target = resolve(name)
+            if target is not None and target != module and mods[target].name != "__init__.py":
+                graph[module].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph``: its strongly connected components of more than one module (Tarjan's algorithm,
+    iterative), each sorted; a module importing itself does not count."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph.get(target, ())))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_spmdsim_imports_without_a_circle():
+    circles = cycles(import_graph(PACKAGE))
+    assert circles == [], "import circles in spmdsim (every import counts, also inside functions): " + "; ".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_the_core_does_not_import_the_hosts():
+    """The core is written against the process group (spmdsim/_process_group.py); the hosts install theirs."""
+    graph = import_graph(PACKAGE)
+    core = ["spmdsim._axes", "spmdsim._devices", "spmdsim._process_group", "spmdsim._rendezvous", "spmdsim._runtime",
+            "spmdsim._primitives", "spmdsim._hosts"]
+    for module in core:
+        reached, todo = set(), [module]
+        while todo:
+            for target in graph[todo.pop()] - reached:
+                reached.add(target)
+                todo.append(target)
+        assert not {m for m in reached if m.startswith("spmdsim.hosts")}, f"{module} reaches the hosts' package"
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"b"}, "b": set(), "c": {"a", "b"}}, []),
+    ({"a": {"a"}}, []),
+    ({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "a"}}, [["a", "b"], ["c", "d"]]),
+])
+def test_the_cycle_finder_on_small_graphs(graph, expected):
+    assert sorted(cycles(graph)) == expected
+
+
+def test_a_planted_circle_is_caught_also_through_an_import_inside_a_function(tmp_path):
+    """A package whose two modules import each other, one of them inside a function (the way a circle hides)."""
+    package = tmp_path / "spmdsim"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from spmdsim import low\n")
+    (package / "low.py").write_text("def f():\n    from spmdsim.sub import high  # here: high imports us\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "high.py").write_text("from .. import low\n")
+    (package / "clean.py").write_text("import spmdsim.low\n")
+    graph = import_graph(package)
+    assert graph["spmdsim.low"] == {"spmdsim.sub.high"} and graph["spmdsim.sub.high"] == {"spmdsim.low"}
+    assert cycles(graph) == [["spmdsim.low", "spmdsim.sub.high"]]
+    (package / "low.py").write_text("def f():\n    pass\n")
+    assert cycles(import_graph(package)) == []
