@@ -26,8 +26,10 @@ import ml_dtypes
 import numpy as np
 import scipy.special
 
+from spmdsim._primitives import Batch
 from spmdsim._values import broadcast_view
 from spmdsim.jax import _dtypes, _xla_cpu_isa, _xla_cpu_math
+from spmdsim.jax._interpreter import Vectorized
 from spmdsim.jax._registry import PER_DEVICE, VECTORIZED, per_device, specialize, vectorized
 
 LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -1061,8 +1063,6 @@ def _update_computation(update_jaxpr, update_consts):
     def combine(out, index, values):
         if values.size == 0:
             return
-        from spmdsim._primitives import Batch  # here: the interpreter builds on this module
-        from spmdsim.jax._interpreter import Vectorized
         flat = np.ravel_multi_index(index, out.shape) if out.ndim else np.zeros(values.size, np.intp)
         order = np.argsort(flat, kind="stable")
         ordered = flat[order]
