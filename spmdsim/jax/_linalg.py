@@ -26,7 +26,9 @@ import numpy as np
 import scipy.linalg.blas as _blas
 import scipy.linalg.lapack as _lapack
 
+from spmdsim.jax._interpreter import eval_jaxpr
 from spmdsim.jax._numpy_rules import LOW_FLOATS, matmul_slices, per_device, vectorized
+from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
 
 
 def _both(name: str):
@@ -462,8 +464,6 @@ def _solve_parts(args, const_lengths):
 def _custom_linear_solve(*args, const_lengths, jaxprs):
     """The forward value of a custom linear solve is its ``solve`` jaxpr applied to b (matvec and the
     transposes only matter to autodiff, which JAX has already done)."""
-    from spmdsim.jax._interpreter import eval_jaxpr
-
     solve_consts, b = _solve_parts(args, const_lengths)
     return eval_jaxpr(jaxprs.solve.jaxpr, jaxprs.solve.consts, *solve_consts, *b)
 
@@ -610,8 +610,6 @@ def _ragged_to_dense(x: np.ndarray, sizes: np.ndarray, dim: int, axes: list, lea
 
 def _ragged_dot(lead: int, lhs, rhs, group_sizes, *, ragged_dot_dimension_numbers, precision=None,
                 preferred_element_type=None, group_offset=None, out_sharding=None):
-    from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
-
     if group_offset is not None:
         raise NotImplementedError("ragged_dot_general with group_offset (JAX does not implement it either)")
     dnums = ragged_dot_dimension_numbers

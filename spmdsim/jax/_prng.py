@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from spmdsim.jax import _dtypes, _xla_cpu_math
+from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
 from spmdsim.jax._numpy_rules import LOW_FLOATS, elementwise, expand_to
 from spmdsim.jax._registry import PER_DEVICE, per_device, vectorized
 
@@ -241,7 +242,6 @@ def _lowered(impl, op: str, in_avals: tuple, params: tuple):
 
 def _through_jax(impl, op: str, *operands, **params):
     """``op`` of ``impl`` on one device's physical operands, evaluated from the jaxpr JAX lowers it to."""
-    from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
     operands = [np.asarray(x) for x in operands]
     closed = _lowered(impl, op, tuple((x.shape, x.dtype) for x in operands),
                       tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items())))
@@ -419,7 +419,6 @@ def _gamma(key_dtype, vect: bool, keys, a, log_space):
                             f"belongs to is only known from its equation")
     if _is_threefry(_dtypes.key_impl(key_dtype)):
         return _gamma_threefry(keys, a, log_space=log_space)
-    from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
     key_rank = len(_dtypes.key_data_shape(key_dtype))
 
     def one(k, alpha):
