@@ -8,12 +8,13 @@ Host 0 is the **coordinator**. For each top-level mapped call (the k-th of every
    hosts get the answer. No timeout: a host that has neither called nor finished is still computing.
 2. **One World.** The coordinator runs the call's :class:`~spmdsim._rendezvous.World` with a lane for every
    global device: its own devices run the function; every other device has a *stand-in* lane there (a thread
-   serving that device's messages). A device of another host runs the function on its host, in a
-   :class:`~spmdsim.hosts.remote_world.RemoteWorld`, and each of its collectives is a message to its stand-in, which meets the other lanes
-   in the World's rendezvous and sends back the device's results. So the rule runs once, on the coordinator, on
-   every device's block in global rank order: the numbers are those of one process, bit for bit. Deadlocks
-   and mismatches are found by the one World, which knows every device's state exactly (a device of another
-   host counts as running until its message arrives), so they are certain, never timed out.
+   serving that device's messages, :mod:`spmdsim.hosts.coordinator`). A device of another host runs the
+   function on its host, in a :class:`~spmdsim.hosts.remote_world.RemoteWorld`, and each of its collectives is a
+   message to its stand-in, which meets the other lanes in the World's rendezvous and sends back the device's
+   results. So the rule runs once, on the coordinator, on every device's block in global rank order: the numbers
+   are those of one process, bit for bit. Deadlocks and mismatches are found by the one World, which knows every
+   device's state exactly (a device of another host counts as running until its message arrives), so they are
+   certain, never timed out.
 3. **Outcome.** When every lane (stand-ins included) has finished, the coordinator sends the call's outcome (
    nothing, or the error to raise: the first device error in global device order, or the World's failure) to
    every host, and each host returns its own devices' outputs or raises it.
@@ -22,11 +23,10 @@ What a device prints travels with its messages and is printed by the coordinator
 rendezvous. A device that raises, a failure of the World, a lost host: the coordinator's stand-ins tell their
 hosts to stop (``abort``); devices waiting there unwind at once, running ones at their next collective.
 
-The stand-ins are :mod:`spmdsim.hosts.coordinator`'s, the other hosts' devices run in a
-:class:`~spmdsim.hosts.remote_world.RemoteWorld`; the vectorized executor (one thread per host, all its devices at
-once) needs no World: see :class:`~spmdsim.hosts.vectorized.VectorCall`. The end of a host's program is the last message (``exit``); the coordinator answers
-late callers (a deadlock: host 0 finished) and, once every host has finished, sends everyone every host's
-result (``bye``).
+The vectorized executor (one thread per host, all its devices at once) needs no World: see
+:class:`~spmdsim.hosts.vectorized.VectorCall`. The end of a host's program is the last message (``exit``); the
+coordinator answers late callers (a deadlock: host 0 finished) and, once every host has finished, sends everyone
+every host's result (``bye``).
 """
 from __future__ import annotations
 

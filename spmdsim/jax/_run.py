@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     from spmdsim.jax._patch import patched_jax
 
     if host is None or host.index == 0:
-        hosts = "" if host is None else \
+        as_hosts = "" if host is None else \
             f" as {host.count} hosts ({host.local} device{'s' if host.local > 1 else ''} each, through MPI)"
-        print(f"spmdsim run: {program.name} on {args.devices} virtual devices{hosts}; replaced jax.pmap with "
+        print(f"spmdsim run: {program.name} on {args.devices} virtual devices{as_hosts}; replaced jax.pmap with "
               f"spmdsim.jax.pmap and jax.shard_map with spmdsim's (values computed by NumPy, {args.executor} "
               f"executor); JAX's CPU devices are the virtual devices; everything else is real JAX.", file=sys.stderr)
     tracing = spmdsim.trace(values="summary") if trace_format else contextlib.nullcontext()
