@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["assert_pmap_matches_jax", "assert_trees_match", "ensure_jax_devices", "tolerance", "Mismatch"]
+__all__ = ["assert_pmap_matches_jax", "assert_trees_match", "ensure_jax_devices", "tolerance", "Mismatch", "compare"]
 
 # (rtol, atol) per dtype name; integers, bools and unknown kinds compare exactly.
 _TOLERANCES = {"float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2), "float32": (2e-6, 1e-6),
@@ -183,6 +183,60 @@ def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, ato
     assert_trees_match(actual, expected, out_axis=out_axes if isinstance(out_axes, int) else None, rtol=rtol,
                        atol=atol)
     return actual
+
+
+def compare(fun: Callable, *args, against: str = "xla", ulps: int = 0, rtol: float | None = None,
+            progress: bool = False, **map_kwargs):
+    """Where do ``fun``'s values leave XLA:CPU's? Run it with every equation spmdsim evaluates compared, on the
+    same operands, with what XLA:CPU computes (``spmdsim compare`` for a function; see
+    :mod:`spmdsim.jax._compare` for what each side computes).
+
+    With ``map_kwargs`` (``axis_name``, ``in_axes``, ``executor``, ...), ``fun`` is a per-device function run as
+    ``spmdsim.jax.pmap(fun, **map_kwargs)(*args)``; without, ``fun(*args)`` runs as under ``spmdsim run``: its
+    ``jax.pmap``, ``jax.shard_map`` and ``jax.jit`` are spmdsim's (so jit around maps, grad of them and nested
+    maps are compared too). Not for the NumPy front end (``spmdsim.pmap``): compare its ``jax.numpy`` twin.
+
+    Args:
+        fun: a JAX function.
+        *args: its arguments.
+        against: ``"xla"`` (default), ``"order=pairwise"`` (``ring``, ``sequential``: each sum over devices folded
+            in that order) or ``"executor=vectorized"`` (``threads``: the other executor's rules).
+        ulps: an element differs when more than this many ulps apart (default 0: bit-exact).
+        rtol: and, when given, more than ``rtol * |expected|`` apart.
+        progress: a progress line on stderr for long runs (rich, on a terminal).
+        **map_kwargs: ``spmdsim.jax.pmap``'s keyword arguments.
+
+    Returns:
+        A ``Report``: ``report.differences`` (each differing equation, first occurrence first: primitive,
+        params, operands, devices, ulps, absolute distance, the user's line), ``report.drift`` (each map call's
+        outputs against the other side's run of the whole map), ``report.to_json()``, ``report.print()``;
+        ``bool(report)`` is true when some equation differs. ``report.result`` is what ``fun`` returned.
+
+    Raises:
+        ValueError: an unknown ``against`` or a negative tolerance.
+
+    Example (needs jax)::
+
+        report = spmdsim.testing.compare(step, params, batch, axis_name="batch", in_axes=(None, 0))
+        assert not report, report.text()
+    """
+    import spmdsim
+    from spmdsim.jax import _compare
+
+    if map_kwargs:
+        import spmdsim.jax as sjax
+        mapped = sjax.pmap(fun, **map_kwargs)
+        n = _mapped_size(args, map_kwargs) or 1
+        with spmdsim.set_device_count(max(n, spmdsim.device_count())):
+            report, result = _compare.compare_call(lambda: mapped(*args), against=against, ulps=ulps, rtol=rtol,
+                                                   progress=progress)
+    else:
+        from spmdsim.jax._patch import patched_jax
+        with patched_jax(spmdsim.device_count()):
+            report, result = _compare.compare_call(lambda: fun(*args), against=against, ulps=ulps, rtol=rtol,
+                                                   progress=progress)
+    report.result = result
+    return report
 
 
 try:  # the pytest plugin; nothing here imports jax

@@ -161,15 +161,16 @@ def simulate(args: list[np.ndarray], **params) -> list[np.ndarray]:
     the evaluating executor when the map is an equation of an outer body (a nested map), None at top level;
     ``check_replicated``: raise ReplicationError when an output replicated along some mesh axes differs between
     the devices along them."""
-    outs = simulate_map(args, **params)
-    if map_observer is not None and params.get("ex") is None:
+    outs = simulate_map(args, **params, observe=False)
+    if map_observer is not None and params.get("ex") is None and _runtime.current_lane() is None:
         map_observer(args, params, outs)
     return outs
 
 
 def simulate_map(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, executor: str, api: str,
-                 ex: Executor | None = None, check_replicated: bool = False, **_params) -> list[np.ndarray]:
-    """:func:`simulate`, unobserved."""
+                 ex: Executor | None = None, check_replicated: bool = False, observe: bool = False,
+                 **_params) -> list[np.ndarray]:
+    """:func:`simulate`, unobserved (``observe``: for the thread executor's run, see :class:`_ThreadsRun`)."""
     if isinstance(ex, Vectorized) or (ex is None and executor == "vectorized"):
         return _simulate_vectorized(args, jaxpr, axes, *_numpy_specs(jaxpr, in_specs, out_specs), ex, api)
     mine = _global_arrays(api, axes, ex)
@@ -185,7 +186,7 @@ def simulate_map(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, ex
             _check_replicated(stacked, out_specs, axes, api)
         return [_sharding.assemble(o, spec, axes) for o, spec in zip(stacked, out_specs, strict=True)]
     local = axes if _runtime.current_lane() is not None else local_mesh(axes)  # top level: this host's box
-    return threads_run(jaxpr, in_specs, out_specs, axes, local, executor, api)(args, check_replicated)
+    return threads_run(jaxpr, in_specs, out_specs, axes, local, executor, api)(args, check_replicated, observe)
 
 
 @weakref_lru_cache
@@ -193,7 +194,7 @@ def threads_run(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, local: tu
                 api: str) -> "_ThreadsRun":
     """The thread executor's run of the map of body ``jaxpr`` over ``axes`` with the map's specs (``local``: the
     devices this host runs, the mesh itself outside a multi-host run), made once per body, specs and mesh."""
-    return _ThreadsRun(jaxpr, *_numpy_specs(jaxpr, in_specs, out_specs), axes, local, executor, api)
+    return _ThreadsRun(jaxpr, in_specs, out_specs, axes, local, executor, api)
 
 
 class _ThreadsRun:
@@ -201,13 +202,15 @@ class _ThreadsRun:
     body's compiled evaluator, the device count): called with the NumPy inputs, it splits them into blocks,
     runs the body once per device, each in its own thread, and assembles the NumPy outputs."""
 
-    def __init__(self, jaxpr, in_specs: list, out_specs: list, axes: tuple, local: tuple, executor: str, api: str):
-        self.in_specs, self.out_specs, self.axes, self.local, self.api = in_specs, out_specs, axes, local, api
+    def __init__(self, jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, local: tuple, executor: str, api: str):
+        self.in_specs, self.out_specs = _numpy_specs(jaxpr, in_specs, out_specs)
+        self.axes, self.local, self.api = axes, local, api
         self.consts = jaxpr.consts
         self.evaluate = (REFERENCE if executor == "reference" else PER_DEVICE).evaluator(jaxpr.jaxpr)
         self.count = math.prod(size for _, size in local)
+        self.params = dict(jaxpr=jaxpr, in_specs=in_specs, out_specs=out_specs, axes=axes, executor=executor, api=api)
 
-    def __call__(self, args: list, check_replicated: bool = False) -> list[np.ndarray]:
+    def __call__(self, args: list, check_replicated: bool = False, observe: bool = True) -> list[np.ndarray]:
         local = self.local
         blocks = [_split(x, spec, local) for x, spec in zip(args, self.in_specs, strict=True)]
         device_args = list(zip(*blocks)) if blocks else [()] * self.count  # views, made in C
@@ -216,7 +219,10 @@ class _ThreadsRun:
         if check_replicated:
             stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(self.out_specs))]
             _check_replicated(stacked, self.out_specs, local, self.api)
-        return [_assemble([device[k] for device in per_device], spec, local) for k, spec in enumerate(self.out_specs)]
+        outs = [_assemble([device[k] for device in per_device], spec, local) for k, spec in enumerate(self.out_specs)]
+        if observe and map_observer is not None and _runtime.current_lane() is None:
+            map_observer(args, self.params, outs)
+        return outs
 
 
 def _global_arrays(api: str, axes: tuple, ex) -> slice | None:

@@ -1,0 +1,678 @@
+"""``spmdsim compare``: the first equations where a program's values leave XLA:CPU's, found equation by equation.
+
+A program's maps run once, through the reference loop, and an observer
+(:class:`spmdsim.jax._interpreter.observe_equations`) sees each equation right after spmdsim's rule computed it,
+with the operands it had. It computes the same equation on **the same operands** by the other side named by
+``against``, compares the results, and keeps, per equation, the first occurrence and the largest distance: each
+difference is the equation's own, not one accumulated from the equations before it. Nothing is recorded but
+these per-equation summaries: memory is bounded by one equation's operands per device.
+
+What the other side is (``against``):
+
+- ``"xla"`` (the default): XLA:CPU. An equation inside a map is computed by ``jax.jit`` of the primitive bound
+  with the equation's parameters, on JAX's default (CPU) device, once per device on that device's operands.
+  spmdsim's fused multiply-add (``xla_cpu_fma``, see :mod:`._contraction`) is compared with XLA compiling the
+  multiply and the add it replaced in one jitted function, where XLA fuses them as it does in the user's
+  program. A sum over devices (``psum``) is checked on all devices' operands at once, gathered from the devices
+  of its group, against the fold in XLA:CPU's order (rank order, left to right: the conformance suite checks
+  that order bit for bit against ``jax.pmap``); the other collectives move data, or take a maximum or minimum,
+  and are exact in any order, so they are not recomputed.
+- ``"order=pairwise"`` (or ``ring``, ``sequential``): each sum over devices folded in that order on the same
+  operands: which collective's result a different all-reduce algorithm (another topology) changes, and by how
+  much. Nothing but such sums depends on the order, so only they are compared.
+- ``"executor=vectorized"`` (or ``threads``): each equation's rule of the other executor on the same operands
+  (the vectorized rule on a one-device stack, or the per-device rule device by device). The collectives of both
+  executors are one primitive layer and are not recomputed.
+
+Then, end to end: after each top-level map call, the same map is run whole by the other side on the same inputs
+(XLA: a real ``jax.shard_map`` of the map's body over JAX's devices, jitted) and its outputs are compared with
+spmdsim's: how far the outputs drifted.
+
+Not covered: the NumPy front end (``spmdsim.pmap`` of a NumPy function; compare its JAX twin instead), a
+multi-host run (``--hosts``), ``psum_scatter``'s order, and equations on PRNG keys or with effects (callbacks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from spmdsim import _primitives, _runtime
+from spmdsim._reduction import REDUCTION_ORDERS, ReductionOrder
+from spmdsim.jax import _dtypes, _map, _registry
+from spmdsim.jax._interpreter import HIGHER_ORDER, Vectorized, current_site, observe_equations
+
+__all__ = ["Against", "Difference", "Drift", "Report", "compare_call", "distance", "main", "SCHEMA_PATH"]
+
+SCHEMA_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "compare.schema.json")
+SCHEMA_ID = "spmdsim-compare/1"
+
+# Primitives compared with nothing: collectives (below), tokens, side effects, and layout-only equations.
+_COLLECTIVES = set(_primitives.PRIMITIVES) | {"psum_invariant", "all_gather_invariant", "axis_index", "precv",
+                                              "pvary", "pbroadcast", "reshard"}
+_SUMS = ("psum", "psum_invariant")
+_NOT_COMPUTED = {"create_token", "after_all", "debug_print", "debug_callback", "pure_callback", "io_callback"}
+
+
+# -- what is compared with what -------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Against:
+    """The other side of a comparison: ``kind`` is ``"xla"``, ``"order"`` or ``"executor"``; ``value`` the
+    reduction order or executor named (None for XLA)."""
+
+    kind: str
+    value: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Against":
+        """``"xla"``, ``"order=pairwise"`` (``ring``, ``sequential``) or ``"executor=vectorized"`` (``threads``).
+
+        Raises:
+            ValueError: anything else, with the accepted forms.
+        """
+        key, _, value = text.partition("=")
+        if text == "xla":
+            return cls("xla")
+        if key == "order" and value in REDUCTION_ORDERS:
+            return cls("order", value)
+        if key == "executor" and value in ("threads", "vectorized"):
+            return cls("executor", value)
+        raise ValueError(f"--against {text!r}: expected xla, order=ORDER (ORDER one of {', '.join(REDUCTION_ORDERS)})"
+                         f" or executor=threads|vectorized.")
+
+    def __str__(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}={self.value}"
+
+
+# -- distances ----------------------------------------------------------------------------------------------
+
+def _float_bits(dtype: np.dtype) -> np.dtype | None:
+    """The signed integer dtype of ``dtype``'s bits for a real floating dtype (bfloat16 and float8 included)."""
+    if dtype.kind == "f" or (dtype.kind == "V" and dtype.itemsize <= 2 and "float" in dtype.name):
+        return np.dtype(f"int{8 * dtype.itemsize}")
+    return None
+
+
+def _ordered(x: np.ndarray, bits: np.dtype) -> np.ndarray:
+    """Each float's position on the line of representable values (+0 and -0 both 0), as float64."""
+    raw = np.ascontiguousarray(x).view(bits).astype(np.int64)
+    magnitude = raw & ((1 << (8 * bits.itemsize - 1)) - 1)
+    return np.where(raw < 0, -magnitude, magnitude).astype(np.float64)
+
+
+def distance(actual, expected) -> tuple[np.ndarray, np.ndarray]:
+    """``(ulps, absolute)`` per element of two arrays of one shape and dtype: ulps the number of representable
+    values between them (floats; integers: their difference), absolute ``|actual - expected|`` in float64. Two
+    NaNs are 0 apart, a NaN and a number infinitely far; +0 and -0 are 0 apart. Complex: the larger of the real
+    and imaginary parts' distances."""
+    a, b = np.asarray(actual), np.asarray(expected)
+    if a.dtype.kind == "c":
+        re, im = distance(a.real, b.real), distance(a.imag, b.imag)
+        return np.maximum(re[0], im[0]), np.maximum(re[1], im[1])
+    bits = _float_bits(a.dtype)
+    if bits is None:
+        wide = np.float64 if a.dtype.kind in "iub" else np.float64
+        diff = np.abs(a.astype(wide) - b.astype(wide))
+        return diff, diff
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+    with np.errstate(invalid="ignore"):
+        ulps = np.abs(_ordered(a, bits) - _ordered(b, bits))
+        absolute = np.where(a64 == b64, 0.0, np.abs(a64 - b64))
+    both, one = nan_a & nan_b, nan_a ^ nan_b
+    ulps = np.where(both, 0.0, np.where(one, np.inf, ulps))
+    absolute = np.where(both, 0.0, np.where(one, np.inf, absolute))
+    return ulps, absolute
+
+
+# -- the report ------------------------------------------------------------------------------------------------
+
+def _finite(x: float) -> float | None:
+    return None if not np.isfinite(x) else float(x)
+
+
+@dataclasses.dataclass
+class Difference:
+    """One equation whose results differ (beyond the tolerance) from the other side's on the same operands."""
+
+    rank: int                       # first occurrences in order (0: the first equation to differ)
+    primitive: str
+    params: dict[str, str]
+    operands: list[tuple[tuple, str]]   # one device's (shape, dtype) per operand
+    results: list[tuple[tuple, str]]
+    site: str                       # the user's file:line (function)
+    devices: list[str]              # the devices where it differed ("outside the maps" for a jit's own parts)
+    occurrences: int = 0            # evaluations that differed (a loop's body counts once per iteration)
+    ulps: float = 0.0               # the largest distance, in ulps (inf: NaN against a number, shapes differ)
+    absolute: float = 0.0
+    elements: int = 0               # elements beyond the tolerance, over every occurrence and device
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "primitive": self.primitive, "params": self.params,
+                "operands": [{"shape": list(s), "dtype": d} for s, d in self.operands],
+                "results": [{"shape": list(s), "dtype": d} for s, d in self.results],
+                "site": self.site, "devices": self.devices, "occurrences": self.occurrences,
+                "ulps": _finite(self.ulps), "absolute": _finite(self.absolute), "elements": self.elements,
+                "detail": self.detail}
+
+
+@dataclasses.dataclass
+class Drift:
+    """How far one output of one top-level map call ended from the other side's run of the whole map."""
+
+    call: int        # the top-level map calls in order, from 0
+    api: str         # pmap or shard_map
+    output: int
+    shape: tuple
+    dtype: str
+    ulps: float | None
+    absolute: float | None
+    note: str = ""   # why it was not measured, when it was not
+
+    def to_json(self) -> dict:
+        return {"call": self.call, "api": self.api, "output": self.output, "shape": list(self.shape),
+                "dtype": self.dtype, "ulps": None if self.ulps is None else _finite(self.ulps),
+                "absolute": None if self.absolute is None else _finite(self.absolute), "note": self.note}
+
+
+@dataclasses.dataclass
+class Report:
+    """What :func:`compare_call` found: the differing equations, first occurrence first, and the drift of each
+    top-level map call's outputs. ``bool(report)`` is true when some equation differs."""
+
+    against: str
+    ulps: int
+    rtol: float | None
+    compared: int = 0                                   # equation evaluations compared (per device)
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)   # reason -> evaluations not compared
+    differences: list[Difference] = dataclasses.field(default_factory=list)
+    drift: list[Drift] = dataclasses.field(default_factory=list)
+    result: Any = dataclasses.field(default=None, repr=False)  # what the compared function returned (not in JSON)
+
+    def __bool__(self) -> bool:
+        return bool(self.differences)
+
+    def to_json(self) -> dict:
+        """The report as the JSON object ``spmdsim compare --json`` writes (schema: ``spmdsim/data/
+        compare.schema.json``)."""
+        return {"schema": SCHEMA_ID, "against": self.against, "tolerance": {"ulps": self.ulps, "rtol": self.rtol},
+                "compared": self.compared, "skipped": dict(sorted(self.skipped.items())),
+                "differences": [d.to_json() for d in self.differences], "drift": [d.to_json() for d in self.drift]}
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+            f.write("\n")
+
+    def text(self, max_rows: int = 50) -> str:
+        """The report as the tables ``spmdsim compare`` prints."""
+        return self.print(file=_Discard(), max_rows=max_rows)
+
+    def print(self, file=None, max_rows: int = 50) -> str:
+        """Print the tables (rich when installed) to ``file`` (default stdout); returns their plain text."""
+        from spmdsim._tables import print_table
+        file = sys.stdout if file is None else file
+        tolerance = "bit-exact" if self.ulps == 0 and not self.rtol else \
+            f"beyond {self.ulps} ulps" + (f" and rtol {self.rtol:g}" if self.rtol else "")
+        head = (f"spmdsim compare against {self.against}: {self.compared} equation evaluations compared, "
+                f"{len(self.differences)} equation{'s' if len(self.differences) != 1 else ''} differ ({tolerance})")
+        parts = [head]
+        print(head, file=file)
+        if self.differences:
+            rows = [[str(d.rank + 1), d.primitive, _short(_params_text(d.params), 48), _avals_text(d.operands),
+                     _devices_text(d.devices), _num(d.ulps), _num(d.absolute), d.site or "<unknown>"]
+                    for d in self.differences[:max_rows]]
+            parts.append(print_table("equations that differ, first occurrence first",
+                                     ["#", "primitive", "params", "operands", "devices", "ulps", "abs", "line"],
+                                     rows, file=file, right=["#", "ulps", "abs"]))
+            if len(self.differences) > max_rows:
+                parts.append(f"... and {len(self.differences) - max_rows} more (--json has them all)")
+                print(parts[-1], file=file)
+        if self.drift:
+            rows = [[str(d.call), d.api, str(d.output), f"{d.dtype}{list(d.shape)}",
+                     "-" if d.ulps is None else _num(d.ulps), "-" if d.absolute is None else _num(d.absolute),
+                     d.note] for d in self.drift[:max_rows]]
+            parts.append(print_table("end to end: each map call's outputs against the other side's run of the map",
+                                     ["call", "api", "output", "value", "ulps", "abs", "note"], rows, file=file,
+                                     right=["ulps", "abs"]))
+        if self.skipped:
+            line = "not compared: " + ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
+            parts.append(line)
+            print(line, file=file)
+        return "\n".join(parts)
+
+
+class _Discard:
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def _num(x: float) -> str:
+    return "inf" if not np.isfinite(x) else f"{x:.3g}"
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _params_text(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _avals_text(avals) -> str:
+    return ", ".join(f"{d}{list(s)}" for s, d in avals)
+
+
+def _devices_text(devices: list[str]) -> str:
+    return devices[0] if len(devices) == 1 else f"{len(devices)} devices: {devices[0]}, ..."
+
+
+# -- the session: observing every equation ---------------------------------------------------------------------
+
+class _Session:
+    """The observer of one comparison (see the module docstring)."""
+
+    def __init__(self, against: Against, ulps: int, rtol: float | None, progress: bool):
+        self.against, self.max_ulps, self.rtol = against, int(ulps), rtol
+        self.report = Report(str(against), int(ulps), rtol)
+        self.lock = threading.Lock()
+        self.records: dict[int, tuple] = {}  # id(eqn) -> (first sequence number, its Difference, the equation)
+        self.seq = itertools.count()
+        self.xla_functions: dict[int, tuple[Any, Callable | None]] = {}  # id(eqn) -> (eqn, jitted bind or None)
+        self.calls = itertools.count()
+        self.progress = _Progress() if progress else None
+        self.watch = observe_equations(self.observe)
+
+    # -- per equation
+
+    def observe(self, ex, eqn, operands: list, outs: list) -> None:
+        name = eqn.primitive.name
+        if name in HIGHER_ORDER:
+            return  # its equations were observed one by one
+        seq = next(self.seq)
+        vectorized = isinstance(ex, Vectorized)
+        reason = self._skip_reason(eqn, name)
+        if reason is None:
+            try:
+                reference = self._reference(ex, eqn, name, operands, vectorized)
+            except Exception as e:  # noqa: BLE001 - the other side could not compute it: say so, go on
+                reference, reason = None, f"{type(e).__name__} on the other side"
+            if reference is None and reason is None:
+                reason = "same computation on both sides"
+        if reason is not None:
+            self._count(reason, 1)
+            return
+        self._compare(ex, eqn, seq, [np.asarray(o) for o in outs], reference, vectorized)
+
+    def _skip_reason(self, eqn, name: str) -> str | None:
+        kind = self.against.kind
+        if name in _COLLECTIVES:  # (their effects name their axes)
+            if kind == "executor" or name not in _SUMS:
+                return "collectives (exact in any order, or one layer for both executors)"
+            return None
+        if kind == "order":
+            return "independent of the reduction order"
+        if name in _NOT_COMPUTED or eqn.effects:
+            return "with effects or tokens"
+        if any(_dtypes.is_key(v.aval.dtype) for v in (*eqn.invars, *eqn.outvars) if hasattr(v.aval, "dtype")):
+            return "on PRNG keys"
+        return None
+
+    def _reference(self, ex, eqn, name: str, operands: list, vectorized: bool):
+        if name in _SUMS:
+            order = "sequential" if self.against.kind == "xla" else self.against.value
+            return _folded_sums(eqn, operands, ReductionOrder(order), vectorized)
+        if self.against.kind == "executor":
+            return _other_executor(eqn, operands, vectorized, ex)
+        fn = self._xla_function(eqn)
+        if fn is None:
+            return None
+        if not vectorized:
+            return [np.asarray(o) for o in fn(*operands)]
+        per_device = [fn(*(x[d] for x in operands)) for d in range(ex.n)]
+        return [np.stack([np.asarray(o[k]) for o in per_device]) for k in range(len(per_device[0]))]
+
+    def _xla_function(self, eqn) -> Callable | None:
+        found = self.xla_functions.get(id(eqn))
+        if found is None:
+            found = self.xla_functions[id(eqn)] = (eqn, _jitted(eqn))
+        return found[1]
+
+    def _compare(self, ex, eqn, seq: int, outs: list, reference: list, vectorized: bool) -> None:
+        n = ex.n if vectorized else 1
+        differs = np.zeros(n, bool)
+        worst_ulps = worst_abs = 0.0
+        elements, detail = 0, ""
+        for k, (o, r) in enumerate(zip(outs, reference, strict=True)):
+            if o.shape != r.shape or o.dtype != r.dtype:
+                differs[:] = True
+                worst_ulps = worst_abs = np.inf
+                detail = f"result {k}: spmdsim {o.dtype}{list(o.shape)}, other side {r.dtype}{list(r.shape)}"
+                continue
+            ulps, absolute = (np.ravel(d) for d in distance(o, r))
+            beyond = ulps > self.max_ulps
+            if self.rtol:
+                with np.errstate(invalid="ignore"):
+                    beyond &= ~(absolute <= self.rtol * np.abs(r).astype(np.float64).ravel())
+            if not beyond.any():
+                continue
+            per_device = beyond.reshape(n, -1).any(axis=1) if vectorized else np.array([True])
+            differs |= per_device
+            elements += int(beyond.sum())
+            worst_ulps = max(worst_ulps, float(ulps[beyond].max()))
+            worst_abs = max(worst_abs, float(absolute[beyond].max()))
+        self._count(None, n)
+        if not differs.any():
+            return
+        if vectorized:
+            present = ex.batch.present()
+            devices = [ex.batch.label(int(present[d])) for d in np.flatnonzero(differs)]
+        else:
+            lane = _runtime.current_lane()
+            devices = [lane.label if lane is not None else "outside the maps"]
+        self._record(eqn, seq, devices, worst_ulps, worst_abs, elements, detail, outs, vectorized)
+
+    def _record(self, eqn, seq, devices, ulps, absolute, elements, detail, outs, vectorized) -> None:
+        with self.lock:
+            found = self.records.get(id(eqn))
+            if found is None:
+                blocks = [(tuple(np.shape(x)[1 if vectorized else 0:]), str(np.asarray(x).dtype)) for x in outs]
+                diff = Difference(0, eqn.primitive.name, {k: _short(str(v), 120) for k, v in eqn.params.items()},
+                                  [_aval(v.aval) for v in eqn.invars], blocks, current_site(), [], detail=detail)
+                found = self.records[id(eqn)] = (seq, diff, eqn)
+            diff = found[1]
+            diff.occurrences += 1
+            diff.devices.extend(d for d in devices if d not in diff.devices)
+            diff.ulps, diff.absolute = max(diff.ulps, ulps), max(diff.absolute, absolute)
+            diff.elements += elements
+            diff.detail = diff.detail or detail
+
+    def _count(self, reason: str | None, n: int) -> None:
+        with self.lock:
+            if reason is None:
+                self.report.compared += n
+            else:
+                self.report.skipped[reason] = self.report.skipped.get(reason, 0) + n
+        if self.progress is not None:
+            self.progress.update(self.report.compared, len(self.records))
+
+    # -- per top-level map call: the outputs end to end
+
+    def observe_map(self, args: list, params: dict, outs: list) -> None:
+        call = next(self.calls)
+        api = params.get("api", "pmap")
+        self.watch.__exit__(None, None, None)  # the other side's run is not itself compared
+        _map.map_observer = None
+        try:
+            other, note = self._whole_map(args, params), ""
+        except Exception as e:  # noqa: BLE001 - reported as not measured
+            other, note = None, f"not measured: {type(e).__name__}: {_short(str(e).splitlines()[0] if str(e) else '', 80)}"
+        finally:
+            _map.map_observer = self.observe_map
+            self.watch.__enter__()
+        for k, o in enumerate(outs):
+            o = np.asarray(o)
+            if other is None:
+                self.report.drift.append(Drift(call, api, k, o.shape, str(o.dtype), None, None, note))
+                continue
+            r = np.asarray(other[k])
+            if r.shape != o.shape or r.dtype != o.dtype:
+                self.report.drift.append(Drift(call, api, k, o.shape, str(o.dtype), None, None,
+                                               f"the other side gave {r.dtype}{list(r.shape)}"))
+                continue
+            ulps, absolute = distance(o, r)
+            self.report.drift.append(Drift(call, api, k, o.shape, str(o.dtype),
+                                           float(ulps.max()) if ulps.size else 0.0,
+                                           float(absolute.max()) if absolute.size else 0.0))
+
+    def _whole_map(self, args: list, params: dict) -> list:
+        kind = self.against.kind
+        if kind == "order":
+            from spmdsim._reduction import set_reduction_order
+            with set_reduction_order(self.against.value):
+                return _map.simulate_map(args, **params)
+        if kind == "executor":
+            return _map.simulate_map(args, **dict(params, executor=self.against.value))
+        return _xla_map(args, params)
+
+    # -- the whole session
+
+    def __enter__(self):
+        self.watch.__enter__()
+        _map.map_observer = self.observe_map
+        return self
+
+    def __exit__(self, *exc):
+        _map.map_observer = None
+        self.watch.__exit__(*exc)
+        if self.progress is not None:
+            self.progress.close()
+        found = sorted(self.records.values(), key=lambda r: r[0])
+        for rank, (_, diff, _eqn) in enumerate(found):
+            diff.rank = rank
+        self.report.differences = [d for _, d, _ in found]
+
+
+def _aval(aval) -> tuple[tuple, str]:
+    return tuple(getattr(aval, "shape", ())), str(getattr(aval, "dtype", type(aval).__name__))
+
+
+# -- the other sides ---------------------------------------------------------------------------------------------
+
+def _jax_jit():
+    from jax._src.api import jit  # JAX's own jit, whatever spmdsim run put at jax.jit
+    return jit
+
+
+def _jitted(eqn) -> Callable | None:
+    """``jax.jit`` of ``eqn``'s primitive bound with its parameters (for ``xla_cpu_fma``: of the multiply and add
+    it fused, which XLA fuses again), returning a list of results; None when JAX cannot bind it on its own."""
+    import jax
+    jit = _jax_jit()
+    prim, params = eqn.primitive, dict(eqn.params)
+    if prim.name == "xla_cpu_fma":
+        def fma(a, b, c):
+            product = jax.lax.mul(a, b)
+            if params["negate_product"]:
+                return [jax.lax.sub(c, product)]
+            return [jax.lax.sub(product, c) if params["negate_addend"] else jax.lax.add(product, c)]
+        return jit(fma)
+    if prim.multiple_results:
+        return jit(lambda *a: list(prim.bind(*a, **params)))
+    return jit(lambda *a: [prim.bind(*a, **params)])
+
+
+def _folded_sums(eqn, operands: list, order: ReductionOrder, vectorized: bool) -> list | None:
+    """Each operand of a ``psum`` equation summed over the devices of its group in ``order``, from every device's
+    operand gathered by an all_gather over the same axes and groups; None for positional axes (a vmapped psum)."""
+    axes = eqn.params["axes"]
+    named, positional = _primitives.split_axis_names(axes)
+    if positional or not named:
+        return None
+    out = []
+    for x in operands:
+        gathered = _primitives.bind("all_gather", [np.asarray(x)], axis_name=named, all_gather_dimension=0,
+                                    tiled=False, axis_index_groups=eqn.params.get("axis_index_groups"))[0]
+        if vectorized:
+            blocks = [gathered[:, k] for k in range(gathered.shape[1])]
+            out.append(order.fold(np.add, blocks, lead=1))
+        else:
+            out.append(order.fold(np.add, list(gathered)))
+    return out
+
+
+def _other_executor(eqn, operands: list, vectorized: bool, ex) -> list | None:
+    """The equation by the other executor's rule: per-device rules device by device, or the vectorized rule on a
+    one-device stack."""
+    name = eqn.primitive.name
+    if vectorized:
+        rule = _registry.PER_DEVICE.get(name)
+        if rule is None:
+            return None
+        per_device = [rule(*(x[d] for x in operands), **eqn.params) for d in range(ex.n)]
+        if not eqn.primitive.multiple_results:
+            per_device = [[o] for o in per_device]
+        return [np.stack([np.asarray(o[k]) for o in per_device]) for k in range(len(per_device[0]))]
+    rule = _registry.VECTORIZED.get(name)
+    if rule is None:
+        return None
+    outs = rule(*(np.asarray(x)[None] for x in operands), **eqn.params)
+    outs = outs if eqn.primitive.multiple_results else [outs]
+    return [np.asarray(o)[0] if np.ndim(o) else np.asarray(o) for o in outs]
+
+
+def _xla_map(args: list, params: dict) -> list:
+    """The map run whole by XLA: a jitted ``jax.shard_map`` of its body over JAX's first devices, same specs."""
+    import jax
+    from jax._src import shard_map as jax_shard_map
+    from jax.sharding import Mesh, PartitionSpec
+
+    jaxpr, axes = params["jaxpr"], params["axes"]
+    if any(_dtypes.is_key(a.dtype) for a in (*jaxpr.in_avals, *jaxpr.out_avals)):
+        raise ValueError("PRNG keys in or out of the map")
+    n = int(np.prod([size for _, size in axes]))
+    devices = jax.devices()
+    if len(devices) < n:
+        raise ValueError(f"JAX has {len(devices)} devices, the map {n}")
+    mesh = Mesh(np.array(devices[:n]).reshape([size for _, size in axes]), tuple(name for name, _ in axes))
+
+    def spec(s):
+        return PartitionSpec(*[None if not names else names[0] if len(names) == 1 else tuple(names) for names in s])
+
+    build = jax_shard_map._shard_map
+    build = getattr(build, "__wrapped__", build)  # JAX's own, under spmdsim run too
+    body = build(lambda *a: tuple(jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *a)), mesh=mesh,
+                 in_specs=tuple(spec(s) for s in params["in_specs"]),
+                 out_specs=tuple(spec(s) for s in params["out_specs"]), axis_names=frozenset(mesh.axis_names),
+                 check_vma=False)
+    return [np.asarray(o) for o in _jax_jit()(body)(*args)]
+
+
+# -- progress -----------------------------------------------------------------------------------------------------
+
+class _Progress:
+    """A rich progress line on stderr for a long comparison (after two seconds; nothing without rich or a
+    terminal)."""
+
+    def __init__(self):
+        self.start, self.bar, self.last = time.monotonic(), None, 0.0
+
+    def update(self, compared: int, differing: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.2 or now - self.start < 2.0:
+            return
+        self.last = now
+        if self.bar is None:
+            try:
+                from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            except ImportError:
+                self.bar = False
+                return
+            if not sys.stderr.isatty():
+                self.bar = False
+                return
+            from rich.console import Console
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                console=Console(file=sys.stderr), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("")
+        if self.bar:
+            self.bar.update(self.task, description=f"compared {compared} equation evaluations, {differing} "
+                                                   f"equations differ")
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+# -- entry points ---------------------------------------------------------------------------------------------------
+
+def compare_call(run: Callable[[], Any], *, against: str | Against = "xla", ulps: int = 0, rtol: float | None = None,
+                 progress: bool = True) -> tuple[Report, Any]:
+    """Run ``run()`` with every equation that spmdsim evaluates compared (see the module docstring); returns the
+    :class:`Report` and what ``run()`` returned."""
+    against = against if isinstance(against, Against) else Against.parse(against)
+    if ulps < 0 or (rtol is not None and rtol < 0):
+        raise ValueError(f"compare: the tolerances must not be negative, got ulps={ulps}, rtol={rtol}.")
+    session = _Session(against, ulps, rtol, progress)
+    with session:
+        result = run()
+    return session.report, result
+
+
+# -- the command ------------------------------------------------------------------------------------------------------
+
+VALUED = ("--devices", "--executor", "--against", "--ulps", "--rtol", "--json", "--max-rows")
+
+
+def parser():
+    """The options of ``spmdsim compare`` (the program and its arguments are split off first)."""
+    import spmdsim
+    from spmdsim.cli import ArgumentParser, positive_int
+    p = ArgumentParser(
+        prog="spmdsim compare",
+        usage="spmdsim compare [options] SCRIPT.py [args]\n       spmdsim compare [options] -m MODULE [args]",
+        description="Run an unmodified JAX script as spmdsim run does, comparing every equation of its maps with "
+                    "XLA:CPU (or another reduction order, or the other executor) on the same operands; print each "
+                    "equation that differs, first occurrence first, then how far each map call's outputs drifted.",
+        epilog="Exit status: the script's if it failed, else 1 when some equation differs, 0 when none does.")
+    p.add_argument("--devices", type=positive_int, default=spmdsim.device_count(), metavar="N",
+                   help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
+    p.add_argument("--executor", choices=["threads", "vectorized"], default="threads",
+                   help="the executor that runs the maps (default: threads)")
+    p.add_argument("--against", default="xla", metavar="SIDE",
+                   help="xla (default), order=pairwise|ring|sequential, or executor=vectorized|threads")
+    p.add_argument("--ulps", type=int, default=0, metavar="N",
+                   help="an element differs when more than N ulps apart (default 0: bit-exact)")
+    p.add_argument("--rtol", type=float, default=None, metavar="X",
+                   help="and more than X times the other side's magnitude apart")
+    p.add_argument("--json", metavar="PATH", default=None, help="also write the report as JSON (schema: "
+                   "spmdsim/data/compare.schema.json)")
+    p.add_argument("--max-rows", type=positive_int, default=50, metavar="N", help="rows shown per table (default 50)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``spmdsim compare``: see :func:`parser`.
+
+    Raises:
+        UsageError: bad options, no script, a script or module that does not exist.
+    """
+    from spmdsim._script import check_program, run_program, split_argv
+    from spmdsim.cli import UsageError
+    from spmdsim.jax._patch import patched_jax
+
+    raw = list(sys.argv[1:] if argv is None else argv)
+    ours, program = split_argv(raw, VALUED)
+    args = parser().parse_args(ours)
+    if program is None:
+        raise UsageError("give the script to compare: spmdsim compare [options] SCRIPT.py [args], or -m MODULE")
+    try:
+        against = Against.parse(args.against)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.ulps < 0 or (args.rtol is not None and args.rtol < 0):
+        raise UsageError("--ulps and --rtol must not be negative")
+    check_program(program)
+    print(f"spmdsim compare: {program.name} on {args.devices} virtual devices ({args.executor} executor), every "
+          f"equation of its maps against {against}", file=sys.stderr)
+    with patched_jax(args.devices, args.executor):
+        report, status = compare_call(lambda: run_program(program), against=against, ulps=args.ulps,
+                                      rtol=args.rtol)
+    report.print(max_rows=args.max_rows)
+    if args.json:
+        report.write_json(args.json)
+        print(f"spmdsim compare: wrote the report to {args.json}", file=sys.stderr)
+    return status if status else (1 if report else 0)
