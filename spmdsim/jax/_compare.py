@@ -462,7 +462,14 @@ class _Session:
         found = sorted(self.records.values(), key=lambda r: r[0])
         for rank, (_, diff, _eqn) in enumerate(found):
             diff.rank = rank
+            diff.devices.sort(key=_device_order)
         self.report.differences = [d for _, d, _ in found]
+
+
+def _device_order(label: str) -> tuple:
+    """``device 10 [i=10]`` after ``device 2 [i=2]``; ``outside the maps`` last."""
+    number = label.split(" ", 2)[1] if label.startswith("device ") else ""
+    return (0, int(number)) if number.isdigit() else (1, label)
 
 
 def _aval(aval) -> tuple[tuple, str]:
