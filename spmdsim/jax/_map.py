@@ -162,7 +162,7 @@ def simulate(args: list[np.ndarray], **params) -> list[np.ndarray]:
     ``check_replicated``: raise ReplicationError when an output replicated along some mesh axes differs between
     the devices along them."""
     outs = simulate_map(args, **params, observe=False)
-    if map_observer is not None and params.get("ex") is None and _runtime.current_lane() is None:
+    if map_observer is not None and _runtime.current_lane() is None and _primitives.current_batch() is None:
         map_observer(args, params, outs)
     return outs
 
