@@ -1,14 +1,18 @@
 """Recording what the devices did: ``with spmdsim.trace() as tr:``.
 
-Per device: the mapped call's start and end. Per collective: op, axis names, group parameters, the step
-number within its communicator, shapes, dtypes, bytes, every device's source line, arrival and release
-times (the wait is visible), and on request the values (``values="summary"``: min/max/mean per device;
-``values="full"``: copies of every operand and result). ``tr.summary()`` is a table per collective and axis;
-``tr.to_perfetto(path)`` writes the Chrome trace-event JSON format (one track per device, flow arrows tying
-together the devices of each rendezvous), which opens in https://ui.perfetto.dev and chrome://tracing.
+Per device: the mapped call's start and end. Per collective: its name as the user called it (``pmean``, also
+in a jitted JAX program, where JAX binds ``psum`` and a division), the primitive bound, axis names, group
+parameters, the step number within its communicator, shapes, dtypes, bytes, every device's source line, arrival
+and release times (the wait is visible), and on request the values (``values="summary"``: min/max/mean per
+device; ``values="full"``: copies of every operand and result). Every view names a collective by that name and
+its axes: ``tr.summary()`` is a table per collective and axis; ``tr.to_perfetto(path)`` writes the Chrome
+trace-event JSON format (one track per device, an event ``pmean(data)`` per collective, flow arrows tying
+together the devices of each rendezvous), which opens in https://ui.perfetto.dev and chrome://tracing;
+``tr.to_svg(path)`` draws the timeline, a colour per collective and axis.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -41,12 +45,16 @@ class CallEvent:
 class CollectiveEvent:
     """One collective step of one communicator, as every participating device saw it.
 
+    ``op`` is the collective as the user called it (``pmean``; ``psum`` for the ``psum_invariant`` that
+    ``jax.lax.psum`` binds in a ``jax.shard_map``), ``primitive`` the JAX primitive bound (``psum`` for a pmean:
+    JAX's pmean is a psum and a division; the values recorded for a ``jax.lax.pmean`` are the psum's).
     ``devices``, ``sites``, ``arrived`` (and ``operands``/``results`` when recorded) are indexed by the rank
     over the named axes (the axis index for one axis); times are ``time.perf_counter()`` seconds; ``nbytes``
     is one device's operand size in bytes; ``step`` counts the collectives of this communicator.
     """
 
     op: str
+    primitive: str
     axis_name: tuple
     axis_size: int
     step: int
@@ -70,6 +78,12 @@ class CollectiveEvent:
     def slowest(self) -> str:
         """The device that arrived last (everyone else waited for it)."""
         return self.devices[int(np.argmax(self.arrived))]
+
+    @property
+    def name(self) -> str:
+        """``pmean(data)``: the collective as the user called it and its axes (Perfetto's event name; the
+        timeline's legend says ``pmean over 'data'``)."""
+        return f"{self.op}({', '.join(map(str, self.axis_name))})"
 
 
 def _summarize(a) -> dict:
@@ -106,7 +120,8 @@ class Trace:
             operands = tuple(tuple(_summarize(b) for b in blocks) for blocks in rv.blocks)
             results = None if rv.results is None else tuple(tuple(_summarize(r) for r in res) for res in rv.results)
         nbytes = sum(getattr(b, "nbytes", 0) for b in rv.blocks[0])
-        event = CollectiveEvent(op, names, rv.size, rv.seq, dict(params), tuple(s for s, _ in avals),
+        called = next((api for api in rv.apis if api), None) or op  # the name the user wrote (pmean binds psum)
+        event = CollectiveEvent(called, op, names, rv.size, rv.seq, dict(params), tuple(s for s, _ in avals),
                                 tuple(str(d) for _, d in avals), nbytes, tuple(lane.label for lane in rv.lanes),
                                 tuple(rv.sites), tuple(rv.arrivals), released, operands, results)
         with self._lock:
@@ -119,11 +134,12 @@ class Trace:
     # -- reports ---------------------------------------------------------------------------------------
 
     def counts(self) -> collections.Counter:
-        """How many collectives of each op ran, e.g. ``Counter({'psum': 500})``."""
+        """How many collectives of each name ran (as the user called them), e.g. ``Counter({'psum': 500})``."""
         return collections.Counter(e.op for e in self.events)
 
     def summary_rows(self) -> list[dict]:
-        """One row per (op, axis): count, bytes per device, total and worst wait (ms), slowest device."""
+        """One row per collective (as the user called it) and axis: ``op``, ``axis``, ``count``, ``bytes`` (per
+        device), ``total_wait_ms``, ``worst_wait_ms`` and ``slowest_device``."""
         groups: dict = collections.defaultdict(list)
         for e in self.events:
             groups[(e.op, e.axis_name)].append(e)
@@ -184,11 +200,12 @@ class Trace:
                    for label, t in tids.items()]
         for c in self.calls:
             events.append({"ph": "X", "pid": pid(c.device), "tid": tid(c.device), "name": "mapped call", "cat": "call",
-                           "ts": us(c.start), "dur": max(us(c.end) - us(c.start), 0.001), "args": {"outcome": c.outcome}})
+                           "ts": us(c.start), "dur": max(us(c.end) - us(c.start), 0.001),
+                           "args": {"outcome": c.outcome}})
         for k, e in enumerate(self.events):
-            name = f"{e.op}({', '.join(map(str, e.axis_name))})"
             for rank, (device, arrived, site) in enumerate(zip(e.devices, e.arrived, e.sites)):
-                args: dict[str, Any] = {"axis_name": list(map(str, e.axis_name)), "step": e.step, "rank": rank,
+                args: dict[str, Any] = {"collective": e.op, "primitive": e.primitive,
+                                        "axis_name": list(map(str, e.axis_name)), "step": e.step, "rank": rank,
                                         "shapes": [list(s) for s in e.shapes], "dtypes": list(e.dtypes),
                                         "bytes": e.nbytes, "site": site,
                                         "wait_us": round((e.released - arrived) * 1e6, 3)}
@@ -196,13 +213,13 @@ class Trace:
                 if self.values == "summary" and e.operands is not None:
                     args["operand"] = e.operands[rank]
                     args["result"] = e.results[rank] if e.results is not None else None
-                events.append({"ph": "X", "pid": pid(device), "tid": tid(device), "name": name, "cat": "collective",
+                events.append({"ph": "X", "pid": pid(device), "tid": tid(device), "name": e.name, "cat": "collective",
                                "ts": us(arrived), "dur": max(us(e.released) - us(arrived), 0.001), "args": args})
             order = sorted(range(len(e.devices)), key=lambda r: tid(e.devices[r]))
             for j, rank in enumerate(order):
                 phase = "s" if j == 0 else ("f" if j == len(order) - 1 else "t")
-                flow = {"ph": phase, "pid": pid(e.devices[rank]), "tid": tid(e.devices[rank]), "id": k, "name": "rendezvous",
-                        "cat": "rendezvous", "ts": us(e.released)}
+                flow = {"ph": phase, "pid": pid(e.devices[rank]), "tid": tid(e.devices[rank]), "id": k,
+                        "name": "rendezvous", "cat": "rendezvous", "ts": us(e.released)}
                 if phase == "f":
                     flow["bp"] = "e"
                 if len(order) > 1:
@@ -215,9 +232,12 @@ class Trace:
 
 
     def to_svg(self, path=None, *, width: int = 900):
-        """Draw the timeline: one row per device, its mapped call (grey), each collective from the device's
-        arrival to the release (coloured by op, so the bar's length is the wait), a line through the devices
-        of each rendezvous at its release; a time axis in milliseconds and a legend below.
+        """Draw the timeline: a panel per set of devices (the calls of one map), a row per device with its mapped
+        calls (grey) and each collective from the device's arrival to the release (a colour per collective and
+        axes, so the bar's length is the wait), a line through the devices of each rendezvous at its release.
+        Idle time between calls (a script tracing and compiling between them) is cut where it would be wider
+        than a few breaks: a zigzag marks each cut, labelled with its length. Below: the time axis in
+        milliseconds since the first call started (continuous between cuts) and the legend.
 
         Args:
             path: also write the SVG document there.
@@ -231,69 +251,245 @@ class Trace:
         """
         from spmdsim import _svg
 
-        labels = sorted({c.device for c in self.calls} | {d for e in self.events for d in e.devices},
-                        key=_device_sort_key)
-        times = [c.start for c in self.calls] + [c.end for c in self.calls] + [e.released for e in self.events]
-        if not labels or not times:
+        calls = _mapped_calls(self.calls, self.events)
+        if not calls:
             raise ValueError("the trace is empty: nothing ran inside the trace() block")
-        t0, t1 = min(times), max(times)
+        panels = _panels(calls)
+        labels = [label for panel in panels for label in panel.rows]
         left = 20 + max(_svg.text_width(label, 11) for label in labels)
         width = max(width, left + 300)
-        row, top, right = 26, 40, 20
-        scale = (width - left - right) / max(t1 - t0, 1e-9)
-
-        def x(t):
-            return left + (t - t0) * scale
-
-        title = f"spmdsim trace: {len(self.events)} collectives, {1e3 * (t1 - t0):.2f} ms"
-        colours: dict[str, str] = {}
-        palette = ["#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f"]
-        ys = {label: top + i * row for i, label in enumerate(labels)}
-        out = [_svg.text(10, 22, title, size=13)]
-        for label, y in ys.items():
-            out.append(_svg.text(10, y + 16, label, size=11))
-        for c in self.calls:
-            out.append(f'<rect x="{x(c.start):.1f}" y="{ys[c.device] + 4}" width="{max(x(c.end) - x(c.start), 1):.1f}" '
-                       f'height="{row - 8}" fill="#e6e6e6"/>')
-        for e in self.events:
-            colour = colours.setdefault(e.op, palette[len(colours) % len(palette)])
-            for device, arrived in zip(e.devices, e.arrived):
-                out.append(f'<rect x="{x(arrived):.1f}" y="{ys[device] + 7}" '
-                           f'width="{max(x(e.released) - x(arrived), 1.5):.1f}" height="{row - 14}" fill="{colour}">'
-                           f'<title>{html.escape(e.op)} step {e.step} wait {1e6 * (e.released - arrived):.0f} us'
-                           f'</title></rect>')
-            ry = sorted(ys[d] for d in e.devices)
-            out.append(f'<line x1="{x(e.released):.1f}" y1="{ry[0] + 7}" x2="{x(e.released):.1f}" '
-                       f'y2="{ry[-1] + row - 7}" stroke="black" stroke-width="0.6"/>')
-        axis_y = top + len(labels) * row + 6
-        out.append(f'<line class="time-axis" x1="{left}" y1="{axis_y}" x2="{width - right}" y2="{axis_y}" '
-                   f'stroke="black" stroke-width="0.8"/>')
-        span_ms = 1e3 * (t1 - t0)
-        step_ms = _tick_step(span_ms, (width - left - right) / 70)
-        k = 0
-        while k * step_ms <= span_ms * (1 + 1e-9):
-            tx = x(t0 + k * step_ms / 1e3)
-            out.append(f'<line x1="{tx:.1f}" y1="{axis_y}" x2="{tx:.1f}" y2="{axis_y + 4}" stroke="black"/>'
-                       + _svg.text(tx, axis_y + 16, f"{k * step_ms:g}", size=11, anchor="middle"))
-            k += 1
-        out.append(_svg.text(width - right, axis_y + 30, "time since the first device started (ms)", size=11,
+        row, right = 26, 20
+        axis = _TimeAxis([(c.start, c.end) for c in calls], left, width - right)
+        keys = list(dict.fromkeys((e.op, e.axis_name) for e in self.events))
+        colours = {key: _svg.device_colour(k, len(keys)) for k, key in enumerate(keys)}
+        title = (f"spmdsim trace: {len(self.events)} collectives in {len(calls)} mapped call"
+                 f"{'s' if len(calls) > 1 else ''}, {1e3 * axis.busy:.2f} ms busy of {1e3 * axis.span:.2f} ms")
+        top = y = 40
+        axis_y = top + sum(18 + len(panel.rows) * row + 10 for panel in panels)
+        out = [_svg.text(10, 22, title, size=13), *axis.bands(top, axis_y)]
+        for panel in panels:
+            out += _panel_svg(panel, y, row, axis, colours)
+            y += 18 + len(panel.rows) * row + 10
+        out += axis.draw(axis_y)
+        out.append(_svg.text(width - right, axis_y + 44, "time since the first call started (ms)", size=11,
                              anchor="end"))
-        items = [("#e6e6e6", "a device's mapped call")] + [(c, f"{op}: arrival to release")
-                                                            for op, c in colours.items()]
-        lx, ly = 10.0, axis_y + 48
+        items = [("#e6e6e6", "a device's mapped call")] + [
+            (colours[key], f"{_called(*key)}: arrival to release") for key in keys]
+        lx, ly = 10.0, axis_y + 64
         for colour, name in items:
             item_w = 16 + _svg.text_width(name, 11) + 16
-            if lx + item_w > width - 10:
+            if lx + item_w > width - 10 and lx > 10:
                 lx, ly = 10.0, ly + 18
             out.append(f'<g class="legend"><rect x="{lx:.1f}" y="{ly - 10}" width="12" height="12" fill="{colour}"/>'
                        + _svg.text(lx + 16, ly, name, size=11) + "</g>")
             lx += item_w
-        note = "a black line joins the devices of one rendezvous at its release"
-        out.append(_svg.text(10, ly + 20, note, size=11))
-        picture = _svg.Picture(title, _svg.document(width, ly + 32, out))
+        notes = ["a black line joins the devices of one rendezvous at its release"]
+        if axis.cuts:
+            notes.append("a zigzag marks idle time cut out (no device ran), labelled with its length")
+        for k, note in enumerate(notes):
+            out.append(_svg.text(10, ly + 20 + 16 * k, note, size=11))
+        picture = _svg.Picture(title, _svg.document(width, ly + 16 + 16 * len(notes), out))
         if path is not None:
             picture.save(path)
         return picture
+
+
+def _panel_svg(panel: _Panel, y: float, row: int, axis: _TimeAxis, colours: dict) -> list[str]:
+    """A panel from ``y`` down: its heading, a row per device (``row`` px high) with its mapped calls (grey), its
+    collectives from arrival to release (in ``colours[op, axis_name]``) and a line through each rendezvous."""
+    from spmdsim import _svg
+
+    calls = "s" if len(panel.calls) > 1 else ""
+    heading = (f"{len(panel.rows)} devices{_over(panel.rows)}: {len(panel.calls)} mapped call{calls}, "
+               f"{sum(len(c.events) for c in panel.calls)} collectives")
+    out = [_svg.text(10, y + 12, heading, size=12, extra=' class="panel" font-weight="bold"')]
+    ys = {label: y + 18 + i * row for i, label in enumerate(panel.rows)}
+    out += [_svg.text(10, ry + 16, label, size=11) for label, ry in ys.items()]
+    for call in panel.calls:
+        for c in call.devices:
+            x0, x1 = axis.x(c.start), axis.x(c.end)
+            out.append(f'<rect x="{x0:.1f}" y="{ys[c.device] + 4}" width="{max(x1 - x0, 1):.1f}" height="{row - 8}" '
+                       f'fill="#e6e6e6"><title>{html.escape(c.device)}: mapped call {call.index + 1}, '
+                       f'{1e3 * (c.end - c.start):.3f} ms, {c.outcome}</title></rect>')
+        for e in call.events:
+            what, released = html.escape(_called(e.op, e.axis_name)), axis.x(e.released)
+            for device, arrived in zip(e.devices, e.arrived, strict=True):
+                x0 = axis.x(arrived)
+                out.append(f'<rect x="{x0:.1f}" y="{ys[device] + 7}" width="{max(released - x0, 1.5):.1f}" '
+                           f'height="{row - 14}" fill="{colours[e.op, e.axis_name]}"><title>{what} step {e.step} '
+                           f'wait {1e6 * (e.released - arrived):.0f} us</title></rect>')
+            ry = sorted(ys[d] for d in e.devices)
+            out.append(f'<line x1="{released:.1f}" y1="{ry[0] + 7}" x2="{released:.1f}" y2="{ry[-1] + row - 7}" '
+                       f'stroke="black" stroke-width="0.6"/>')
+    return out
+
+
+@dataclasses.dataclass
+class _MappedCall:
+    """One top-level mapped call as the trace saw it: its devices' calls and its collectives."""
+
+    index: int
+    start: float
+    end: float
+    devices: list = dataclasses.field(default_factory=list)
+    events: list = dataclasses.field(default_factory=list)
+    labels: set = dataclasses.field(default_factory=set)
+
+
+# Device calls of one top-level call that do not overlap in time (one device returned before another started:
+# no collective held them together) still join it when they start within this many seconds of its end.
+_SAME_CALL_S = 2e-3
+
+
+def _mapped_calls(calls: list, events: list) -> list[_MappedCall]:
+    """The trace's top-level mapped calls in time order: the device calls that overlap in time (a top-level call's
+    devices run together, its nested calls inside), or follow within ``_SAME_CALL_S`` on devices not yet seen;
+    each collective goes to the call during which it was released (collectives without a recorded call, such
+    as other hosts', make their own)."""
+    found: list[_MappedCall] = []
+    for c in sorted(calls, key=lambda c: c.start):
+        last = found[-1] if found else None
+        if last is None or c.start > last.end and (c.start - last.end >= _SAME_CALL_S or c.device in last.labels):
+            last = _MappedCall(len(found), c.start, c.end)
+            found.append(last)
+        last.end = max(last.end, c.end)
+        last.devices.append(c)
+        last.labels.add(c.device)
+    starts = [m.start for m in found]
+    alone: list[_MappedCall] = []
+    for e in sorted(events, key=lambda e: e.released):
+        k = bisect.bisect_right(starts, e.released) - 1
+        home = found[k] if k >= 0 and e.released <= found[k].end else None
+        if home is None:
+            if not alone or min(e.arrived) > alone[-1].end:
+                alone.append(_MappedCall(-1, min(e.arrived), e.released))
+            home = alone[-1]
+            home.end = e.released
+        home.events.append(e)
+    found = sorted(found + alone, key=lambda m: m.start)
+    for k, m in enumerate(found):
+        m.index = k
+    return found
+
+
+@dataclasses.dataclass
+class _Panel:
+    rows: list
+    calls: list
+
+
+def _panels(calls: list[_MappedCall]) -> list[_Panel]:
+    """A panel per set of devices (the calls of one map, or of maps over the same devices), in order of first
+    call; its rows are the devices, in device order."""
+    panels: dict = {}
+    for call in calls:
+        rows = frozenset([c.device for c in call.devices] + [d for e in call.events for d in e.devices])
+        panels.setdefault(rows, _Panel(sorted(rows, key=_device_sort_key), [])).calls.append(call)
+    return list(panels.values())
+
+
+def _over(labels: list) -> str:
+    """`` over 'x', 'y'``: the axes named in device labels (``device 5 [x=2, y=1]``), or nothing."""
+    names = dict.fromkeys(part.split("=")[0] for label in labels if "[" in label
+                          for part in label.split("[", 1)[1].rstrip("]").split(", "))
+    return f" over {', '.join(map(repr, names))}" if names else ""
+
+
+def _called(op: str, axis_name: tuple) -> str:
+    """``pmean over 'data'``: a collective as the user called it, and its axes."""
+    return f"{op} over {', '.join(map(repr, axis_name))}"
+
+
+class _TimeAxis:
+    """Times to x positions between ``x0`` and ``x1``: the busy ``spans`` (start, end) to one scale, each idle
+    gap between them that would be wider than ``CUT_AT`` breaks cut to a break ``BREAK`` px wide."""
+
+    BREAK, CUT_AT = 18.0, 3.0
+
+    def __init__(self, spans: list, x0: float, x1: float):
+        spans = sorted(spans)
+        merged = [list(spans[0])]
+        for start, end in spans[1:]:
+            if start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        gaps = [(a[1], b[0]) for a, b in zip(merged, merged[1:])]
+        self.origin, self.span = merged[0][0], merged[-1][1] - merged[0][0]
+        self.busy = sum(end - start for start, end in merged)
+        self.x0, self.x1 = x0, x1
+        cuts: list = []
+        while True:
+            brk = min(self.BREAK, 0.25 * (x1 - x0) / max(len(cuts), 1))
+            scale = (x1 - x0 - brk * len(cuts)) / max(self.span - sum(b - a for a, b in cuts), 1e-9)
+            more = [g for g in gaps if g not in cuts and (g[1] - g[0]) * scale > self.CUT_AT * brk]
+            if not more:
+                break
+            cuts = sorted(cuts + more)
+        self.cuts, self.brk, self.scale = cuts, brk, scale
+        self.pieces = []  # (first time, last time, x of the first) of each stretch drawn to scale
+        t, x = self.origin, x0
+        for a, b in cuts:
+            self.pieces.append((t, a, x))
+            x += (a - t) * scale + brk
+            t = b
+        self.pieces.append((t, self.origin + self.span, x))
+        self.starts = [first for first, _, _ in self.pieces]
+
+    def x(self, t: float) -> float:
+        first, last, x = self.pieces[max(bisect.bisect_right(self.starts, t) - 1, 0)]
+        return x + (min(max(t, first), last) - first) * self.scale
+
+    def bands(self, top: float, bottom: float) -> list[str]:
+        """A light band from ``top`` to ``bottom`` where each cut is (drawn first, under the panels)."""
+        return [f'<rect class="gap-band" x="{self.x(a):.1f}" y="{top}" width="{self.brk:.1f}" height="{bottom - top}" '
+                f'fill="#f2f2f2"/>' for a, _ in self.cuts]
+
+    def draw(self, y: float) -> list[str]:
+        """The axis line at ``y``, ticks in ms since the origin (round steps, labels that do not overlap), and
+        each cut: a zigzag on the axis and its length below."""
+        from spmdsim import _svg
+
+        out = [f'<line class="time-axis" x1="{self.x0}" y1="{y}" x2="{self.x1}" y2="{y}" stroke="black" '
+               f'stroke-width="0.8"/>']
+        step = _tick_step(70 / self.scale * 1e3, 1)  # ms: a tick at most every 70 px
+        digits = max(0, -math.floor(math.log10(step)))
+        ticks, last_right = [], -math.inf
+        for first, last, x in self.pieces:
+            k0 = math.ceil((first - self.origin) * 1e3 / step - 1e-9)
+            k1 = math.floor((last - self.origin) * 1e3 / step + 1e-9)
+            marks = [(self.x(self.origin + k * step / 1e3), f"{k * step:.{digits}f}") for k in range(k0, k1 + 1)]
+            if x > self.x0 and (not marks or marks[0][0] - x > 40):  # after a cut: where the stretch begins
+                marks.insert(0, (x, f"{(first - self.origin) * 1e3:.{digits + 1}f}"))
+            ticks += marks
+        for tx, label in ticks:
+            out.append(f'<line x1="{tx:.1f}" y1="{y}" x2="{tx:.1f}" y2="{y + 4}" stroke="black"/>')
+            half = _svg.text_width(label, 11) / 2
+            if tx - half > last_right + 6 and tx + half <= self.x1 + 20:
+                out.append(_svg.text(tx, y + 16, label, size=11, anchor="middle"))
+                last_right = tx + half
+        last_right = -math.inf
+        for a, b in self.cuts:
+            xa = self.x(a)
+            zig = " ".join(f"{xa + self.brk * k / 4:.1f},{y + (-4 if k % 2 else 4)}" for k in range(5))
+            label = _duration(b - a)
+            half = _svg.text_width(label, 9) / 2
+            text = ""
+            if xa + self.brk / 2 - half > last_right + 4:
+                text = _svg.text(xa + self.brk / 2, y + 30, label, size=9, anchor="middle")
+                last_right = xa + self.brk / 2 + half
+            out.append(f'<g class="gap"><title>idle {label} cut out</title><polyline points="{zig}" fill="white" '
+                       f'stroke="black" stroke-width="0.8"/>{text}</g>')
+        return out
+
+
+def _duration(seconds: float) -> str:
+    """``1.23 s``, ``412 ms``, ``85 us``."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
 
 
 def _tick_step(span_ms: float, max_ticks: float) -> float:

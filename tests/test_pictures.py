@@ -144,9 +144,9 @@ def test_timeline_has_a_time_axis_and_a_legend(tmp_path):
     width = float(root.get("width"))
     assert any(line.get("class") == "time-axis" for line in root.iter(SVG + "line"))
     texts = [t.text for t in root.iter(SVG + "text")]
-    assert "0" in texts and "time since the first device started (ms)" in texts
-    assert legend(root) == ["a device's mapped call", "psum: arrival to release", "ppermute: arrival to release",
-                            "all_gather: arrival to release"]
+    assert "0.0" in texts and "time since the first call started (ms)" in texts
+    assert legend(root) == ["a device's mapped call", "psum over 'i': arrival to release",
+                            "ppermute over 'i': arrival to release", "all_gather over 'i': arrival to release"]
     for t in root.iter(SVG + "text"):
         left, right = text_extent(t)
         assert 0 <= left and right <= width, t.text
