@@ -290,7 +290,8 @@ class _Session:
         self.lock = threading.Lock()
         self.records: dict[int, tuple] = {}  # id(eqn) -> (first sequence number, its Difference, the equation)
         self.seq = itertools.count()
-        self.xla_functions: dict[int, tuple[Any, Callable | None]] = {}  # id(eqn) -> (eqn, jitted bind or None)
+        self.xla_functions: dict[tuple, tuple] = {}  # (id(eqn), operand avals) -> (eqn, XLA's executable)
+        self.compiling = threading.Lock()
         self.calls = itertools.count()
         self.progress = _Progress() if progress else None
         self.watch = observe_equations(self.observe)
@@ -336,18 +337,22 @@ class _Session:
             return _folded_sums(eqn, operands, ReductionOrder(order), vectorized)
         if self.against.kind == "executor":
             return _other_executor(eqn, operands, vectorized, ex)
-        fn = self._xla_function(eqn)
-        if fn is None:
-            return None
         if not vectorized:
-            return [np.asarray(o) for o in fn(*operands)]
-        per_device = [fn(*(x[d] for x in operands)) for d in range(ex.n)]
-        return [np.stack([np.asarray(o[k]) for o in per_device]) for k in range(len(per_device[0]))]
+            return [np.asarray(o) for o in self._xla_function(eqn, operands)(*operands)]
+        per_device = [[x[d] for x in operands] for d in range(ex.n)]
+        fn = self._xla_function(eqn, per_device[0])
+        outs = [fn(*blocks) for blocks in per_device]
+        return [np.stack([np.asarray(o[k]) for o in outs]) for k in range(len(outs[0]))]
 
-    def _xla_function(self, eqn) -> Callable | None:
-        found = self.xla_functions.get(id(eqn))
+    def _xla_function(self, eqn, operands: list) -> Callable:
+        """XLA's executable of ``eqn`` for operands like these, compiled once (not once per device thread)."""
+        key = (id(eqn), tuple((np.shape(x), np.result_type(x)) for x in operands))
+        found = self.xla_functions.get(key)
         if found is None:
-            found = self.xla_functions[id(eqn)] = (eqn, _jitted(eqn))
+            with self.compiling:
+                found = self.xla_functions.get(key)
+                if found is None:
+                    found = self.xla_functions[key] = (eqn, _jitted(eqn).lower(*operands).compile())
         return found[1]
 
     def _compare(self, ex, eqn, seq: int, outs: list, reference: list, vectorized: bool) -> None:
@@ -445,7 +450,12 @@ class _Session:
                 return _map.simulate_map(args, **params)
         if kind == "executor":
             return _map.simulate_map(args, **dict(params, executor=self.against.value))
-        return _xla_map(args, params)
+        key = (id(params["jaxpr"]), params["in_specs"], params["out_specs"], params["axes"],
+               tuple((np.shape(x), np.result_type(x)) for x in args))
+        found = self.xla_functions.get(key)
+        if found is None:
+            found = self.xla_functions[key] = (params["jaxpr"], _xla_map(args, params))
+        return [np.asarray(o) for o in found[1](*args)]
 
     # -- the whole session
 
@@ -483,9 +493,9 @@ def _jax_jit():
     return jit
 
 
-def _jitted(eqn) -> Callable | None:
+def _jitted(eqn):
     """``jax.jit`` of ``eqn``'s primitive bound with its parameters (for ``xla_cpu_fma``: of the multiply and add
-    it fused, which XLA fuses again), returning a list of results; None when JAX cannot bind it on its own."""
+    it fused, which XLA fuses again), returning a list of results."""
     import jax
     jit = _jax_jit()
     prim, params = eqn.primitive, dict(eqn.params)
@@ -540,8 +550,9 @@ def _other_executor(eqn, operands: list, vectorized: bool, ex) -> list | None:
     return [np.asarray(o)[0] if np.ndim(o) else np.asarray(o) for o in outs]
 
 
-def _xla_map(args: list, params: dict) -> list:
-    """The map run whole by XLA: a jitted ``jax.shard_map`` of its body over JAX's first devices, same specs."""
+def _xla_map(args: list, params: dict) -> Callable:
+    """XLA's executable of the whole map, for arguments like ``args``: a jitted ``jax.shard_map`` of its body over
+    JAX's first devices, with the map's specs."""
     import jax
     from jax._src import shard_map as jax_shard_map
     from jax.sharding import Mesh, PartitionSpec
@@ -564,7 +575,7 @@ def _xla_map(args: list, params: dict) -> list:
                  in_specs=tuple(spec(s) for s in params["in_specs"]),
                  out_specs=tuple(spec(s) for s in params["out_specs"]), axis_names=frozenset(mesh.axis_names),
                  check_vma=False)
-    return [np.asarray(o) for o in _jax_jit()(body)(*args)]
+    return _jax_jit()(body).lower(*args).compile()
 
 
 # -- progress -----------------------------------------------------------------------------------------------------
