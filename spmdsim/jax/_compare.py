@@ -224,7 +224,8 @@ class Report:
         tolerance = "bit-exact" if self.ulps == 0 and not self.rtol else \
             f"beyond {self.ulps} ulps" + (f" and rtol {self.rtol:g}" if self.rtol else "")
         head = (f"spmdsim compare against {self.against}: {self.compared} equation evaluations compared, "
-                f"{len(self.differences)} equation{'s' if len(self.differences) != 1 else ''} differ ({tolerance})")
+                f"{len(self.differences)} {'equation differs' if len(self.differences) == 1 else 'equations differ'} "
+                f"({tolerance})")
         parts = [head]
         print(head, file=file)
         if self.differences:
