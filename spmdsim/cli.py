@@ -1,4 +1,4 @@
-"""The ``spmdsim`` command: ``demo``, ``run``, ``debug``, ``compare``, ``conformance``.
+"""The ``spmdsim`` command: ``demo``, ``run``, ``debug``, ``conformance``, ``compare``.
 
 Each subcommand is a module with ``main(argv) -> int``, imported only when it runs (``run`` imports jax,
 the others do not). A mistake on the command line ends in one line, ``spmdsim CMD: error: ...``, and exit
@@ -17,9 +17,8 @@ COMMANDS = {
     "demo": ("spmdsim.demo", "data-parallel linear regression on the diabetes table, on virtual devices"),
     "run": ("spmdsim.jax._run", "run an unmodified JAX script with jax.pmap on virtual devices (needs jax)"),
     "debug": ("spmdsim.debug", "step through a program's collectives: breakpoints, values, every device side by side"),
-    "compare": ("spmdsim.jax._compare", "find the first equations where a JAX script's values differ from XLA:CPU's "
-                                        "(or another reduction order, or executor), on the same operands"),
     "conformance": ("spmdsim.conformance", "compare spmdsim with the installed jax.pmap; print and write a matrix"),
+    "compare": ("spmdsim.jax._compare", "find where a JAX script's values leave XLA:CPU's, equation by equation"),
 }
 
 USAGE = """usage: spmdsim COMMAND [options]
