@@ -1,6 +1,8 @@
-"""docs/: the tutorial notebooks run top to bottom (so they cannot rot), the API reference builds from the
-docstrings with no warnings, and every docstring example runs as a doctest. Needs the test extra's nbclient,
-ipykernel and mkdocstrings; never imports jax."""
+"""docs/: the tutorial notebooks run top to bottom (so they cannot rot; those that import jax only where it is
+installed), the docs site builds with ``mkdocs build --strict`` with every page in its nav and each notebook
+rendered as a page with its outputs, the README says how to open the notebooks and how to test quickly, and
+every docstring example runs as a doctest. Needs the test extra's nbclient, ipykernel, mkdocstrings and
+mkdocs-jupyter; never imports jax itself."""
 import doctest
 import importlib
 import os
@@ -12,7 +14,7 @@ import sys
 import pytest
 
 import spmdsim
-from terminal import ROOT
+from terminal import ROOT, jax_installed
 
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 import make_figures  # noqa: E402
@@ -37,17 +39,41 @@ def outputs(book, mime=None):
     return found
 
 
-def test_the_tutorial_is_a_series_of_five():
-    assert [os.path.basename(p) for p in NOTEBOOKS] == [
+def nav_pages() -> list[str]:
+    """The pages mkdocs.yml's nav lists, in order (paths under docs/)."""
+    yaml = pytest.importorskip("yaml")   # mkdocs's
+
+    with open(os.path.join(ROOT, "mkdocs.yml")) as f:
+        nav = yaml.safe_load(f)["nav"]
+
+    def walk(entries):
+        for entry in entries:
+            for value in (entry.values() if isinstance(entry, dict) else [entry]):
+                yield from walk(value) if isinstance(value, list) else [value]
+    return list(walk(nav))
+
+
+def test_the_tutorial_is_a_series_and_every_page_is_in_the_nav():
+    assert [os.path.basename(p) for p in NOTEBOOKS[:5]] == [
         "1_what_is_spmd.ipynb", "2_in_axes_out_axes.ipynb", "3_named_axes_and_collectives.ipynb",
         "4_data_parallel_training.ipynb", "5_a_deadlock_found_and_fixed.ipynb"]
+    pages = sorted(os.path.relpath(os.path.join(folder, name), os.path.join(ROOT, "docs"))
+                   for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
+                   for name in names if name.endswith((".md", ".ipynb")) and ".ipynb_checkpoints" not in folder)
+    assert sorted(nav_pages()) == pages
+    assert [p for p in nav_pages() if p.startswith("tutorial/")] == [os.path.relpath(p, os.path.join(ROOT, "docs"))
+                                                                     for p in NOTEBOOKS]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[os.path.basename(p)[0] for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path):
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    book = make_figures.execute(path, write=False, env={"PYTHONPATH": ROOT}, timeout=60)
+    with open(path) as f:
+        uses_jax = '"import jax' in f.read()
+    if uses_jax and not jax_installed():
+        pytest.skip("this notebook needs jax")
+    book = make_figures.execute(path, write=False, env={"PYTHONPATH": ROOT}, timeout=180 if uses_jax else 60)
     text = "".join(outputs(book))
     name = os.path.basename(path)
     if name.startswith("1_"):
@@ -62,10 +88,12 @@ def test_notebook_runs_top_to_bottom(path):
         assert re.search(r"waiting in psum.*local = [46]\.5", text)     # a held device's variable, read
 
 
-def test_api_reference_builds_without_warnings(tmp_path):
+def test_docs_site_builds_strictly_with_the_notebooks_rendered_as_pages(tmp_path):
     pytest.importorskip("mkdocstrings_handlers.python")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "-d", str(tmp_path / "site")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    pytest.importorskip("mkdocs_jupyter")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
     known = {k for k in KNOWN_WARNINGS if any(k[0] in w and k[1] in w for w in warnings)}
@@ -74,7 +102,34 @@ def test_api_reference_builds_without_warnings(tmp_path):
     assert known == KNOWN_WARNINGS, f"no longer warned, delete from KNOWN_WARNINGS: {KNOWN_WARNINGS - known}"
     page = (tmp_path / "site" / "api" / "debug" / "index.html").read_text()
     assert "Breakpoint" in page and "Evaluate" in page
-    assert (tmp_path / "site" / "tutorial" / "5_a_deadlock_found_and_fixed.ipynb").exists()
+    # Each notebook is a page with its cells and stored outputs (not the raw JSON), and a link to download it.
+    for path in NOTEBOOKS:
+        name = os.path.basename(path)[:-len(".ipynb")]
+        page = (tmp_path / "site" / "tutorial" / name / "index.html").read_text()
+        assert '"cell_type"' not in page and "import spmdsim" in page, name
+        assert (tmp_path / "site" / "tutorial" / name / f"{name}.ipynb").exists()
+        # The only link to a notebook file is the download link (links to other notebooks go to their pages).
+        assert re.findall(r'href="([^"]*\.ipynb)"', page) == [f"{name}.ipynb"], name
+        if name.startswith(("1_", "2_", "3_", "4_")):
+            assert "<svg" in page, f"{name}: the pictures are drawn"
+    page = (tmp_path / "site" / "tutorial" / "1_what_is_spmd" / "index.html").read_text()
+    assert "device 0 | I hold 0.0" in page and 'href="../2_in_axes_out_axes/"' in page
+    assert "2. in_axes and out_axes</a>" in page   # the nav's titles
+    home = (tmp_path / "site" / "index.html").read_text()
+    assert 'href="tutorial/1_what_is_spmd/"' in home and 'href="notes/shard_map_jax_0_10_2/"' in home
+
+
+def test_the_notebooks_extra_and_the_readme_say_how_to_open_the_notebooks_and_test_quickly():
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert {"jupyterlab>=4", "ipykernel>=6.29"} <= set(extras["notebooks"])
+    assert set(extras["docs"]) <= set(extras["test"])   # CI builds the docs site
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert 'python -m pip install ".[notebooks]"' in readme and "jupyter lab docs/tutorial" in readme
+    assert "python -m pytest tests" in readme                          # the quick check
+    assert re.search(r"full suite takes about \d+ minutes", readme)     # and how long the second command runs
 
 
 def docstring_modules():
