@@ -156,6 +156,25 @@ def test_found_in_a_program_under_jit(monkeypatch):
     assert_found(report, "exp", "# <- exp", ["device 6 [i=6]"])
 
 
+def inner_body(x):
+    return jax.lax.psum(jnp.exp(x), "j")  # <- inner exp
+
+
+def test_found_in_a_nested_map(monkeypatch):
+    plant(monkeypatch, "exp", 5)
+    report = compare(lambda x: spmdsim.jax.pmap(inner_body, "j")(x) * 2.0,
+                     X.reshape(4, 2, 4), axis_name="i")
+    assert_found(report, "exp", "# <- inner exp", ["device 5 [i=2, j=1]"])
+
+
+def test_a_per_device_rule_off_is_found_against_the_vectorized_executor(monkeypatch):
+    stacked = _registry.VECTORIZED["exp"]
+    plant(monkeypatch, "exp", 4)
+    monkeypatch.setitem(_registry.VECTORIZED, "exp", stacked)  # only the thread executor's rule is off
+    report = compare(step, X, W, axis_name="i", in_axes=(0, None), against="executor=vectorized")
+    assert_found(report, "exp", "# <- exp", ["device 4 [i=4]"])
+
+
 # -- a reduction order ------------------------------------------------------------------------------------------
 
 SUMMANDS = np.array([1.0, 2.0**-24, 2.0**-24, 2.0**-24, 2.0**-24, 2.0**-24, 2.0**-24, 2.0**-24],
