@@ -271,11 +271,11 @@ class Trace:
             out += _panel_svg(panel, y, row, axis, colours)
             y += 18 + len(panel.rows) * row + 10
         out += axis.draw(axis_y)
-        out.append(_svg.text(width - right, axis_y + 44, "time since the first call started (ms)", size=11,
-                             anchor="end"))
+        below = axis_y + (44 if axis.cuts else 32)  # under the cuts' lengths
+        out.append(_svg.text(width - right, below, "time since the first call started (ms)", size=11, anchor="end"))
         items = [("#e6e6e6", "a device's mapped call")] + [
             (colours[key], f"{_called(*key)}: arrival to release") for key in keys]
-        lx, ly = 10.0, axis_y + 64
+        lx, ly = 10.0, below + 20
         for colour, name in items:
             item_w = 16 + _svg.text_width(name, 11) + 16
             if lx + item_w > width - 10 and lx > 10:
