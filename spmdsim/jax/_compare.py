@@ -118,9 +118,8 @@ def distance(actual, expected) -> tuple[np.ndarray, np.ndarray]:
         re, im = distance(a.real, b.real), distance(a.imag, b.imag)
         return np.maximum(re[0], im[0]), np.maximum(re[1], im[1])
     bits = _float_bits(a.dtype)
-    if bits is None:
-        wide = np.float64 if a.dtype.kind in "iub" else np.float64
-        diff = np.abs(a.astype(wide) - b.astype(wide))
+    if bits is None:  # integers and bools: their difference
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
         return diff, diff
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     nan_a, nan_b = np.isnan(a64), np.isnan(b64)
@@ -424,7 +423,8 @@ class _Session:
         try:
             other, note = self._whole_map(args, params), ""
         except Exception as e:  # noqa: BLE001 - reported as not measured
-            other, note = None, f"not measured: {type(e).__name__}: {_short(str(e).splitlines()[0] if str(e) else '', 80)}"
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            other, note = None, f"not measured: {type(e).__name__}: {_short(first_line, 80)}"
         finally:
             _map.map_observer = self.observe_map
             self.watch.__enter__()
