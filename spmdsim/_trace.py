@@ -235,9 +235,10 @@ class Trace:
         """Draw the timeline: a panel per set of devices (the calls of one map), a row per device with its mapped
         calls (grey) and each collective from the device's arrival to the release (a colour per collective and
         axes, so the bar's length is the wait), a line through the devices of each rendezvous at its release.
-        Idle time between calls (a script tracing and compiling between them) is cut where it would be wider
-        than a few breaks: a zigzag marks each cut, labelled with its length. Below: the time axis in
-        milliseconds since the first call started (continuous between cuts) and the legend.
+        Idle time between calls longer than the longest call (a script tracing and compiling between them) is
+        cut where it would be wider than a few breaks: a zigzag marks each cut, labelled with its length.
+        Below: the time axis in milliseconds since the first call started (continuous between cuts) and the
+        legend.
 
         Args:
             path: also write the SVG document there.
@@ -271,7 +272,7 @@ class Trace:
             out += _panel_svg(panel, y, row, axis, colours)
             y += 18 + len(panel.rows) * row + 10
         out += axis.draw(axis_y)
-        below = axis_y + (44 if axis.cuts else 32)  # under the cuts' lengths
+        below = axis_y + (56 if axis.cuts else 32)  # under the cuts' lengths
         out.append(_svg.text(width - right, below, "time since the first call started (ms)", size=11, anchor="end"))
         items = [("#e6e6e6", "a device's mapped call")] + [
             (colours[key], f"{_called(*key)}: arrival to release") for key in keys]
@@ -402,7 +403,8 @@ def _called(op: str, axis_name: tuple) -> str:
 
 class _TimeAxis:
     """Times to x positions between ``x0`` and ``x1``: the busy ``spans`` (start, end) to one scale, each idle
-    gap between them that would be wider than ``CUT_AT`` breaks cut to a break ``BREAK`` px wide."""
+    gap between them that is longer than the longest span and would be wider than ``CUT_AT`` breaks cut to a
+    break ``BREAK`` px wide (a loop's short pauses between calls stay to scale)."""
 
     BREAK, CUT_AT = 18.0, 3.0
 
@@ -414,7 +416,8 @@ class _TimeAxis:
                 merged[-1][1] = max(merged[-1][1], end)
             else:
                 merged.append([start, end])
-        gaps = [(a[1], b[0]) for a, b in zip(merged, merged[1:])]
+        longest = max(end - start for start, end in merged)
+        gaps = [(a[1], b[0]) for a, b in zip(merged, merged[1:]) if b[0] - a[1] > longest]
         self.origin, self.span = merged[0][0], merged[-1][1] - merged[0][0]
         self.busy = sum(end - start for start, end in merged)
         self.x0, self.x1 = x0, x1
@@ -468,16 +471,17 @@ class _TimeAxis:
             if tx - half > last_right + 6 and tx + half <= self.x1 + 20:
                 out.append(_svg.text(tx, y + 16, label, size=11, anchor="middle"))
                 last_right = tx + half
-        last_right = -math.inf
+        ends = [-math.inf, -math.inf]  # the right end of the last length label on each of two lines
         for a, b in self.cuts:
             xa = self.x(a)
             zig = " ".join(f"{xa + self.brk * k / 4:.1f},{y + (-4 if k % 2 else 4)}" for k in range(5))
             label = _duration(b - a)
-            half = _svg.text_width(label, 9) / 2
+            mid, half = xa + self.brk / 2, _svg.text_width(label, 9) / 2
+            line = next((k for k in (0, 1) if mid - half > ends[k] + 4), None)  # the second if the first is taken
             text = ""
-            if xa + self.brk / 2 - half > last_right + 4:
-                text = _svg.text(xa + self.brk / 2, y + 30, label, size=9, anchor="middle")
-                last_right = xa + self.brk / 2 + half
+            if line is not None:
+                text = _svg.text(mid, y + 30 + 11 * line, label, size=9, anchor="middle")
+                ends[line] = mid + half
             out.append(f'<g class="gap"><title>idle {label} cut out</title><polyline points="{zig}" fill="white" '
                        f'stroke="black" stroke-width="0.8"/>{text}</g>')
         return out
