@@ -6,6 +6,11 @@ The harness copies this file into its work folder and configures it through the 
   ``vectorized``): then :func:`spmdsim.jax._patch.patched_jax` is entered in ``pytest_configure``, *before*
   the test modules are imported, so ``from jax import pmap, jit`` at a test module's top gets spmdsim's (as in
   ``spmdsim run``), and stays entered for the whole session.
+- ``SPMDSIM_JAX_SUITE_KIND``: ``maps`` (the default: pmap_test/shard_map_test, spmdsim's maps as above, 8 CPU
+  devices) or ``ops`` (JAX's op test files: every program JAX would run on XLA, i.e. every ``jit``/``pjit``
+  execution and every eagerly applied primitive, which JAX runs as a jitted one-primitive program, is traced by
+  JAX as usual and its jaxpr evaluated by spmdsim on one virtual device with the executor ``MODE`` names, see
+  :func:`route_execution`; JAX's default device count).
 - ``SPMDSIM_JAX_SUITE_RECORDS``: a JSON-lines file this plugin appends to as the run goes (one line per
   collected test, per test start and per setup/call/teardown report), so a run that is killed (too slow, a
   hang) keeps what it had done and can be resumed.
@@ -27,8 +32,9 @@ import os
 
 import pytest
 
-N_DEVICES = 8  # what the test modules ask for (jtu.request_cpu_devices(8))
+N_DEVICES = 8  # what the map test modules ask for (jtu.request_cpu_devices(8))
 MODE = os.environ.get("SPMDSIM_JAX_SUITE_MODE", "jax")
+KIND = os.environ.get("SPMDSIM_JAX_SUITE_KIND", "maps")
 _RECORDS = os.environ.get("SPMDSIM_JAX_SUITE_RECORDS")
 _DESELECT = os.environ.get("SPMDSIM_JAX_SUITE_DESELECT")
 _TIMEOUT = float(os.environ.get("SPMDSIM_JAX_SUITE_TEST_TIMEOUT") or 0)
@@ -54,7 +60,8 @@ def pytest_configure(config):
         _hang_file = open(_HANG, "w")
     import jax
 
-    jax.config.update("jax_num_cpu_devices", N_DEVICES)
+    if KIND == "maps":
+        jax.config.update("jax_num_cpu_devices", N_DEVICES)
     config = json.loads(os.environ.get("SPMDSIM_JAX_SUITE_CONFIG") or "{}")
     if config:  # a diagnostic run (--jax-config): JaxTestCase enters its defaults in every setUp
         from jax._src import test_util as jtu
@@ -64,11 +71,75 @@ def pytest_configure(config):
                 jtu.JaxTestCase._default_thread_local_config[name] = value
             else:
                 jax.config.update(name, value)
-    if MODE != "jax":
+    if MODE != "jax" and KIND == "ops":
+        _patch = route_execution(MODE)
+        _patch.__enter__()
+    elif MODE != "jax":
         from spmdsim.jax._patch import patched_jax
 
         _patch = patched_jax(N_DEVICES, MODE)
         _patch.__enter__()
+
+
+class route_execution:
+    """For the block, every program that JAX would compile and run with XLA runs on spmdsim instead: JAX's
+    ``_pjit_call_impl_python`` (where both ``jit(f)(...)`` at the top level and the ``jit`` primitive's impl
+    compile and execute; JAX's eager primitive dispatch, ``dispatch.apply_primitive``, runs each primitive as a
+    jitted one-primitive function and so ends there too) is replaced by spmdsim's evaluation of the closed jaxpr
+    JAX traced, on one virtual device: ``threads`` with the per-device executor (the one each device thread of a
+    map runs), ``vectorized`` with a one-device :class:`Vectorized` batch (the values carry a device axis of
+    length 1). Returning no executable keeps JAX's C++ dispatch from caching one: every call comes back here.
+    Results are handed back as JAX arrays of the jaxpr's avals (weak types, keys), placed on the sharding the
+    ``jit`` names, else on the device of a committed argument, else JAX's default device. While spmdsim
+    evaluates (a rule that calls JAX itself), JAX's own path is used."""
+
+    def __init__(self, executor: str):
+        import threading
+
+        self.executor = executor
+        self.local = threading.local()
+
+    def evaluate(self, closed, args: list) -> list:
+        from spmdsim import _primitives
+        from spmdsim.jax import _interpreter
+
+        if self.executor == "threads":
+            return _interpreter.PER_DEVICE.eval_jaxpr(closed.jaxpr, closed.consts, args)
+        ex = _interpreter.Vectorized(_primitives.Batch((("device", 1),)))
+        outs = ex.eval_jaxpr(closed.jaxpr, closed.consts, [a[None] for a in args])
+        return [o[0] for o in outs]
+
+    def call(self, *args, jaxpr, out_shardings, **params):
+        import jax
+        import numpy as np
+        from spmdsim.jax._map import to_jax, to_numpy
+
+        if getattr(self.local, "inside", False):
+            return self.original(*args, jaxpr=jaxpr, out_shardings=out_shardings, **params)
+        self.local.inside = True
+        try:
+            outs = self.evaluate(jaxpr, [to_numpy(a) for a in args])
+            committed = [a.sharding for a in args if isinstance(a, jax.Array) and a._committed]
+            results = []
+            for o, aval, s in zip(outs, jaxpr.out_avals, out_shardings, strict=True):
+                if not isinstance(s, jax.sharding.Sharding):
+                    s = committed[0] if committed else None
+                results.append(to_jax(np.asarray(o), aval, s))
+            return results, None, None, []
+        finally:
+            self.local.inside = False
+
+    def __enter__(self):
+        from jax._src import pjit
+
+        self.original = pjit._pjit_call_impl_python
+        pjit._pjit_call_impl_python = self.call
+        return self
+
+    def __exit__(self, *exc):
+        from jax._src import pjit
+
+        pjit._pjit_call_impl_python = self.original
 
 
 def pytest_unconfigure(config):

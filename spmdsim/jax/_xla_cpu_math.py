@@ -26,7 +26,8 @@ import numpy as np
 
 from spmdsim.jax import _xla_cpu_isa
 
-__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "fma", "multiply_add", "ftz"]
+__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "fma", "multiply_add",
+           "ftz"]
 
 f32, f64 = np.float32, np.float64
 _TINY = np.finfo(np.float32).tiny
@@ -211,3 +212,46 @@ def rsqrt(x: np.ndarray) -> np.ndarray:
         for _ in range(2):
             refined = fma(refined * f32(-0.5), fma(x * refined, refined, f32(-1)), refined)
     return np.where((x < f32(_TINY)) | (x == f32(np.inf)), y, refined).astype(f32)
+
+
+# Lanczos' approximation with g = 7, n = 9, as StableHLO's CHLO decomposition (materializeLgamma) writes lgamma
+_LANCZOS_G = 7.0
+_LANCZOS_BASE = 0.99999999999980993227684700473478
+_LANCZOS = (676.520368121885098567009190444019, -1259.13921672240287047156078755283,
+            771.3234287776530788486528258894, -176.61502916214059906584551354, 12.507343278686904814458936853,
+            -0.13857109526572011689554707, 9.984369578019570859563e-6, 1.50563273514931155834e-7)
+
+
+def lgamma(x: np.ndarray) -> np.ndarray:
+    """lgamma of float32 or float64 as XLA computes it: CHLO's Lanczos approximation (``z = x - 1``, or ``-x``
+    reflected below 1/2, ``a(z) = c0 + sum c_k / (z + k)``, ``log t(z) = log1p(z * (1/7.5)) + log(7.5)``: XLA's
+    simplifier turns the division by 7.5 into a multiplication by its rounded reciprocal,
+    ``lgamma = fma(z + 1/2 - t / log t, log t, log(2 pi) / 2) + log(a)``; reflection
+    ``log(pi) - log(sin(pi * |frac(x)|')) - lgamma(1 - x)``; +inf at +-inf), so lgamma(1) is 4.8e-7 in float32
+    and -5.8e-8 in float64 as in XLA, not 0. float32 with XLA:CPU's log, log1p and multiply-adds: equal to
+    XLA:CPU's result bit for bit where x >= 1/2; below, its float32 sin (an approximation of its own, not ported:
+    sin here is the float64 one, rounded) makes about 1 result in 1000 differ by an ulp or two. float64 with
+    NumPy's log, log1p and sin and unfused multiply-adds (XLA:CPU's differ in the last bits)."""
+    x = np.asarray(x)
+    dtype = x.dtype
+    c = dtype.type
+    f32_ = dtype == f32
+    log_, log1p_ = (log, log1p) if f32_ else (np.log, np.log1p)
+    with np.errstate(all="ignore"):
+        reflect = x < c(0.5)
+        z = np.where(reflect, -x, x + c(-1))
+        a = np.full_like(z, c(_LANCZOS_BASE))
+        for k, coefficient in enumerate(_LANCZOS, 1):
+            a = a + c(coefficient) / (z + c(k))
+        t = z + c(_LANCZOS_G + 0.5)
+        log_t = log1p_(z * c(1 / (_LANCZOS_G + 0.5))) + c(np.log(_LANCZOS_G + 0.5))
+        s = (z + c(0.5)) - t / log_t
+        half_log_2pi = c((np.log(2) + np.log(np.pi)) / 2)
+        head = fma(s, log_t, half_log_2pi) if f32_ else s * log_t + half_log_2pi
+        out = head + log_(a)
+        frac = np.abs(x) - np.floor(np.abs(x))
+        frac = np.where(c(0.5) < frac, c(1) - frac, frac)
+        denominator = log_(np.sin((c(np.pi) * frac).astype(f64)).astype(dtype))
+        reflected = np.where(np.isfinite(denominator), (c(np.log(np.pi)) - denominator) - out, -denominator)
+        out = np.where(reflect, reflected, out)
+    return np.where(np.isinf(x), c(np.inf), out).astype(dtype)
