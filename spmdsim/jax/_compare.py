@@ -345,8 +345,14 @@ class _Session:
         return [np.stack([np.asarray(o[k]) for o in outs]) for k in range(len(outs[0]))]
 
     def _xla_function(self, eqn, operands: list) -> Callable:
-        """XLA's executable of ``eqn`` for operands like these, compiled once (not once per device thread)."""
-        key = (id(eqn), tuple((np.shape(x), np.result_type(x)) for x in operands))
+        """XLA's executable of ``eqn`` for operands like these, compiled once (not once per device thread; once
+        for equations of one primitive with equal parameters)."""
+        avals = tuple((np.shape(x), np.result_type(x)) for x in operands)
+        try:
+            key = (eqn.primitive, tuple(eqn.params.items()), avals)
+            hash(key)
+        except TypeError:  # an unhashable parameter
+            key = (id(eqn), avals)
         found = self.xla_functions.get(key)
         if found is None:
             with self.compiling:
