@@ -50,6 +50,19 @@ class DeviceStream(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    # The terminal's file descriptor and encoding: ``input()`` in a device thread (the debugger's prompt) then
+    # reads through readline, as it would on the terminal itself.
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", None)
+
+    @property
+    def errors(self):
+        return getattr(self.stream, "errors", None)
+
     def write(self, text: str) -> int:
         lane = self._current_lane()
         if lane is None:

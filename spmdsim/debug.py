@@ -19,8 +19,10 @@ at each stop; type ``h`` for the commands. One debugging session at a time.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import functools
 import os
 import queue
 import re
@@ -31,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from spmdsim import _output, _runtime
+from spmdsim._rendezvous import RUNNING, WAITING
 from spmdsim.errors import CollectiveError
 
 __all__ = ["Stop", "Breakpoint", "Session", "step", "DebuggerQuit", "main"]
@@ -46,11 +49,14 @@ def _internal(filename: str) -> bool:
     code it generates (the JAX front end's compiled jaxprs, ``<spmdsim: jaxpr>``)."""
     return (filename.startswith(_PACKAGE_DIR) and filename not in _USER_CODE) or filename.startswith("<spmdsim")
 
-# Collectives by the names users write (spmdsim.lax / jax.lax) and by the names rendezvous carry (the rule
-# table's, JAX's primitive names where they differ).
-PRIMITIVE = {"psum_scatter": "reduce_scatter", "pshuffle": "ppermute", "pswapaxes": "all_to_all"}
+# Collectives by the names users write (spmdsim.lax / jax.lax) and by the primitives that implement them (the
+# rule table's names, which rendezvous carry, and JAX's primitives: jax.lax.psum in a jax.shard_map binds
+# psum_invariant). A breakpoint's OP matches the function called and the primitive it meets in: b psum stops at
+# every psum, psum_invariant and pmean (a pmean meets in a psum); b pmean at pmeans only.
+PRIMITIVE = {"psum_scatter": "reduce_scatter", "pshuffle": "ppermute", "pswapaxes": "all_to_all",
+             "psum_invariant": "psum", "all_gather_invariant": "all_gather"}
 OPS = ("psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "reduce_scatter", "all_to_all", "pswapaxes",
-       "ppermute", "pshuffle", "pbroadcast")
+       "ppermute", "pshuffle", "pbroadcast", "ragged_all_to_all", "psum_invariant", "all_gather_invariant")
 
 
 class DebuggerQuit(BaseException):
@@ -95,6 +101,7 @@ class Stop:
     _lanes: list = dataclasses.field(default_factory=list, repr=False)
     _frames: dict | None = dataclasses.field(default=None, repr=False)
     held: bool = dataclasses.field(default=True, repr=False)
+    _calling: dict = dataclasses.field(default_factory=dict, repr=False)  # row -> the failed call it is in
 
     def table(self, width: int = 100) -> str:
         """The stop as text: a header line, then one row per device (source line, operand, result).
@@ -162,22 +169,87 @@ def _item(v) -> str:
 
 def _collective_stop(number: int, rv) -> Stop:
     """A Stop from a completed rendezvous; its devices are shown as held there."""
-    held = {id(lane) for lane in rv.lanes}
     api = next((a for a in rv.apis if a), None)  # the public function called (pmean binds psum)
     where = _runtime.describe(rv.signature, api)
-    state = [f"{lane.label}: held at {where} (step {rv.seq}) at {rv.sites[k]}" for k, lane in enumerate(rv.lanes)]
-    state += [lane.status_line() for lane in rv.lanes[0].world.lanes if id(lane) not in held]
-    return Stop(number, where, rv.seq, [lane.label for lane in rv.lanes], list(rv.sites),
-                [list(b) for b in rv.blocks], [list(r) for r in rv.results], state, op=api or rv.signature.op,
-                axis_name=tuple(rv.signature[1]), _lanes=list(rv.lanes))
+    lanes, sites = list(rv.lanes), list(rv.sites)
+    frames = None
+    if "<unknown>" in sites:  # a program inside spmdsim's package (spmdsim debug -m spmdsim.demo): its lines
+        frames = _device_frames(lanes)
+        sites = [_site(frames[k]) if site == "<unknown>" and k in frames else site for k, site in enumerate(sites)]
+    results = [list(r) for r in rv.results]
+    if api == "pmean" and rv.signature.op == "psum":
+        results = _means(rv, results)
+    stop = Stop(number, where, rv.seq, [lane.label for lane in lanes], sites, [list(b) for b in rv.blocks], results,
+                [], op=api or rv.signature.op, axis_name=tuple(rv.signature.names), _lanes=lanes, _frames=frames)
+    stop.state = _states(stop)
+    return stop
+
+
+def _site(frame) -> str:
+    """``file:line`` of a frame, its file relative to the working directory when under it (as stops show)."""
+    path = os.path.relpath(frame.f_code.co_filename)
+    return f"{frame.f_code.co_filename if path.startswith('..') else path}:{frame.f_lineno}"
+
+
+def _means(rv, results: list[list]) -> list[list]:
+    """A pmean's results as the mean. The NumPy front end's pmean divides in the rendezvous (its results are
+    the mean already); JAX's ``jax.lax.pmean`` meets in a psum and divides after it, so a result that is its
+    group's sum is shown divided by the group's size, as the device will have it."""
+    groups = dict(rv.signature.params).get("axis_index_groups") or (tuple(range(rv.size)),)
+    out = []
+    for rank, leaves in enumerate(results):
+        group = next((g for g in groups if rank in g), range(rv.size))
+        shown = []
+        for k, leaf in enumerate(leaves):
+            total = functools.reduce(np.add, (np.asarray(rv.blocks[r][k]) for r in group))
+            summed = np.shape(leaf) == np.shape(total) and np.allclose(leaf, total, equal_nan=True)
+            dtype = leaf.dtype if np.issubdtype(leaf.dtype, np.inexact) else np.float32  # as JAX divides
+            shown.append(np.true_divide(leaf, len(group)).astype(dtype) if summed else leaf)
+        out.append(shown)
+    return out
 
 
 def _error_stop(number: int, world, error: BaseException) -> Stop:
     """A Stop for a world that failed with a would-hang or mismatch error; every device as it was."""
     lanes = list(world.lanes)
-    return Stop(number, str(error).split("\n", 1)[0], -1, [lane.label for lane in lanes],
-                [lane.status_row()[-1] for lane in lanes], [[] for _ in lanes], [[] for _ in lanes],
-                [lane.status_line() for lane in lanes], op=type(error).__name__, error=error, _lanes=lanes)
+    stop = Stop(number, str(error).split("\n", 1)[0], -1, [lane.label for lane in lanes],
+                [lane.status_row()[-1] for lane in lanes], [[] for _ in lanes], [[] for _ in lanes], [],
+                op=type(error).__name__, error=error, _lanes=lanes)
+    caller = _runtime.current_lane()  # the failure is reported in the thread of the device that found it
+    if caller is not None and caller.state == RUNNING and caller in lanes:  # held in the call that does not match
+        for line in str(error).split("\n\n", 1)[0].splitlines()[1:]:
+            label, _, call = line.strip().partition(": ")
+            if label == caller.label:
+                stop._calling[lanes.index(caller)] = call
+    stop.state = _states(stop)
+    return stop
+
+
+def _held(stop: Stop, device: int) -> bool:
+    """Whether ``stop``'s ``device`` (a row) is held: at the stop's collective, or (at an error stop) waiting in
+    one."""
+    return stop.error is None or stop._lanes[device].state == WAITING or device in stop._calling
+
+
+def _state(stop: Stop, device: int) -> str:
+    """``returned``, ``running``, ``waiting in psum(...) ...``: the state of ``stop``'s ``device`` now."""
+    if device in stop._calling:
+        return f"stopped in {stop._calling[device]}, the call that does not match"
+    return stop._lanes[device].status_line().split(": ", 1)[1]
+
+
+def _states(stop: Stop) -> list[str]:
+    """Every device of the program as it is now, in device order: those held at the stop's collective, the
+    others as the runtime has them (waiting in another collective, running, returned, raised)."""
+    rows = {id(lane): k for k, lane in enumerate(stop._lanes)}
+    lines = []
+    for lane in stop._lanes[0].world.lanes if stop._lanes else ():
+        k = rows.get(id(lane))
+        if stop.error is None and k is not None:
+            lines.append(f"{lane.label}: held at {stop.description} (step {stop.step}) at {stop.sites[k]}")
+        else:
+            lines.append(f"{lane.label}: {_state(stop, k)}" if k is not None else lane.status_line())
+    return lines
 
 
 # -- evaluating in a device's frame -----------------------------------------------------------------------
@@ -236,12 +308,16 @@ def _held_frame(stop: Stop, device: int):
                          f"stop.")
     if not 0 <= device < len(stop.devices):
         raise ValueError(f"device must be in 0..{len(stop.devices) - 1} (a row of the stop), got {device}")
+    if not _held(stop, device):  # running, returned or raised: the same state as 'where' gives
+        raise ValueError(f"{stop.devices[device]} is not held at a collective ({_state(stop, device)}): only a "
+                         f"held device's variables can be read; see 'where'.")
     if stop._frames is None:
         stop._frames = _device_frames(stop._lanes)
     frame = stop._frames.get(device)
     if frame is None:
-        raise ValueError(f"{stop.devices[device]} has no Python frame held here (it is computing or finished, or "
-                         f"the JAX front end runs it as a jaxpr); see 'where'.")
+        raise ValueError(f"{stop.devices[device]} runs a jaxpr (a JAX program): it has no Python variables to "
+                         f"read. 's {device}' shows its operand" + (f" and 's {device} r' its result."
+                                                                    if stop.error is None else "."))
     return frame
 
 
@@ -313,9 +389,13 @@ class Breakpoint:
             raise ValueError("an empty breakpoint: write any of OP, FILE:LINE, LINE, axis=NAME, step=K, device=D")
         return cls(**fields, number=number)
 
-    def matches(self, op: str, axis_name: Sequence, step: int, sites: Sequence[str], devices: Sequence[str]) -> bool:
-        """Whether a collective (its rendezvous op name, axis names, step, sites and device labels) matches."""
-        if self.op is not None and PRIMITIVE.get(self.op, self.op) != op:
+    def matches(self, op: str | Sequence[str], axis_name: Sequence, step: int, sites: Sequence[str],
+                devices: Sequence[str]) -> bool:
+        """Whether a collective matches: ``op`` its names (the function called and the primitive it binds, e.g.
+        ``("pmean", "psum")``, or one name), its axis names, step, sites and device labels."""
+        names = {op} if isinstance(op, str) else set(op)
+        if self.op is not None and not {self.op, PRIMITIVE.get(self.op, self.op)} & (
+                names | {PRIMITIVE.get(n, n) for n in names}):
             return False
         if self.axis is not None and self.axis not in (str(a) for a in axis_name):
             return False
@@ -390,10 +470,10 @@ class _Controller:
         if self.mode == "continue":
             hit = False
             if self.breakpoints:
-                op, names = next((a for a in rv.apis if a), None) or rv.signature.op, rv.signature.names
+                ops = (next((a for a in rv.apis if a), None) or rv.signature.op, rv.signature.op)
                 labels = [lane.label for lane in rv.lanes]
                 for bp in self.breakpoints:
-                    if bp.matches(op, names, rv.seq, rv.sites, labels):
+                    if bp.matches(ops, rv.signature.names, rv.seq, rv.sites, labels):
                         bp.hits += 1
                         hit = True
             elif self.remaining is not None:
@@ -626,13 +706,50 @@ COMMANDS = {"n": "next", "next": "next", "c": "continue", "cont": "continue", "c
             "q": "quit", "quit": "quit", "exit": "quit", "h": "help", "help": "help", "?": "help"}
 
 
-class _Prompt:
-    """The terminal debugger: runs in the device thread that stopped, reads commands from ``stdin``."""
+PROMPT = "(spmdsim) "
+INTERRUPT_HINT = ("--KeyboardInterrupt--\n(the program is held at this stop; Ctrl-C does not end it here: type q to "
+                  "quit, c to run on)")
 
-    def __init__(self, stdin, stdout, control: _Controller):
+
+class _Prompt:
+    """The terminal debugger: runs in the device thread that stopped, reads commands from ``stdin`` (through
+    GNU readline, with line editing and history, when ``line_editing`` is set: stdin is a terminal). An empty
+    line repeats the last command, as in pdb and gdb."""
+
+    def __init__(self, stdin, stdout, control: _Controller, line_editing: bool = False):
         self.stdin, self.stdout, self.control = stdin, stdout, control
+        self.line_editing = line_editing
         self.quitting = False
+        self.reading = False  # waiting for a command: a Ctrl-C now gets a hint, not a KeyboardInterrupt
+        self.last = ""  # the last command, for an empty line
         self.errors_shown: list[BaseException] = []
+
+    def _read(self) -> str | None:
+        """The next command line, or None at the end of input."""
+        self.reading = True
+        try:
+            if self.line_editing:  # input() in this (device) thread: readline draws the prompt and edits the line
+                try:
+                    return input(PROMPT)
+                except EOFError:
+                    return None
+            self.stdout.write(PROMPT)
+            self.stdout.flush()
+            line = self.stdin.readline()
+            return line or None
+        finally:
+            self.reading = False
+
+    def interrupted(self) -> None:
+        """A Ctrl-C while waiting for a command (called in the main thread, by the SIGINT handler): as pdb does,
+        say so and go on reading; the line typed so far is drawn again under the hint (readline keeps it; the
+        terminal drops it)."""
+        typed = ""
+        if self.line_editing:
+            import readline
+            typed = readline.get_line_buffer()
+        self.stdout.write("\n" + INTERRUPT_HINT + "\n" + PROMPT + typed)
+        self.stdout.flush()
 
     def say(self, text: str) -> None:
         self.stdout.write(text + "\n")
@@ -656,8 +773,7 @@ class _Prompt:
         collective; at an error stop the program ends with that error)."""
         self.say(stop.table())
         if stop.error is not None:
-            self.say("The program stopped here; every device is still where it was. Inspect them (where, "
-                     "p DEVICE EXPR), then c to end the program with this error.")
+            self.say(_error_hint(stop))
         try:
             while not self._command(stop):
                 pass
@@ -666,14 +782,13 @@ class _Prompt:
 
     def _command(self, stop: Stop) -> bool:
         """Read and run one command; True when it releases the stop."""
-        self.stdout.write("(spmdsim) ")
-        self.stdout.flush()
-        line = self.stdin.readline()
-        if not line:
+        line = self._read()
+        if line is None:
             line = "quit"
-        words = line.split()
+        words = line.split() or self.last.split()
         if not words:
             return False
+        self.last = " ".join(words)
         command, rest = COMMANDS.get(words[0]), words[1:]
         try:
             if command in ("next", "continue"):
@@ -700,6 +815,7 @@ class _Prompt:
         if command == "list":
             return stop.table()
         if command == "where":
+            stop.state = _states(stop)
             return "\n".join(stop.state)
         if command == "help":
             return HELP
@@ -735,17 +851,38 @@ def _safe_eval(stop: Stop, device: int, expression: str) -> str:
     return repr(value)
 
 
+def _error_hint(stop: Stop) -> str:
+    """What to do at an error stop, fitting the program: NumPy programs' held devices have Python frames (p);
+    a JAX program's devices run jaxprs, so their operands are what there is to read (s)."""
+    held = [k for k in range(len(stop.devices)) if _held(stop, k)]
+    if stop._frames is None:
+        stop._frames = _device_frames(stop._lanes)
+    inspect = "where, p DEVICE EXPR" if any(k in stop._frames for k in held) or not held else \
+        "where; s DEVICE: the operand a waiting device holds"
+    return (f"The program stopped here; every device is still where it was. Inspect them ({inspect}), then c to "
+            f"end the program with this error.")
+
+
 def _show(stop: Stop, rest: list[str]) -> str:
-    if stop.error is not None:
-        raise ValueError("no operands at an error stop: use p DEVICE EXPR to read a device's variables")
     if not rest or not rest[0].isdigit() or not int(rest[0]) < len(stop.devices):
         raise ValueError(f"usage: show DEVICE [operand|result], DEVICE in 0..{len(stop.devices) - 1}")
     rank = int(rest[0])
     what = "result" if len(rest) > 1 and rest[1].startswith("r") else "operand"
-    values = stop.results[rank] if what == "result" else stop.operands[rank]
+    if stop.error is not None:  # the operand a waiting device holds; nothing has a result
+        lane = stop._lanes[rank]
+        if not _held(stop, rank) or what == "result":
+            raise ValueError(f"at an error stop only a waiting device's operand can be shown; {lane.label} is "
+                             f"{_state(stop, rank)}")
+        if rank in stop._calling:
+            raise ValueError(f"{lane.label} is {_state(stop, rank)}: its operand never reached a rendezvous; "
+                             f"p {rank} EXPR reads its variables")
+        rv, at = lane.waiting
+        values, site = rv.blocks[at], rv.sites[at]
+    else:
+        values, site = (stop.results if what == "result" else stop.operands)[rank], stop.sites[rank]
     with np.printoptions(threshold=1000, edgeitems=5, precision=6):
         body = "\n".join(np.array2string(np.asarray(v)) for v in values)
-    return f"{stop.devices[rank]} {what} at {stop.sites[rank]}:\n{body}"
+    return f"{stop.devices[rank]} {what} at {site}:\n{body}"
 
 
 def parser():
@@ -774,8 +911,6 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         UsageError: bad options or breakpoints, no program, or a program that does not exist.
     """
-    import contextlib
-
     import spmdsim
     from spmdsim._script import check_program, run_program, split_argv
     from spmdsim.cli import UsageError
@@ -789,7 +924,7 @@ def main(argv: list[str] | None = None) -> int:
         control = _Controller(args.breakpoints)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    prompt = _Prompt(sys.stdin, _output.real_stdout(), control)
+    prompt = _Prompt(sys.stdin, _output.real_stdout(), control, line_editing=_line_editing())
     where = (f"stopping at {' or '.join(repr(str(bp)) for bp in control.breakpoints)}" if control.breakpoints
              else "stopping at every collective")
     prompt.say(f"spmdsim debug: {program.name}; {where}. Type h for help.")
@@ -798,6 +933,7 @@ def main(argv: list[str] | None = None) -> int:
     _runtime.failure_hooks.append(prompt.failed)
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_interrupts_at(prompt))
             stack.enter_context(spmdsim.set_device_count(n_devices))
             stack.enter_context(spmdsim.reuse_threads())
             if _jax_installed():
@@ -813,6 +949,38 @@ def main(argv: list[str] | None = None) -> int:
     prompt.say("spmdsim debug: the program finished." if code == 0 else
                f"spmdsim debug: the program ended with exit status {code}.")
     return code
+
+
+def _line_editing() -> bool:
+    """Whether the prompt reads through GNU readline (stdin and stdout are a terminal, readline imports)."""
+    if not (sys.stdin.isatty() and _output.real_stdout().isatty()):
+        return False
+    try:
+        import readline  # noqa: F401 - imported for input()'s line editing and history, as pdb does
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _interrupts_at(prompt: _Prompt):
+    """While the program runs under the debugger, a Ctrl-C at the prompt is answered as pdb answers it (a hint,
+    and the prompt again); elsewhere it is a KeyboardInterrupt, as without the debugger."""
+    import signal
+
+    def on_interrupt(signum, frame):
+        if prompt.reading:
+            prompt.interrupted()
+        elif callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _jax_installed() -> bool:

@@ -1,10 +1,13 @@
 """Running spmdsim's commands as a user does: on a pseudo-terminal (the debugger) or as a subprocess."""
+import fcntl
 import importlib.util
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
+import termios
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,12 +22,28 @@ def jax_installed() -> bool:
 NO_JAX = ("import sys; sys.modules['jax'] = None; from spmdsim.cli import main; sys.exit(main(sys.argv[1:]))",)
 
 
-def drive(argv, commands, timeout=60, env=None, cwd=None):
-    """Run ``python ARGV`` on a pseudo-terminal, answering each '(spmdsim) ' prompt with the next command;
-    returns the whole output (newlines normalised) and the exit status."""
+# A prompt the driver answers: the debugger's, and pdb's inside a device ("(Pdb device 2 [i=2]) ").
+PROMPT = re.compile(rb"\((?:spmdsim|Pdb[^)\n]*)\) $")
+# Terminal modes readline may switch (bracketed paste, meta key): not part of what is shown.
+_MODES = re.compile(rb"\x1b\[\?(?:2004|1034)[hl]")
+
+
+def _controlling_terminal():
+    """In the child: a session of its own whose controlling terminal is the pseudo-terminal (its stdin), so
+    that Ctrl-C typed there sends SIGINT, as in a shell."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def drive(argv, commands, timeout=120, env=None, cwd=None):
+    """Run ``python ARGV`` on a pseudo-terminal (its controlling terminal, as a shell gives), answering each
+    prompt ('(spmdsim) ' or pdb's) with the next command, typed with Enter; a command ending in a control
+    character (Ctrl-C is "\x03", "\x1b[A\n" is Up then Enter) is typed as is. Returns the whole output (newlines
+    normalised, readline's terminal-mode switches removed) and the exit status."""
     controller, terminal = pty.openpty()
     proc = subprocess.Popen([sys.executable, *argv], stdin=terminal, stdout=terminal, stderr=terminal,
-                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, close_fds=True, cwd=cwd)
+                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, close_fds=True, cwd=cwd,
+                            preexec_fn=_controlling_terminal)
     os.close(terminal)
     output, pending, deadline = b"", list(commands), time.time() + timeout
     try:
@@ -37,9 +56,11 @@ def drive(argv, commands, timeout=60, env=None, cwd=None):
                     break
                 if not chunk:
                     break
-                output += chunk
-                if output.endswith(b"(spmdsim) ") and pending:
-                    os.write(controller, (pending.pop(0) + "\n").encode())
+                output = _MODES.sub(b"", output + chunk)
+                if pending and PROMPT.search(output):
+                    command = pending.pop(0)
+                    typed = command if command[-1:] and command[-1] < " " else command + "\n"
+                    os.write(controller, typed.encode())
             elif proc.poll() is not None:
                 break
         else:

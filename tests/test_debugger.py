@@ -132,7 +132,7 @@ def test_a_would_hang_stops_with_every_device_held_for_inspection(tmp_path):
     assert "every device is still where it was" in out
     assert "device 2 [i=2]: returned" in out                # `where`
     assert "(spmdsim) p 1 mine\n101.  (float64[])\n" in out            # a held device's variable
-    assert "*** device 2 [i=2] has no Python frame held here" in out
+    assert "*** device 2 [i=2] is not held at a collective (returned)" in out
     end = out.split("(spmdsim) c\n")[-1]                   # then the program ends with the error, said once
     assert "CollectiveDeadlockError: psum(float64[], axis_name='i') (step 0) can never complete" in end
     assert "(the full report is above)" in end and "state     collective" not in end
@@ -160,6 +160,131 @@ def test_spmdsim_debug_steps_a_jax_program_whose_devices_run_jaxprs(tmp_path):
     out, code = drive(["-m", "spmdsim", "debug", "jprog.py", "--devices", "4"], ["p 0 x", "c"], cwd=tmp_path,
                       env={"JAX_PLATFORMS": "cpu"})
     assert code == 0, out
-    assert f"stop 0: psum(float32[], float32[], axis_name='i') (step 0) at {tmp_path / 'jprog.py'}:4" in out
+    # jax.lax.pmean meets in a psum and divides after it: shown as the pmean it is, with the mean as its result
+    assert f"stop 0: pmean(float32[], float32[], axis_name='i') (step 0) at {tmp_path / 'jprog.py'}:4" in out
     assert "operand 1 of 2: float32[]" in out
-    assert "*** device 0 [i=0] has no Python frame held here" in out and "'b': Array([3., 3., 3., 3.]" in out
+    assert re.search(r"device 3 \[i=3\]\s+3\.\s+1\.5\n", out) and re.search(r"device 3 \[i=3\]\s+6\.\s+3\.\n", out)
+    assert "*** device 0 [i=0] runs a jaxpr (a JAX program): it has no Python variables to read. 's 0' shows its " \
+           "operand and 's 0 r' its result." in out
+    assert "'b': Array([3., 3., 3., 3.]" in out
+
+
+SHARD_MAP = """import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((2, 2), ("data", "model"))
+
+def f(x):
+    y = jax.lax.psum(x, "model")
+    z = jax.lax.pmean(y, "data")
+    return jax.lax.all_gather(z, "model", tiled=True)
+
+x = jax.device_put(jnp.arange(8.0).reshape(4, 2), NamedSharding(mesh, P("data", "model")))
+g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", "model")))
+print(g(x).tolist())
+"""
+
+
+@pytest.mark.skipif(not jax_installed(), reason="needs jax")
+@pytest.mark.parametrize("spec", ["psum", "psum_invariant"])
+def test_a_breakpoint_by_the_name_written_stops_at_every_primitive_implementing_it(tmp_path, spec):
+    (tmp_path / "sm.py").write_text(SHARD_MAP)
+    out, code = drive(["-m", "spmdsim", "debug", "-b", spec, "sm.py", "--devices", "4"], ["c"] * 4,
+                      cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    assert code == 0, out
+    # the shard_map's psum binds psum_invariant, shown as the psum written; the pmean meets in a psum: both stop
+    # (one stop per group of two devices), the all_gather does not
+    stops = re.findall(r"stop \d+: (\w+)\(.*axis_name='(\w+)'", out)
+    assert stops == [("psum", "model")] * 2 + [("pmean", "data")] * 2, out
+    assert re.search(r"device 0 \[data=0, model=0\]\s+\[\[1\.\], \[5\.\]\]\s+\[\[5\.\], \[9\.\]\]\n", out), out  # the mean
+
+
+def test_breakpoints_by_name_pmean_and_the_primitive_names():
+    def f(x):
+        return lax.pmean(lax.psum(x, "i"), "i")
+
+    s = spmdsim.debug.step(spmdsim.pmap(f, "i"), np.arange(4.0), breakpoints=["pmean"])
+    assert (s.stop.op, s.stop.step) == ("pmean", 1) and s.stop.results[0][0] == 6.0   # the mean of four 6s
+    assert s.cont() is None
+    for spec in ("psum_invariant", "all_gather_invariant", "ragged_all_to_all"):
+        assert Breakpoint.parse(spec).op == spec
+    assert Breakpoint.parse("psum").matches(("pmean", "psum"), ("i",), 0, ["a.py:1"], ["device 0 [i=0]"])
+    assert not Breakpoint.parse("pmean").matches(("psum", "psum"), ("i",), 0, ["a.py:1"], ["device 0 [i=0]"])
+    assert Breakpoint.parse("psum_invariant").matches("psum", ("i",), 0, ["a.py:1"], ["device 0 [i=0]"])
+
+
+def test_debugging_a_module_inside_spmdsim_shows_its_source_lines(tmp_path):
+    out, code = drive(["-m", "spmdsim", "debug", "-m", "spmdsim.demo", "--steps", "1", "--devices", "2"],
+                      ["p 1 scale", "q"], cwd=tmp_path)
+    assert code == 1, out
+    assert re.search(r"stop 0: pmean\(float64\[\], float64\[\], float64\[10\], axis_name='batch'\) \(step 0\) at "
+                     r"\S*spmdsim/demo\.py:\d+\n", out), out
+    assert "<unknown>" not in out
+    assert "(spmdsim) p 1 scale\n0.0180" in out
+
+
+def test_where_and_print_agree_on_each_device_and_the_hint_fits_a_numpy_program(tmp_path):
+    (tmp_path / "hang.py").write_text(
+        "import numpy as np, spmdsim\nfrom spmdsim import lax\n\n"
+        "def f(x):\n    local = x + 100\n    if lax.axis_index('i') < 2:\n        return lax.psum(local, 'i')\n"
+        "    return local\n\nprint(spmdsim.pmap(f, 'i')(np.arange(4.0)))\n")
+    out, code = drive(["-m", "spmdsim", "debug", "hang.py", "--devices", "4"],
+                      ["where", "p 0 local", "p 1 local", "p 2 local", "p 3 local", "s 1", "where", "c"], cwd=tmp_path)
+    assert code == 1, out
+    assert "Inspect them (where, p DEVICE EXPR)" in out
+    wheres = [block.split("\n(spmdsim)")[0].splitlines() for block in out.split("(spmdsim) where\n")[1:]]
+    for lines in wheres:
+        states = dict(line.split(": ", 1) for line in lines)
+        for d in range(4):
+            label = f"device {d} [i={d}]"
+            answer = re.search(rf"\(spmdsim\) p {d} local\n(.*)\n", out).group(1)
+            if states[label].startswith("waiting in psum"):
+                assert answer == f"{100 + d}.  (float64[])", (label, states[label], answer)
+            else:                                            # the same state in both views
+                assert answer.startswith(f"*** {label} is not held at a collective ({states[label]})"), answer
+    assert "(spmdsim) s 1\ndevice 1 [i=1] operand at hang.py:7:\n101.\n" in out
+
+
+@pytest.mark.skipif(not jax_installed(), reason="needs jax")
+def test_a_would_hang_in_a_jax_program_hints_at_what_can_be_read(tmp_path):
+    (tmp_path / "jhang.py").write_text(
+        "import jax, jax.numpy as jnp\n\ndef f(x):\n    local = x * 2\n"
+        "    return jax.lax.cond(jax.lax.axis_index('i') < 2, lambda v: jax.lax.psum(v, 'i'), lambda v: v, local)\n"
+        "\nprint(jax.pmap(f, axis_name='i')(jnp.arange(4.0)))\n")
+    out, code = drive(["-m", "spmdsim", "debug", "jhang.py", "--devices", "4"], ["p 1 local", "s 1", "s 2", "c"],
+                      cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    assert code == 1, out
+    assert "Inspect them (where; s DEVICE: the operand a waiting device holds)" in out
+    assert "*** device 1 [i=1] runs a jaxpr (a JAX program): it has no Python variables to read. 's 1' shows its " \
+           "operand." in out
+    assert re.search(r"\(spmdsim\) s 1\ndevice 1 \[i=1\] operand at \S*jhang.py:5:\d+ \(.*\):\n2\.\n", out), out
+    assert "*** at an error stop only a waiting device's operand can be shown; device 2 [i=2] is returned" in out
+
+
+def test_ctrl_c_at_the_prompt_is_answered_as_pdb_does_and_never_ends_the_devices(tmp_path):
+    (tmp_path / "prog.py").write_text(LOOP)
+    out, code = drive(["-m", "spmdsim", "debug", "prog.py", "--devices", "4"],
+                      ["\x03", "p 1 x", "\x03", "q"], cwd=tmp_path)
+    assert code == 1, out
+    assert out.count("--KeyboardInterrupt--\n(the program is held at this stop; Ctrl-C does not end it here: "
+                     "type q to quit, c to run on)\n(spmdsim) ") == 2
+    assert "(spmdsim) p 1 x\n1.  (float64[])\n" in out       # the stop goes on after a Ctrl-C
+    assert "spmdsim debug: stopped (the user quit the spmdsim debugger)." in out
+    assert "Traceback" not in out and "abandoned" not in out and "did not stop" not in out
+
+
+def test_enter_repeats_the_last_command_and_up_recalls_it(tmp_path):
+    (tmp_path / "prog.py").write_text(LOOP)
+    out, code = drive(["-m", "spmdsim", "debug", "prog.py", "--devices", "4"],
+                      ["",                  # nothing to repeat yet: the prompt again
+                       "n",                 # stop 1
+                       "",                  # n again: stop 2
+                       "p 3 k",
+                       "\x1b[A\x1b[A\n",    # Up twice: n (the empty line is not history): stop 3
+                       "\x1b[A\n",          # Up: n again: stop 4
+                       "q"], cwd=tmp_path)
+    assert code == 1, out
+    stops = re.findall(r"stop (\d+): (\w+)\(", out)
+    assert stops == [("0", "psum"), ("1", "ppermute"), ("2", "psum"), ("3", "ppermute"), ("4", "psum")], out
+    assert "(spmdsim) p 3 k\n1\n" in out
+    assert "unknown command" not in out
