@@ -290,6 +290,9 @@ class _Session:
         self.lock = threading.Lock()
         self.records: dict[int, tuple] = {}  # id(eqn) -> (first sequence number, its Difference, the equation)
         self.seq = itertools.count()
+        self.calls_done = 0
+        self.local = threading.local()  # a device thread's lane, and its equations observed so far
+        self.bases: dict[int, tuple] = {}  # id(world of a mapped call) -> (world, position of its first equation)
         self.xla_functions: dict[tuple, tuple] = {}  # (id(eqn), operand avals) -> (eqn, XLA's executable)
         self.compiling = threading.Lock()
         self.calls = itertools.count()
@@ -302,7 +305,7 @@ class _Session:
         name = eqn.primitive.name
         if name in HIGHER_ORDER:
             return  # its equations were observed one by one
-        seq = next(self.seq)
+        seq = self._position()
         vectorized = isinstance(ex, Vectorized)
         reason = self._skip_reason(eqn, name)
         if reason is None:
@@ -316,6 +319,22 @@ class _Session:
             self._count(reason, 1)
             return
         self._compare(ex, eqn, seq, [np.asarray(o) for o in outs], reference, vectorized)
+
+    def _position(self) -> tuple:
+        """Where the equation being observed stands in program order: (top-level map calls done, its index in
+        its device's run, counted from the point where that run's first equation was observed). Device threads
+        interleave; this keeps one device's order and lines up the devices of one map."""
+        n = next(self.seq)
+        lane = _runtime.current_lane()
+        if lane is None:
+            return self.calls_done, n
+        local = self.local
+        if getattr(local, "lane", None) is not lane:
+            with self.lock:
+                base = self.bases.setdefault(id(lane.world), (lane.world, n))[1]
+            local.lane, local.base, local.count = lane, base, 0
+        local.count += 1
+        return self.calls_done, local.base + local.count
 
     def _skip_reason(self, eqn, name: str) -> str | None:
         kind = self.against.kind
@@ -361,7 +380,7 @@ class _Session:
                     found = self.xla_functions[key] = (eqn, _jitted(eqn).lower(*operands).compile())
         return found[1]
 
-    def _compare(self, ex, eqn, seq: int, outs: list, reference: list, vectorized: bool) -> None:
+    def _compare(self, ex, eqn, seq: tuple, outs: list, reference: list, vectorized: bool) -> None:
         n = ex.n if vectorized else 1
         differs = np.zeros(n, bool)
         worst_ulps = worst_abs = 0.0
@@ -398,6 +417,8 @@ class _Session:
     def _record(self, eqn, seq, devices, ulps, absolute, elements, detail, outs, vectorized) -> None:
         with self.lock:
             found = self.records.get(id(eqn))
+            if found is not None and seq < found[0]:  # another device got here earlier in program order
+                found = self.records[id(eqn)] = (seq, *found[1:])
             if found is None:
                 blocks = [(tuple(np.shape(x)[1 if vectorized else 0:]), str(np.asarray(x).dtype)) for x in outs]
                 diff = Difference(0, eqn.primitive.name, {k: _short(str(v), 120) for k, v in eqn.params.items()},
@@ -423,6 +444,8 @@ class _Session:
 
     def observe_map(self, args: list, params: dict, outs: list) -> None:
         call = next(self.calls)
+        self.calls_done = call + 1
+        self.bases.clear()
         api = params.get("api", "pmap")
         self.watch.__exit__(None, None, None)  # the other side's run is not itself compared
         _map.map_observer = None
