@@ -131,17 +131,33 @@ def end(stream: DeviceStream | None, release: bool = True) -> None:
 
 
 def _breakpoint(stream: DeviceStream, *args, **kwargs):
-    """``breakpoint()`` inside a device: pdb on the terminal, its prompt naming the device. Devices that
-    reach a breakpoint at the same time share the terminal: guard it, e.g. ``if axis_index('i') == 0:``."""
+    """``breakpoint()`` inside a device: pdb on the terminal, its prompt naming the device. Devices that reach a
+    breakpoint together take turns: one device's pdb prompt at a time, the others wait for theirs (see
+    :func:`_device_pdb`)."""
     lane = stream._current_lane()
     if lane is None or os.environ.get("PYTHONBREAKPOINT") is not None:
         return stream.saved_hook(*args, **kwargs)
+    stream.release()
+    _device_pdb(lane.label, stream.stream).set_trace(sys._getframe().f_back)
+
+
+_pdb_turn = threading.Lock()  # the terminal, held by the device whose pdb prompt is up
+
+
+def _device_pdb(label: str, stdout):
+    """A pdb for the device ``label`` that takes the terminal while it prompts: its prompt names the device,
+    and another device's pdb waits until this one runs on (n, s, c, ...). The turn is held only while prompting,
+    so a device stepping into a collective lets the others reach it. spmdsim's own frames are skipped."""
     import pdb
 
-    stream.release()
-    debugger = pdb.Pdb(stdout=stream.stream)
-    debugger.prompt = f"(Pdb {lane.label}) "
-    debugger.set_trace(sys._getframe().f_back)
+    class DevicePdb(pdb.Pdb):
+        def interaction(self, frame, traceback):
+            with _pdb_turn:
+                super().interaction(frame, traceback)
+
+    debugger = DevicePdb(stdout=stdout, skip=["spmdsim", "spmdsim.*"])
+    debugger.prompt = f"(Pdb {label}) "
+    return debugger
 
 
 def take(lane) -> str:

@@ -288,3 +288,21 @@ def test_enter_repeats_the_last_command_and_up_recalls_it(tmp_path):
     assert stops == [("0", "psum"), ("1", "ppermute"), ("2", "psum"), ("3", "ppermute"), ("4", "psum")], out
     assert "(spmdsim) p 3 k\n1\n" in out
     assert "unknown command" not in out
+
+
+def test_breakpoint_in_every_device_gives_one_device_pdb_prompt_at_a_time(tmp_path):
+    (tmp_path / "bp.py").write_text(
+        "import numpy as np, spmdsim\nfrom spmdsim import lax\n\n"
+        "def f(x):\n    mine = x * 10\n    breakpoint()\n    total = lax.psum(mine, 'i')\n    return total\n\n"
+        "print(spmdsim.pmap(f, 'i')(np.arange(4.0)))\n")
+    # the first device to prompt steps over the psum (the others must reach it: they take their turns meanwhile)
+    out, code = drive(["bp.py"], ["p mine", "n"] + ["p mine", "c"] * 3 + ["p total", "c"], cwd=tmp_path,
+                      env={"SPMDSIM_NUM_DEVICES": "4"})
+    assert code == 0, out
+    answers = re.findall(r"\(Pdb device (\d) \[i=\1\]\) p (mine|total)\n(?:np\.float64|array)\(([\d.]+)\)\n", out)
+    first = answers[0][0]
+    assert sorted(d for d, what, _ in answers if what == "mine") == ["0", "1", "2", "3"], out
+    assert all(float(v) == 10 * int(d) for d, what, v in answers if what == "mine"), out   # each to its device
+    assert answers[-1] == (first, "total", "60.0"), out    # the first device, after its n over the psum
+    assert all(line.count("(Pdb") <= 1 for line in out.splitlines()), out   # one prompt per line
+    assert "[60. 60. 60. 60.]" in out
