@@ -303,6 +303,6 @@ def test_breakpoint_in_every_device_gives_one_device_pdb_prompt_at_a_time(tmp_pa
     first = answers[0][0]
     assert sorted(d for d, what, _ in answers if what == "mine") == ["0", "1", "2", "3"], out
     assert all(float(v) == 10 * int(d) for d, what, v in answers if what == "mine"), out   # each to its device
-    assert answers[-1] == (first, "total", "60.0"), out    # the first device, after its n over the psum
+    assert answers[-1] == (first, "total", "60."), out    # the first device, after its n over the psum
     assert all(line.count("(Pdb") <= 1 for line in out.splitlines()), out   # one prompt per line
     assert "[60. 60. 60. 60.]" in out
