@@ -283,7 +283,8 @@ def api_boundary(fun: Callable) -> Callable:
         except Exception as e:
             if current_lane() is not None or not _FILTER_TRACEBACKS:
                 raise  # inside a device the outer call filters; unfiltered on request
-            raise e.with_traceback(_filtered(e.__traceback__)) from e.__cause__
+            e.with_traceback(_filtered(e.__traceback__)).__suppress_context__ = True
+            raise  # a bare raise adds no frame of this one
     return entry
 
 
