@@ -383,7 +383,12 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
 
     def body(i: int):
         dyn, kw = inputs.block(i)
-        return fun(*merge_static(statics, dyn), **kw)
+        try:
+            return fun(*merge_static(statics, dyn), **kw)
+        except ValueError as e:  # a write into a read-only argument or result: the message says which
+            from spmdsim._values import explain_read_only
+            explain_read_only(e, _tree.flatten((dyn, kw))[0], "device" if api == "pmap" else "lane")
+            raise
 
     outputs = _runtime.run_mapped(body, [(name, n_global)], is_device=(api == "pmap"))
     parent = _runtime.current_lane()

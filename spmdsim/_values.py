@@ -7,7 +7,7 @@ import operator
 import numpy as np
 
 __all__ = ["PYTHON_SCALAR_DTYPES", "is_python_scalar", "as_array", "check_array_dtype", "read_only",
-           "error_state_switch", "broadcast_view", "shape_of", "dtype_of"]
+           "error_state_switch", "broadcast_view", "shape_of", "dtype_of", "explain_read_only"]
 
 # Python scalars are weakly typed in JAX: as outputs or operands they take JAX's default dtypes.
 PYTHON_SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int32), float: np.dtype(np.float32),
@@ -49,6 +49,67 @@ def read_only(x: np.ndarray) -> np.ndarray:
     v = x.view()
     v.flags.writeable = False
     return v
+
+
+# NumPy's messages for a write into a read-only array: an assignment's, and a ufunc's (x += 1)
+READ_ONLY = ("assignment destination is read-only", "output array is read-only")
+
+
+def explain_read_only(error: ValueError, arguments: list, device: str) -> None:
+    """Make NumPy's "assignment destination is read-only", raised in a mapped function, say what was written
+    to and how to write the line instead (in the message itself: ``print(e)`` shows it). ``arguments``: the
+    device's argument leaves; ``device``: what runs the function (``device``, or ``lane`` for vmap)."""
+    if not isinstance(error, ValueError) or str(error) not in READ_ONLY:
+        return
+    try:
+        name, obj, fix = _written(error.__traceback__)
+    except Exception:  # noqa: BLE001 - the explanation is a nicety: the user's error stays as it is
+        name = obj = fix = None
+    if obj is not None and any(isinstance(a, np.ndarray) and np.shares_memory(obj, a) for a in arguments):
+        why = (f"{name} is the {device}'s argument (or a view of it): a read-only view of the caller's array, as "
+               f"JAX arrays are immutable")
+    elif obj is not None:
+        why = (f"{name} is not one of the {device}'s arguments: a collective's result (one array shared by the "
+               f"devices of its group) or another read-only array; JAX arrays are immutable")
+    else:
+        why = (f"a {device}'s arguments (views of the caller's arrays) and collectives' results (shared by the "
+               f"devices of a group) are read-only, as JAX arrays are immutable")
+    error.args = (f"{error}: {why}. {fix or 'Write x = x + 1 instead of x += 1, or work on a copy: x = x.copy()'}.",)
+
+
+def _written(tb) -> tuple[str | None, object, str | None]:
+    """For the assignment on the line that raised (the innermost frame of ``tb``): the variable written into,
+    its value there, and the line written so that it works (``x = x + 1`` for ``x += 1``; a copy first for
+    ``x[0] = 2``); Nones when it cannot be told."""
+    import ast
+    import linecache
+
+    if tb is None:
+        return None, None, None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno).strip()
+    try:
+        statement = ast.parse(line).body[0]
+    except (SyntaxError, IndexError):
+        return None, None, None
+    targets = [statement.target] if isinstance(statement, ast.AugAssign) else \
+        statement.targets if isinstance(statement, ast.Assign) else []
+    for target in targets:
+        base = target
+        while isinstance(base, (ast.Subscript, ast.Attribute)):
+            base = base.value
+        if isinstance(base, ast.Name) and base.id in frame.f_locals:
+            name = base.id
+            if isinstance(statement, ast.AugAssign) and target is base:
+                new = ast.unparse(ast.Assign([target], ast.BinOp(ast.Name(name), statement.op, statement.value),
+                                             lineno=1))
+                fix = f"Write {new} instead of {line}: a new array, as in JAX"
+            else:
+                fix = f"Copy it first, {name} = {name}.copy(), then {line}"
+            return name, frame.f_locals[name], fix
+    return None, None, None
 
 
 def broadcast_view(x: np.ndarray, shape: tuple) -> np.ndarray:

@@ -101,3 +101,34 @@ def test_ppermute_pairs_out_of_range_are_an_index_error_naming_the_pair(pmap):
 
     with pytest.raises(IndexError, match=r"ppermute: perm pair \(0, 9\) is out of range for an axis of size 8"):
         pmap(f)(X.astype(np.float32))
+
+
+# -- writing into a read-only array: the message itself says what and how (print(e) shows it) ---------------
+
+def _increment_argument(x):
+    x += 1
+    return x
+
+
+def _write_into_result(x):
+    total = lax.psum(x, "i")
+    total[0] = 3.0
+    return total
+
+
+def test_writing_into_an_argument_says_so_in_the_message_and_the_line_to_write():
+    with pytest.raises(ValueError) as info:
+        spmdsim.pmap(_increment_argument, "i")(np.ones((2, 3)))
+    assert str(info.value) == (
+        "output array is read-only: x is the device's argument (or a view of it): a read-only view of the caller's "
+        "array, as JAX arrays are immutable. Write x = x + 1 instead of x += 1: a new array, as in JAX.")
+
+
+def test_writing_into_a_collectives_result_names_it_not_an_argument():
+    with pytest.raises(ValueError) as info:
+        spmdsim.pmap(_write_into_result, "i")(np.ones((2, 3)))
+    message = str(info.value)
+    assert message.startswith("assignment destination is read-only: total is not one of the device's arguments: "
+                              "a collective's result"), message
+    assert message.endswith("Copy it first, total = total.copy(), then total[0] = 3.0."), message
+    assert "argument (or a view of it)" not in message
