@@ -34,6 +34,7 @@ import numpy as np
 
 from spmdsim import _output, _runtime
 from spmdsim._rendezvous import RUNNING, WAITING
+from spmdsim._reports import cell_names
 from spmdsim.errors import CollectiveError
 
 __all__ = ["Stop", "Breakpoint", "Session", "step", "DebuggerQuit", "main"]
@@ -115,6 +116,9 @@ class Stop:
         Returns:
             The text, lines separated by newlines.
         """
+        return cell_names(self._table(width))
+
+    def _table(self, width: int) -> str:
         if self.error is not None:
             return f"stop {self.number}: {type(self.error).__name__}: {self.error}"
         same_site = len(set(self.sites)) == 1
@@ -816,7 +820,7 @@ class _Prompt:
             return stop.table()
         if command == "where":
             stop.state = _states(stop)
-            return "\n".join(stop.state)
+            return cell_names("\n".join(stop.state))
         if command == "help":
             return HELP
         if command == "break":
@@ -882,7 +886,7 @@ def _show(stop: Stop, rest: list[str]) -> str:
         values, site = (stop.results if what == "result" else stop.operands)[rank], stop.sites[rank]
     with np.printoptions(threshold=1000, edgeitems=5, precision=6):
         body = "\n".join(np.array2string(np.asarray(v)) for v in values)
-    return f"{stop.devices[rank]} {what} at {site}:\n{body}"
+    return f"{stop.devices[rank]} {what} at {cell_names(site)}:\n{body}"
 
 
 def parser():
