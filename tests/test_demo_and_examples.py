@@ -20,7 +20,7 @@ def test_demo_converges_to_lstsq_with_identical_replicas():
     result = demo.run(echo=lines.append)
     assert result["gap"] < 1e-3
     assert result["identical"]
-    assert result["counts"] == {"psum": 500}           # one pmean of (loss, grads) per step
+    assert result["counts"] == {"pmean": 500}          # one pmean of (loss, grads) per step, counted by its name
     assert lines[-1].startswith("lstsq gap: ") and float(lines[-1].split()[2]) == pytest.approx(result["gap"], rel=1e-2)
     assert "largest difference between the learned weights and lstsq's" in lines[-1]
     assert any(line.startswith("loss: half the mean squared error") for line in lines)
