@@ -1,8 +1,10 @@
 """A tour of spmdsim's debugging tools on a ring all-reduce written by hand (reduce-scatter + all-gather
-with ppermute), checked against lax.psum. Writes a Perfetto trace and a timeline picture.
+with ppermute), checked against lax.psum. Writes a Perfetto trace and a timeline picture into OUT_DIR (default:
+the current folder), and says where:
 
     python examples/debugging_tour.py [OUT_DIR]
 """
+import os
 import sys
 
 import numpy as np
@@ -36,8 +38,11 @@ def main(out_dir="."):
         ring, reference = spmdsim.pmap(ring_allreduce, axis_name="i")(x)
     print("ring all-reduce equals psum:", np.array_equal(ring, reference))
     tr.summary()
-    tr.to_perfetto(f"{out_dir}/ring_trace.json")
-    tr.to_svg(f"{out_dir}/ring_timeline.svg")
+    trace_file, picture = os.path.join(out_dir, "ring_trace.json"), os.path.join(out_dir, "ring_timeline.svg")
+    tr.to_perfetto(trace_file)
+    tr.to_svg(picture)
+    print(f"wrote {os.path.abspath(trace_file)} (open it at https://ui.perfetto.dev)")
+    print(f"wrote {os.path.abspath(picture)} (the timeline: open it in a browser)")
     return ring, reference, tr
 
 

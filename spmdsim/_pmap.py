@@ -166,13 +166,41 @@ def mapped_size(paths: Sequence, shapes: Sequence[tuple], axes: Sequence[int | N
         listing = "; ".join(f"{p} has size {size} on axis {ax}" for p, size, ax in [mapped[0], *bad])
         raise size_error(f"{api} got inconsistent sizes for the mapped axis: {listing}. Every mapped argument "
                          f"must have the same size along its mapped axis (the size comes from the first, "
-                         f"{first_path}).")
+                         f"{first_path}).{_broadcast_hint(paths, axes, mapped, api)}")
     if axis_size is not None and axis_size != n:
         raise ValueError(f"Specified axis_size {axis_size} doesn't match received axis_size {n} (from {first_path}).")
     if n == 0:
         raise ValueError(f"{api}: the mapped axis of {first_path} has size 0; there must be at least one "
                          f"{'device' if api == 'pmap' else 'lane'}.")
     return n
+
+
+def _broadcast_hint(paths: Sequence, axes: Sequence[int | None], mapped: list, api: str) -> str:
+    """For inconsistent mapped sizes: the ``in_axes`` that broadcasts the positional arguments whose size is not
+    the most common one (parameters mapped by mistake), e.g. `` ... in_axes=(None, 0, 0)``; "" when the
+    arguments are not all positional or some is mapped over another axis than 0."""
+    import collections
+    import re
+
+    counts = collections.Counter(size for _, size, _ in mapped).most_common(2)
+    if len(counts) > 1 and counts[0][1] == counts[1][1]:  # no size is the most common: which one is meant?
+        return ""
+    common = counts[0][0]
+    entries: dict[int, int | None] = {}
+    for path, ax in zip(paths, axes, strict=True):
+        match = re.match(r"args\[(\d+)\]", str(path))
+        if match is None or ax not in (0, None):
+            return ""
+        i = int(match.group(1))
+        entries[i] = 0 if ax == 0 or entries.get(i) == 0 else None
+    odd = sorted({int(re.match(r"args\[(\d+)\]", str(p)).group(1)) for p, size, _ in mapped if size != common})
+    if not odd or len(odd) == len([e for e in entries.values() if e == 0]):
+        return ""
+    example = tuple(None if i in odd else entries.get(i) for i in range(max(entries) + 1))
+    names = ", ".join(f"args[{i}]" for i in odd)
+    return (f" If {names} should be the same on every {'device' if api == 'pmap' else 'lane'} (parameters, a "
+            f"constant), broadcast "
+            f"{'them' if len(odd) > 1 else 'it'} instead of mapping: in_axes={example}.")
 
 
 def check_device_count(n: int, devices: Sequence | None, outer: int = 1,

@@ -435,14 +435,29 @@ def _same_line(site: str, spec: str) -> bool:
         or s_file.endswith(os.sep + b_file) or os.path.basename(s_file) == b_file
 
 
+def _check_line(text: str, spec: str, program: str | None) -> None:
+    """Refuse a breakpoint at a line past the end of its file: ``spec``'s FILE when it names one found from the
+    working directory, else ``program`` (the file a bare LINE names)."""
+    import linecache
+
+    file, _, line = spec.rpartition(":")
+    file = file or program
+    if not file or not os.path.isfile(file):
+        return
+    n = len(linecache.getlines(os.path.abspath(file)))
+    if not 1 <= int(line) <= n:
+        raise ValueError(f"breakpoint {text!r}: {file} has {n} line{'s' * (n != 1)}; line {line} is not one of them")
+
+
 class _Controller:
     """When to stop, shared by the terminal and :class:`Session`: ``next N`` (the N-th next collective) or
     ``continue N`` (the N-th next breakpoint hit; any collective when there is no breakpoint and N is
     given; never otherwise). A would-hang or mismatch always stops."""
 
-    def __init__(self, breakpoints: Sequence[str] = ()):
+    def __init__(self, breakpoints: Sequence[str] = (), program: str | None = None):
         self.breakpoints: list[Breakpoint] = []
         self._numbers = 0
+        self.program = program  # the program's file, which a breakpoint's bare LINE names
         for text in breakpoints:
             self.add(text)
         self.mode, self.remaining = ("continue", 1) if self.breakpoints else ("next", 1)
@@ -450,7 +465,11 @@ class _Controller:
         self.lock = threading.Lock()  # one stop at a time, whichever device thread completes a rendezvous
 
     def add(self, text: str) -> Breakpoint:
+        """A new breakpoint (see :class:`Breakpoint`). Raises ValueError for one that cannot be read, or whose
+        line lies past the end of its file (FILE:LINE with FILE found, or LINE in the program's file)."""
         bp = Breakpoint.parse(text, self._numbers + 1)
+        if bp.line is not None:
+            _check_line(text, bp.line, self.program)
         self._numbers += 1
         self.breakpoints.append(bp)
         return bp
@@ -923,9 +942,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(ours)
     if program is None:
         raise UsageError("give the program to debug: spmdsim debug [options] SCRIPT.py [args], or -m MODULE [args]")
-    check_program(program)
+    origin = check_program(program)
     try:
-        control = _Controller(args.breakpoints)
+        control = _Controller(args.breakpoints, program=origin)
     except ValueError as e:
         raise UsageError(str(e)) from None
     prompt = _Prompt(sys.stdin, _output.real_stdout(), control, line_editing=_line_editing())

@@ -85,9 +85,12 @@ def run(devices: int = 8, steps: int = 500, lr: float = 0.1, momentum: float = 0
     xs, ys, mask = shard_rows(x, y, devices)
     per = xs.shape[1]
     pad = per * devices - rows
+    idle = pad // per  # devices whose rows are all padding
     echo(f"diabetes: {rows} patients x {len(names)} features, standardized; {devices} virtual devices, "
-         f"{per} rows each" + (f" ({pad} padding rows with weight 0 on the last device(s), so every patient "
-                               f"counts exactly once)" if pad else ""))
+         f"{per} row{'s' * (per != 1)} each" + (f" ({pad} padding rows with weight 0 on the last device(s), so every "
+                                                f"patient counts exactly once" if pad else "")
+         + (f"; the last {idle} devices hold only padding: fewer devices would do the same work faster)"
+            if idle else ")" if pad else ""))
     echo("each step: every device computes the loss and gradient on its own rows, pmean averages them over the "
          "devices, and every device applies the same update")
     echo("loss: half the mean squared error over all patients (standardized units: predicting the mean scores "
@@ -138,6 +141,41 @@ def run(devices: int = 8, steps: int = 500, lr: float = 0.1, momentum: float = 0
     return result
 
 
+ROWS = 442  # the diabetes table's patients
+
+
+def _finite(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number greater than 0 (the learning rate)."""
+    import argparse
+
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number greater than 0, got {text}")
+    return value
+
+
+def _momentum(text: str) -> float:
+    """argparse type: a finite number in [0, 1) (heavy-ball momentum; 1 or more never settles)."""
+    import argparse
+
+    value = _finite(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text}")
+    return value
+
+
 WHAT_NEXT = """what next:
   spmdsim demo --devices 3
       the same on 3 devices: uneven shards, the same answer
@@ -147,7 +185,7 @@ WHAT_NEXT = """what next:
       stop at each pmean: every device's loss and gradient side by side (n: next, h: help)
   {source}
       this demo's code: train_step is the data-parallel step
-  docs/*.ipynb in spmdsim's repository
+  docs/tutorial/*.ipynb in spmdsim's repository
       tutorial notebooks: what SPMD is, in_axes/out_axes, collectives, a training loop, a deadlock"""
 
 
@@ -157,16 +195,21 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         UsageError: bad options.
     """
-    from spmdsim.cli import ArgumentParser, positive_int
+    from spmdsim.cli import ArgumentParser, UsageError, positive_int
 
     parser = ArgumentParser(prog="spmdsim demo", description="Data-parallel linear regression on the diabetes table "
                             "(442 patients) over virtual devices, checked against numpy.linalg.lstsq.")
     parser.add_argument("--devices", type=positive_int, default=8, metavar="N",
                         help="number of virtual devices (default 8)")
     parser.add_argument("--steps", type=positive_int, default=500, help="training steps (default 500)")
-    parser.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
-    parser.add_argument("--momentum", type=float, default=0.95, help="heavy-ball momentum (default 0.95)")
+    parser.add_argument("--lr", type=_positive_float, default=0.1, help="learning rate, a number > 0 (default 0.1)")
+    parser.add_argument("--momentum", type=_momentum, default=0.95,
+                        help="heavy-ball momentum, a number in [0, 1) (default 0.95)")
     args = parser.parse_args(argv)
+    if args.devices > ROWS:
+        raise UsageError(f"--devices {args.devices}: the table has {ROWS} patients, so each device gets 1 row and "
+                         f"{args.devices - ROWS} devices would hold only padding (rows with weight 0). Give at most "
+                         f"{ROWS} devices.")
     with spmdsim.set_device_count(max(args.devices, spmdsim.device_count())):
         result = run(args.devices, args.steps, args.lr, args.momentum)
     print()

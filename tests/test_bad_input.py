@@ -132,3 +132,18 @@ def test_writing_into_a_collectives_result_names_it_not_an_argument():
                               "a collective's result"), message
     assert message.endswith("Copy it first, total = total.copy(), then total[0] = 3.0."), message
     assert "argument (or a view of it)" not in message
+
+
+def test_inconsistent_mapped_sizes_suggest_the_in_axes_that_broadcasts_the_odd_argument():
+    def step(params, x, y):
+        return x
+
+    with pytest.raises(ValueError, match=re.escape(
+            "If args[0] should be the same on every device (parameters, a constant), broadcast it instead of "
+            "mapping: in_axes=(None, 0, 0).")):
+        spmdsim.pmap(step)({"w": np.ones(3)}, np.ones((4, 2)), np.ones(4))
+    with pytest.raises(ValueError, match=re.escape("broadcast it instead of mapping: in_axes=(0, 0, None).")):
+        spmdsim.pmap(step)(np.ones(4), np.ones((4, 2)), 1.5 * np.ones(3))
+    with pytest.raises(ValueError) as info:                  # one against one: no guess
+        spmdsim.pmap(lambda a, b: a)(np.ones(3), np.ones(4))
+    assert "in_axes=(" not in str(info.value)

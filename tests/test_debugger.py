@@ -8,7 +8,7 @@ import pytest
 import spmdsim
 from spmdsim import lax
 from spmdsim.debug import Breakpoint
-from terminal import drive, jax_installed
+from terminal import drive, jax_installed, spmdsim_command
 
 LOOP = """import numpy as np
 import spmdsim
@@ -306,3 +306,14 @@ def test_breakpoint_in_every_device_gives_one_device_pdb_prompt_at_a_time(tmp_pa
     assert answers[-1] == (first, "total", "60."), out    # the first device, after its n over the psum
     assert all(line.count("(Pdb") <= 1 for line in out.splitlines()), out   # one prompt per line
     assert "[60. 60. 60. 60.]" in out
+
+
+def test_a_breakpoint_past_the_end_of_its_file_is_refused(tmp_path):
+    (tmp_path / "prog.py").write_text(LOOP)
+    out, code = drive(["-m", "spmdsim", "debug", "prog.py", "--devices", "4"],
+                      ["b prog.py:99", "b 12", "b 11", "b", "q"], cwd=tmp_path)
+    assert "*** breakpoint 'prog.py:99': prog.py has 11 lines; line 99 is not one of them" in out
+    assert "*** breakpoint '12': prog.py has 11 lines; line 12 is not one of them" in out   # LINE: the program's
+    assert "breakpoint 1: 11\n" in out and "1: 11 (hit 0 times)" in out
+    proc = spmdsim_command("debug", "-b", "prog.py:99", "prog.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "prog.py has 11 lines; line 99 is not one of them" in proc.stderr

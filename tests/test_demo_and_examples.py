@@ -111,3 +111,39 @@ def test_elementwise_and_the_one_device_mistake():
         with pytest.raises(ValueError, match="only 1 virtual devices"):
             spmdsim.pmap(elementwise.simple_computation)(np.arange(6).reshape(2, 3))
         assert spmdsim.pmap(elementwise.simple_computation)(np.arange(3).reshape(1, 3)).tolist() == [[0, 2, 4]]
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--lr", "-1"], "argument --lr: expected a number greater than 0, got -1"),
+    (["--lr", "nan"], "argument --lr: expected a finite number, got 'nan'"),
+    (["--momentum", "1"], "argument --momentum: expected a number in [0, 1), got 1"),
+    (["--devices", "1000"], "--devices 1000: the table has 442 patients, so each device gets 1 row and 558 devices "
+                            "would hold only padding (rows with weight 0). Give at most 442 devices."),
+])
+def test_demo_refuses_values_that_cannot_work_at_once(option, message):
+    out = subprocess.run([sys.executable, "-m", "spmdsim", "demo", *option], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not out.stdout and "too large" not in out.stderr
+
+
+def test_demo_says_which_devices_hold_only_padding_and_where_the_notebooks_are():
+    lines = []
+    with spmdsim.set_device_count(250):
+        demo.run(devices=250, steps=1, echo=lines.append)
+    assert "250 virtual devices, 2 rows each (58 padding rows with weight 0 on the last device(s), so every patient " \
+           "counts exactly once; the last 29 devices hold only padding: fewer devices would do the same work " \
+           "faster)" in lines[0]
+    assert "docs/tutorial/*.ipynb in spmdsim's repository" in demo.WHAT_NEXT
+    assert os.path.isdir(os.path.join(ROOT, "docs", "tutorial")) and not os.path.exists(os.path.join(ROOT, "docs",
+                                                                                                      "1_what_is_spmd.ipynb"))
+
+
+def test_debugging_tour_says_where_it_wrote_its_two_files(tmp_path, capsys):
+    import runpy
+
+    runpy.run_path(os.path.join(ROOT, "examples", "debugging_tour.py"))["main"](str(tmp_path))
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'ring_trace.json'} (open it at https://ui.perfetto.dev)\n" in out
+    assert f"wrote {tmp_path / 'ring_timeline.svg'} (the timeline: open it in a browser)\n" in out
+    assert (tmp_path / "ring_trace.json").exists() and (tmp_path / "ring_timeline.svg").exists()
