@@ -255,8 +255,8 @@ def test_trace_of_a_multihost_run_has_a_process_track_per_host(tmp_path):
                        (1, "host 0 device 1 [processes=0, local_devices=1]"),
                        (2, "host 1 device 2 [processes=1, local_devices=0]"),
                        (2, "host 1 device 3 [processes=1, local_devices=1]")}
-    psums = [e for e in events if e["ph"] == "X" and e["name"] == "psum(batch)"]
-    assert len(psums) == 5 * 2 * 4  # 5 steps, the two pmeans, 4 devices
+    pmeans = [e for e in events if e["ph"] == "X" and e["name"] == "pmean(batch)"]   # named as the script calls it
+    assert len(pmeans) == 5 * 2 * 4  # 5 steps, the two pmeans, 4 devices
 
 
 def test_a_host_gone_before_a_step_others_reach_at_different_times_is_named_on_every_host():
