@@ -24,6 +24,25 @@ print('result', spmdsim.pmap(f, 'i')(np.arange(4.0))[0])
 """
 # steps: psum 0, ppermute 1, psum 2, ppermute 3, psum 4, ppermute 5, all_gather 6 (lines 7, 8, 9)
 
+HANG = """import numpy as np, spmdsim
+from spmdsim import lax
+
+def f(x):
+    mine = x + 100
+    if lax.axis_index('i') != 2:
+        return lax.psum(mine, 'i')
+    return mine
+
+print(spmdsim.pmap(f, 'i')(np.arange(4.0)))
+"""
+
+
+def debug(tmp_path, name, source, commands, *options, env=None):
+    """Write ``source`` to ``tmp_path/name`` and drive ``spmdsim debug [OPTIONS] NAME --devices 4`` through
+    ``commands`` on a terminal; returns the output and exit status."""
+    (tmp_path / name).write_text(source)
+    return drive(["-m", "spmdsim", "debug", *options, name, "--devices", "4"], commands, cwd=tmp_path, env=env)
+
 
 def test_spmdsim_debug_runs_a_numpy_program_without_jax(tmp_path):
     (tmp_path / "prog.py").write_text(LOOP)
@@ -120,12 +139,7 @@ def test_breakpoint_text():
 
 
 def test_a_would_hang_stops_with_every_device_held_for_inspection(tmp_path):
-    (tmp_path / "hang.py").write_text(
-        "import numpy as np, spmdsim\nfrom spmdsim import lax\n\n"
-        "def f(x):\n    mine = x + 100\n    if lax.axis_index('i') != 2:\n        return lax.psum(mine, 'i')\n"
-        "    return mine\n\nprint(spmdsim.pmap(f, 'i')(np.arange(4.0)))\n")
-    out, code = drive(["-m", "spmdsim", "debug", "hang.py", "--devices", "4"], ["where", "p 1 mine", "p 2 mine", "c"],
-                      cwd=tmp_path)
+    out, code = debug(tmp_path, "hang.py", HANG, ["where", "p 1 mine", "p 2 mine", "c"])
     assert code == 1, out
     assert "stop 0: CollectiveDeadlockError: psum(float64[], axis_name='i') (step 0) can never complete" in out
     assert re.search(r"device 1 \[i=1\]\s+waiting\s+psum\(float64\[\]\)\s+'i'\s+0\s+hang.py:7", out)
@@ -188,9 +202,7 @@ print(g(x).tolist())
 @pytest.mark.skipif(not jax_installed(), reason="needs jax")
 @pytest.mark.parametrize("spec", ["psum", "psum_invariant"])
 def test_a_breakpoint_by_the_name_written_stops_at_every_primitive_implementing_it(tmp_path, spec):
-    (tmp_path / "sm.py").write_text(SHARD_MAP)
-    out, code = drive(["-m", "spmdsim", "debug", "-b", spec, "sm.py", "--devices", "4"], ["c"] * 4,
-                      cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    out, code = debug(tmp_path, "sm.py", SHARD_MAP, ["c"] * 4, "-b", spec, env={"JAX_PLATFORMS": "cpu"})
     assert code == 0, out
     # the shard_map's psum binds psum_invariant, shown as the psum written; the pmean meets in a psum: both stop
     # (one stop per group of two devices), the all_gather does not
@@ -224,12 +236,8 @@ def test_debugging_a_module_inside_spmdsim_shows_its_source_lines(tmp_path):
 
 
 def test_where_and_print_agree_on_each_device_and_the_hint_fits_a_numpy_program(tmp_path):
-    (tmp_path / "hang.py").write_text(
-        "import numpy as np, spmdsim\nfrom spmdsim import lax\n\n"
-        "def f(x):\n    local = x + 100\n    if lax.axis_index('i') < 2:\n        return lax.psum(local, 'i')\n"
-        "    return local\n\nprint(spmdsim.pmap(f, 'i')(np.arange(4.0)))\n")
-    out, code = drive(["-m", "spmdsim", "debug", "hang.py", "--devices", "4"],
-                      ["where", "p 0 local", "p 1 local", "p 2 local", "p 3 local", "s 1", "where", "c"], cwd=tmp_path)
+    out, code = debug(tmp_path, "hang.py", HANG,
+                      ["where", "p 0 mine", "p 1 mine", "p 2 mine", "p 3 mine", "s 1", "where", "c"])
     assert code == 1, out
     assert "Inspect them (where, p DEVICE EXPR)" in out
     wheres = [block.split("\n(spmdsim)")[0].splitlines() for block in out.split("(spmdsim) where\n")[1:]]
@@ -237,7 +245,7 @@ def test_where_and_print_agree_on_each_device_and_the_hint_fits_a_numpy_program(
         states = dict(line.split(": ", 1) for line in lines)
         for d in range(4):
             label = f"device {d} [i={d}]"
-            answer = re.search(rf"\(spmdsim\) p {d} local\n(.*)\n", out).group(1)
+            answer = re.search(rf"\(spmdsim\) p {d} mine\n(.*)\n", out).group(1)
             if states[label].startswith("waiting in psum"):
                 assert answer == f"{100 + d}.  (float64[])", (label, states[label], answer)
             else:                                            # the same state in both views
@@ -247,12 +255,11 @@ def test_where_and_print_agree_on_each_device_and_the_hint_fits_a_numpy_program(
 
 @pytest.mark.skipif(not jax_installed(), reason="needs jax")
 def test_a_would_hang_in_a_jax_program_hints_at_what_can_be_read(tmp_path):
-    (tmp_path / "jhang.py").write_text(
-        "import jax, jax.numpy as jnp\n\ndef f(x):\n    local = x * 2\n"
-        "    return jax.lax.cond(jax.lax.axis_index('i') < 2, lambda v: jax.lax.psum(v, 'i'), lambda v: v, local)\n"
-        "\nprint(jax.pmap(f, axis_name='i')(jnp.arange(4.0)))\n")
-    out, code = drive(["-m", "spmdsim", "debug", "jhang.py", "--devices", "4"], ["p 1 local", "s 1", "s 2", "c"],
-                      cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
+    out, code = debug(tmp_path, "jhang.py",
+                      "import jax, jax.numpy as jnp\n\ndef f(x):\n    local = x * 2\n    return jax.lax.cond("
+                      "jax.lax.axis_index('i') < 2, lambda v: jax.lax.psum(v, 'i'), lambda v: v, local)\n"
+                      "\nprint(jax.pmap(f, axis_name='i')(jnp.arange(4.0)))\n", ["p 1 local", "s 1", "s 2", "c"],
+                      env={"JAX_PLATFORMS": "cpu"})
     assert code == 1, out
     assert "Inspect them (where; s DEVICE: the operand a waiting device holds)" in out
     assert "*** device 1 [i=1] runs a jaxpr (a JAX program): it has no Python variables to read. 's 1' shows its " \
@@ -262,9 +269,7 @@ def test_a_would_hang_in_a_jax_program_hints_at_what_can_be_read(tmp_path):
 
 
 def test_ctrl_c_at_the_prompt_is_answered_as_pdb_does_and_never_ends_the_devices(tmp_path):
-    (tmp_path / "prog.py").write_text(LOOP)
-    out, code = drive(["-m", "spmdsim", "debug", "prog.py", "--devices", "4"],
-                      ["\x03", "p 1 x", "\x03", "q"], cwd=tmp_path)
+    out, code = debug(tmp_path, "prog.py", LOOP, ["\x03", "p 1 x", "\x03", "q"])
     assert code == 1, out
     assert out.count("--KeyboardInterrupt--\n(the program is held at this stop; Ctrl-C does not end it here: "
                      "type q to quit, c to run on)\n(spmdsim) ") == 2
@@ -274,15 +279,14 @@ def test_ctrl_c_at_the_prompt_is_answered_as_pdb_does_and_never_ends_the_devices
 
 
 def test_enter_repeats_the_last_command_and_up_recalls_it(tmp_path):
-    (tmp_path / "prog.py").write_text(LOOP)
-    out, code = drive(["-m", "spmdsim", "debug", "prog.py", "--devices", "4"],
+    out, code = debug(tmp_path, "prog.py", LOOP,
                       ["",                  # nothing to repeat yet: the prompt again
                        "n",                 # stop 1
                        "",                  # n again: stop 2
                        "p 3 k",
                        "\x1b[A\x1b[A\n",    # Up twice: n (the empty line is not history): stop 3
                        "\x1b[A\n",          # Up: n again: stop 4
-                       "q"], cwd=tmp_path)
+                       "q"])
     assert code == 1, out
     stops = re.findall(r"stop (\d+): (\w+)\(", out)
     assert stops == [("0", "psum"), ("1", "ppermute"), ("2", "psum"), ("3", "ppermute"), ("4", "psum")], out
@@ -309,9 +313,7 @@ def test_breakpoint_in_every_device_gives_one_device_pdb_prompt_at_a_time(tmp_pa
 
 
 def test_a_breakpoint_past_the_end_of_its_file_is_refused(tmp_path):
-    (tmp_path / "prog.py").write_text(LOOP)
-    out, code = drive(["-m", "spmdsim", "debug", "prog.py", "--devices", "4"],
-                      ["b prog.py:99", "b 12", "b 11", "b", "q"], cwd=tmp_path)
+    out, code = debug(tmp_path, "prog.py", LOOP, ["b prog.py:99", "b 12", "b 11", "b", "q"])
     assert "*** breakpoint 'prog.py:99': prog.py has 11 lines; line 99 is not one of them" in out
     assert "*** breakpoint '12': prog.py has 11 lines; line 12 is not one of them" in out   # LINE: the program's
     assert "breakpoint 1: 11\n" in out and "1: 11 (hit 0 times)" in out
