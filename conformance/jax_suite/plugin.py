@@ -90,7 +90,8 @@ class route_execution:
     map runs), ``vectorized`` with a one-device :class:`Vectorized` batch (the values carry a device axis of
     length 1). Returning no executable keeps JAX's C++ dispatch from caching one: every call comes back here.
     Results are handed back as JAX arrays of the jaxpr's avals (weak types, keys), placed on the sharding the
-    ``jit`` names, else on the device of a committed argument, else JAX's default device. While spmdsim
+    ``jit`` names, else on the device of a committed argument, else JAX's default device; the transfers to and
+    from NumPy are the simulator's, allowed whatever ``jax.transfer_guard`` the test sets. While spmdsim
     evaluates (a rule that calls JAX itself), JAX's own path is used."""
 
     def __init__(self, executor: str):
@@ -112,19 +113,24 @@ class route_execution:
     def call(self, *args, jaxpr, out_shardings, **params):
         import jax
         import numpy as np
+        from jax._src.lax import lax as lax_internal
         from spmdsim.jax._map import to_jax, to_numpy
 
         if getattr(self.local, "inside", False):
             return self.original(*args, jaxpr=jaxpr, out_shardings=out_shardings, **params)
         self.local.inside = True
         try:
-            outs = self.evaluate(jaxpr, [to_numpy(a) for a in args])
-            committed = [a.sharding for a in args if isinstance(a, jax.Array) and a._committed]
-            results = []
-            for o, aval, s in zip(outs, jaxpr.out_avals, out_shardings, strict=True):
-                if not isinstance(s, jax.sharding.Sharding):
-                    s = committed[0] if committed else None
-                results.append(to_jax(np.asarray(o), aval, s))
+            with jax.transfer_guard("allow"):  # the simulator's own transfers, not the program's
+                outs = self.evaluate(jaxpr, [to_numpy(a) for a in args])
+                committed = [a.sharding for a in args if isinstance(a, jax.Array) and a._committed]
+                results = []
+                for o, aval, s in zip(outs, jaxpr.out_avals, out_shardings, strict=True):
+                    if not isinstance(s, jax.sharding.Sharding):
+                        s = committed[0] if committed else None
+                    out = to_jax(np.asarray(o), aval, s)
+                    if getattr(out, "weak_type", aval.weak_type) != aval.weak_type:  # to_jax's fallback path
+                        out = lax_internal._convert_element_type(out, weak_type=aval.weak_type)
+                    results.append(out)
             return results, None, None, []
         finally:
             self.local.inside = False

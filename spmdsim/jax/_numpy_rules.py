@@ -28,7 +28,7 @@ import scipy.special
 
 from spmdsim._primitives import Batch
 from spmdsim._values import broadcast_view
-from spmdsim.jax import _dtypes, _xla_cpu_isa, _xla_cpu_math
+from spmdsim.jax import _dtypes, _libm, _xla_cpu_isa, _xla_cpu_math
 from spmdsim.jax._interpreter import Vectorized
 from spmdsim.jax._registry import PER_DEVICE, VECTORIZED, per_device, specialize, vectorized
 
@@ -253,7 +253,9 @@ elementwise("min")(via_f32(_float_min))
 
 @elementwise("not")
 def _not(x):
-    return np.invert(x)
+    """Bitwise not; NumPy inverts the sub-byte integers of ml_dtypes (int4, uint2, ...) as int8: wrapped back."""
+    out = np.invert(x)
+    return out if out.dtype == x.dtype else out.astype(x.dtype)
 
 
 def _division_guard(x, y):
@@ -296,7 +298,10 @@ def _rem(x, y):
 
 @elementwise("pow")
 def _pow(x, y):
-    return via_f32(np.power)(x, y.astype(x.dtype)).astype(x.dtype)
+    """Real floats: the C library's powf/pow, as XLA:CPU calls it (:mod:`._libm`); complex: NumPy's power."""
+    if x.dtype.kind == "c":
+        return np.power(x, y.astype(x.dtype)).astype(x.dtype)
+    return via_f32(_libm.power)(x, y).astype(x.dtype)
 
 
 @elementwise("nextafter")

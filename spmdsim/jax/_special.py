@@ -1,4 +1,11 @@
-"""Special functions (``jax.lax`` and ``jax.scipy.special``'s primitives) by ``scipy.special``, in both tables.
+"""Special functions (``jax.lax`` and ``jax.scipy.special``'s primitives), in both tables.
+
+``igamma``, ``igammac``, ``igamma_grad_a``, ``regularized_incomplete_beta`` and ``bessel_i0e`` are lowered by
+JAX itself (``mlir.lower_fun`` of its ``*_impl`` in ``jax/_src/lax/special.py``: series and continued fractions
+in ``while`` loops): XLA:CPU runs that program, so spmdsim evaluates the same program, traced once per operand
+shapes and dtypes, with its own rules (:func:`_as_jax_lowers`). ``digamma`` (and ``lgamma``, in
+``_numpy_rules``) is CHLO's Lanczos approximation as XLA computes it (:mod:`._xla_cpu_math`). The others, by
+``scipy.special``:
 
 Every rule is elementwise (its vectorized twin is the same rule on the stacked operands). float32, float16 and
 bfloat16 are computed in float64 by SciPy and rounded (through float32, as XLA:CPU computes these dtypes in
@@ -10,10 +17,16 @@ or b = 0, ...).
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import numpy as np
 import scipy.special as sp
+from jax._src.lax import special as jax_special
 
-from spmdsim.jax._numpy_rules import LOW_FLOATS, elementwise
+from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
+from spmdsim.jax import _xla_cpu_math
+from spmdsim.jax._numpy_rules import LOW_FLOATS, both, elementwise, expand_to, via_f32
 
 
 def _in_float64(fn):
@@ -96,11 +109,61 @@ def _betainc(a, b, x):
     return np.where(nan, np.nan, out)
 
 
-_FUNCTIONS = {
-    "digamma": _digamma, "polygamma": _polygamma, "zeta": _zeta, "igamma": _igamma, "igammac": _igammac,
-    "igamma_grad_a": _igamma_grad_a,
-    "regularized_incomplete_beta": _betainc, "bessel_i0e": sp.i0e, "bessel_i1e": sp.i1e,
-}
+_FUNCTIONS = {"polygamma": _polygamma, "zeta": _zeta, "bessel_i1e": sp.i1e}
 
 for _name, _fn in _FUNCTIONS.items():
     elementwise(_name)(_in_float64(_fn))
+
+# CHLO's Lanczos approximation, as XLA computes it (float16/bfloat16 through float32, rounded once)
+elementwise("digamma")(via_f32(_xla_cpu_math.digamma))
+
+# SciPy's forms of the primitives below: no longer rules (JAX's lowering is), kept as references with XLA's
+# boundaries for tests.
+SCIPY_FORMS = {"igamma": _igamma, "igammac": _igammac, "igamma_grad_a": _igamma_grad_a,
+               "regularized_incomplete_beta": _betainc, "bessel_i0e": sp.i0e}
+
+
+# -- the primitives JAX lowers with its own implementation ---------------------------------------------------------
+
+_LOWERED_BY_JAX = {
+    "igamma": jax_special._up_and_broadcast(jax_special.igamma_impl),
+    "igammac": jax_special._up_and_broadcast(jax_special.igammac_impl),
+    "igamma_grad_a": jax_special._up_and_broadcast(jax_special.igamma_grad_a_impl),
+    "regularized_incomplete_beta": jax_special._up_and_broadcast(jax_special.regularized_incomplete_beta_impl),
+    "bessel_i0e": jax_special.bessel_i0e_impl,
+}
+
+
+@functools.lru_cache(maxsize=256)
+def _lowered(name: str, avals: tuple):
+    """The jaxpr of JAX's lowering of ``name`` on operands of ``avals`` ((shape, dtype) pairs)."""
+    with jax.enable_x64(any(np.dtype(d).itemsize == 8 for _, d in avals)):
+        return jax.make_jaxpr(_LOWERED_BY_JAX[name])(*(jax.ShapeDtypeStruct(s, d) for s, d in avals))
+
+
+def _as_jax_lowers(name: str):
+    """The rule of ``name``: the program JAX lowers it to (``mlir.lower_fun`` of its implementation), evaluated by
+    spmdsim's per-device rules; so its algorithm, iteration counts and boundary values are XLA's."""
+    def rule(*xs, **params):
+        xs = [np.asarray(x) for x in xs]
+        closed = _lowered(name, tuple((x.shape, x.dtype) for x in xs))
+        return per_device_executor.eval_jaxpr(closed.jaxpr, closed.consts, xs)[0]
+    rule.__name__ = f"{name}_as_jax_lowers"
+    return rule
+
+
+def _device_by_device(rule):
+    """The vectorized twin: ``rule`` on each device's operands in turn (not on the stacked ones: the ``while``
+    loops run until every element they hold has converged, and XLA runs them on one device's array)."""
+    def stacked(*xs, **params):
+        ndim = max(np.ndim(x) for x in xs)
+        xs = [expand_to(np.asarray(x), ndim) for x in xs]
+        n = max(x.shape[0] for x in xs)
+        return np.stack([np.asarray(rule(*(x[min(d, x.shape[0] - 1)] for x in xs), **params)) for d in range(n)])
+    stacked.__name__ = f"vectorized_{rule.__name__}"
+    return stacked
+
+
+for _name in _LOWERED_BY_JAX:
+    _rule = _as_jax_lowers(_name)
+    both(_name, vectorized_rule=_device_by_device(_rule))(_rule)

@@ -26,7 +26,7 @@ import numpy as np
 
 from spmdsim.jax import _xla_cpu_isa
 
-__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "fma", "multiply_add",
+__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "digamma", "fma", "multiply_add",
            "ftz"]
 
 f32, f64 = np.float32, np.float64
@@ -222,6 +222,46 @@ _LANCZOS = (676.520368121885098567009190444019, -1259.13921672240287047156078755
             -0.13857109526572011689554707, 9.984369578019570859563e-6, 1.50563273514931155834e-7)
 
 
+def _lanczos(x: np.ndarray):
+    """What lgamma and digamma share: ``reflect`` (x < 1/2), ``z`` (-x there, x - 1 elsewhere), ``a(z)``,
+    ``t(z) = z + 7.5`` and ``log t(z)`` as CHLO writes them, in x's dtype (float32 with XLA:CPU's log1p)."""
+    c = x.dtype.type
+    reflect = x < c(0.5)
+    z = np.where(reflect, -x, x + c(-1))
+    a = np.full_like(z, c(_LANCZOS_BASE))
+    for k, coefficient in enumerate(_LANCZOS, 1):
+        a = a + c(coefficient) / (z + c(k))
+    log1p_ = log1p if x.dtype == f32 else np.log1p
+    log_t = log1p_(z * c(1 / (_LANCZOS_G + 0.5))) + c(np.log(_LANCZOS_G + 0.5))
+    return reflect, z, a, z + c(_LANCZOS_G + 0.5), log_t
+
+
+def _sin_cos(x: np.ndarray, fn) -> np.ndarray:
+    """float32 sin/cos: XLA:CPU has its own approximation (not ported); the float64 one, rounded, is the closest."""
+    return fn(x.astype(f64)).astype(x.dtype) if x.dtype == f32 else fn(x)
+
+
+def digamma(x: np.ndarray) -> np.ndarray:
+    """digamma of float32 or float64 as CHLO's decomposition (materializeDigamma) writes it:
+    ``log t + a'(z) / a(z) - 7 / t`` with ``a'(z) = -sum c_k / (z + k)^2`` (see :func:`_lanczos`); reflected below
+    1/2 as ``digamma(1 - x) - pi cos(pi x') / sin(pi x')`` with ``x' = x + |floor(x + 1/2)|``; NaN at the poles
+    (x <= 0, integral). Bit for bit with XLA:CPU in float32 for x >= 1/2; below, its sin and cos (not ported)."""
+    x = np.asarray(x)
+    c = x.dtype.type
+    with np.errstate(all="ignore"):
+        reflect, z, a, t, log_t = _lanczos(x)
+        a_prime = np.zeros_like(z)
+        for k, coefficient in enumerate(_LANCZOS, 1):
+            term = z + c(k)
+            a_prime = a_prime - c(coefficient) / (term * term)
+        out = (log_t + a_prime / a) - c(_LANCZOS_G) / t
+        reduced = (x + np.abs(np.floor(x + c(0.5)))) * c(np.pi)
+        reflected = out - (_sin_cos(reduced, np.cos) * c(np.pi)) / _sin_cos(reduced, np.sin)
+        out = np.where(reflect, reflected, out)
+        out = np.where((x <= 0) & (x == np.floor(x)), c(np.nan), out)
+    return out.astype(x.dtype)
+
+
 def lgamma(x: np.ndarray) -> np.ndarray:
     """lgamma of float32 or float64 as XLA computes it: CHLO's Lanczos approximation (``z = x - 1``, or ``-x``
     reflected below 1/2, ``a(z) = c0 + sum c_k / (z + k)``, ``log t(z) = log1p(z * (1/7.5)) + log(7.5)``: XLA's
@@ -235,23 +275,16 @@ def lgamma(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     dtype = x.dtype
     c = dtype.type
-    f32_ = dtype == f32
-    log_, log1p_ = (log, log1p) if f32_ else (np.log, np.log1p)
+    log_ = log if dtype == f32 else np.log
     with np.errstate(all="ignore"):
-        reflect = x < c(0.5)
-        z = np.where(reflect, -x, x + c(-1))
-        a = np.full_like(z, c(_LANCZOS_BASE))
-        for k, coefficient in enumerate(_LANCZOS, 1):
-            a = a + c(coefficient) / (z + c(k))
-        t = z + c(_LANCZOS_G + 0.5)
-        log_t = log1p_(z * c(1 / (_LANCZOS_G + 0.5))) + c(np.log(_LANCZOS_G + 0.5))
+        reflect, z, a, t, log_t = _lanczos(x)
         s = (z + c(0.5)) - t / log_t
         half_log_2pi = c((np.log(2) + np.log(np.pi)) / 2)
-        head = fma(s, log_t, half_log_2pi) if f32_ else s * log_t + half_log_2pi
+        head = fma(s, log_t, half_log_2pi) if dtype == f32 else s * log_t + half_log_2pi
         out = head + log_(a)
         frac = np.abs(x) - np.floor(np.abs(x))
         frac = np.where(c(0.5) < frac, c(1) - frac, frac)
-        denominator = log_(np.sin((c(np.pi) * frac).astype(f64)).astype(dtype))
+        denominator = log_(_sin_cos(c(np.pi) * frac, np.sin))
         reflected = np.where(np.isfinite(denominator), (c(np.log(np.pi)) - denominator) - out, -denominator)
         out = np.where(reflect, reflected, out)
     return np.where(np.isinf(x), c(np.inf), out).astype(dtype)
