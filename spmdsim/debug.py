@@ -350,8 +350,9 @@ def _in_frame(frame, expression: str) -> Any:
 class Breakpoint:
     """Stop at a collective that matches every field that is set (None matches anything).
 
-    Written as text: any of ``OP`` (``psum``, ``all_gather``, ...), ``FILE:LINE`` or ``LINE`` (a device's
-    source line), ``axis=NAME``, ``step=K``, ``device=D`` (a device taking part, by its number), separated by
+    Written as text: any of ``OP`` (``psum``, ``all_gather``, ...: the function called, or a primitive that
+    implements it, so ``psum`` also matches ``psum_invariant`` and a ``pmean``'s psum), ``FILE:LINE`` or ``LINE``
+    (a device's source line), ``axis=NAME``, ``step=K``, ``device=D`` (a device taking part, by its number), separated by
     spaces, e.g. ``"psum axis=batch step=3"`` or ``"train.py:42 device=2"``.
     """
 
@@ -713,7 +714,9 @@ HELP = """commands (a command's first letter is enough):
   n, next [N]              release; stop at the next collective (the N-th next)
   c, continue [N]          run to the next breakpoint (the N-th next); with none set, to the end
   b, break [SPEC]          add a breakpoint; SPEC: any of OP, FILE:LINE, LINE, axis=NAME, step=K, device=D
-                           (e.g. 'b psum step=3', 'b train.py:42 device=2'); alone: list the breakpoints
+                           (e.g. 'b psum step=3', 'b train.py:42 device=2'); alone: list the breakpoints.
+                           OP is the function called or a primitive implementing it: psum also stops at
+                           psum_invariant (jax.lax.psum in a shard_map) and at pmean (which meets in a psum)
   cl, clear [K]            delete breakpoint K (every breakpoint without K)
   s, show DEVICE [operand|result]   a device's full operand (default) or result
   p, print DEVICE EXPR     evaluate EXPR in DEVICE's frame where it called the collective
@@ -721,7 +724,8 @@ HELP = """commands (a command's first letter is enough):
   l, list                  show this stop again
   q, quit                  stop the program
   h, help                  this text
-DEVICE is a row of the stop (0 = the first row)."""
+DEVICE is a row of the stop (0 = the first row). Enter repeats the last command; Up and Down recall earlier
+ones. Ctrl-C does not end the program at a stop (q does)."""
 
 COMMANDS = {"n": "next", "next": "next", "c": "continue", "cont": "continue", "continue": "continue",
             "b": "break", "break": "break", "cl": "clear", "clear": "clear", "s": "show", "show": "show",
@@ -743,7 +747,8 @@ class _Prompt:
         self.stdin, self.stdout, self.control = stdin, stdout, control
         self.line_editing = line_editing
         self.quitting = False
-        self.reading = False  # waiting for a command: a Ctrl-C now gets a hint, not a KeyboardInterrupt
+        self.holding = False  # a stop is up: a Ctrl-C now gets a hint, not a KeyboardInterrupt that ends the devices
+        self.reading = False  # waiting for a command (the hint is followed by the prompt again)
         self.last = ""  # the last command, for an empty line
         self.errors_shown: list[BaseException] = []
 
@@ -764,14 +769,14 @@ class _Prompt:
             self.reading = False
 
     def interrupted(self) -> None:
-        """A Ctrl-C while waiting for a command (called in the main thread, by the SIGINT handler): as pdb does,
-        say so and go on reading; the line typed so far is drawn again under the hint (readline keeps it; the
-        terminal drops it)."""
+        """A Ctrl-C at a stop (called in the main thread, by the SIGINT handler): as pdb does, say so and go on;
+        at the prompt, the line typed so far is drawn again under the hint (readline keeps it; the terminal drops
+        it)."""
         typed = ""
-        if self.line_editing:
+        if self.reading and self.line_editing:
             import readline
             typed = readline.get_line_buffer()
-        self.stdout.write("\n" + INTERRUPT_HINT + "\n" + PROMPT + typed)
+        self.stdout.write("\n" + INTERRUPT_HINT + "\n" + (PROMPT + typed if self.reading else ""))
         self.stdout.flush()
 
     def say(self, text: str) -> None:
@@ -794,14 +799,15 @@ class _Prompt:
     def interact(self, stop: Stop) -> None:
         """Show ``stop`` and answer commands until one releases it. Raises DebuggerQuit on quit (at a
         collective; at an error stop the program ends with that error)."""
-        self.say(stop.table())
-        if stop.error is not None:
-            self.say(_error_hint(stop))
+        self.holding = True
         try:
+            self.say(stop.table())
+            if stop.error is not None:
+                self.say(_error_hint(stop))
             while not self._command(stop):
                 pass
         finally:
-            stop.held = False
+            stop.held = self.holding = False
 
     def _command(self, stop: Stop) -> bool:
         """Read and run one command; True when it releases the stop."""
@@ -987,12 +993,13 @@ def _line_editing() -> bool:
 
 @contextlib.contextmanager
 def _interrupts_at(prompt: _Prompt):
-    """While the program runs under the debugger, a Ctrl-C at the prompt is answered as pdb answers it (a hint,
-    and the prompt again); elsewhere it is a KeyboardInterrupt, as without the debugger."""
+    """While the program runs under the debugger, a Ctrl-C at a stop is answered as pdb answers one at its prompt
+    (a hint, and the prompt again; the devices stay held); while the program runs it is a KeyboardInterrupt, as
+    without the debugger."""
     import signal
 
     def on_interrupt(signum, frame):
-        if prompt.reading:
+        if prompt.holding:
             prompt.interrupted()
         elif callable(previous):
             previous(signum, frame)
