@@ -14,13 +14,22 @@ def f(x):
 print(spmdsim.pmap(f)(np.ones((2, 2))))
 """
 
-JAX_PROGRAM = """import jax, jax.numpy as jnp
+JAX_PROGRAMS = {"pmap": """import jax, jax.numpy as jnp
 
 def f(x):
     return jnp.dot(x, jnp.ones(3))
 
 print(jax.pmap(f)(jnp.ones((2, 2))))
-"""
+""", "shard_map": """import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+def f(x):
+    return jnp.dot(x, jnp.ones(3))
+
+mesh = jax.make_mesh((2,), ("i",))
+x = jax.device_put(jnp.ones(4), NamedSharding(mesh, P("i")))
+print(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x))
+"""}
 
 
 def _frames(stderr: str) -> list[str]:
@@ -43,8 +52,9 @@ def test_a_device_error_in_a_numpy_program_shows_only_the_programs_frames(tmp_pa
 
 
 @pytest.mark.skipif(not jax_installed(), reason="needs jax")
-def test_a_jax_programs_error_under_spmdsim_run_shows_no_spmdsim_frame(tmp_path):
-    (tmp_path / "jprog.py").write_text(JAX_PROGRAM)
+@pytest.mark.parametrize("api", sorted(JAX_PROGRAMS))
+def test_a_jax_programs_error_under_spmdsim_run_shows_no_spmdsim_frame(tmp_path, api):
+    (tmp_path / "jprog.py").write_text(JAX_PROGRAMS[api])
     proc = spmdsim_command("run", "--devices", "2", "jprog.py", cwd=tmp_path, env={"JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 1, proc.stderr
     files = [file for file, _ in _frames(proc.stderr)]
