@@ -91,3 +91,27 @@ def test_bitwise_not_of_sub_byte_integers_keeps_the_dtype(dtype):
     info = ml_dtypes.iinfo(dtype)
     values = np.arange(info.min, info.max + 1).astype(dtype)
     check(lax.bitwise_not, per_device(lambda d: [values]), executors=("threads", "vectorized"))
+
+
+def test_fft_of_an_empty_array():
+    """pocketfft rejects 0 points (spmdsim raised ValueError); XLA returns the empty result."""
+    import jax.numpy as jnp
+
+    check(jnp.fft.fft, per_device(lambda d: [np.zeros((0,), np.complex64)]), executors=("threads", "vectorized"))
+    check(jnp.fft.fft2, per_device(lambda d: [np.zeros((2, 0, 3), np.complex64)]),
+          executors=("threads", "vectorized"))
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_log1p_keeps_small_arguments(dtype):
+    """NumPy's complex log1p is log(1 + z): log1p(1e-5 + 0j) was 1.0014e-05 (XLA 9.99995e-06). Within a few ulps of
+    XLA's compensated algorithm (relative to |result|) near 0 and elsewhere."""
+    rng = np.random.default_rng(6)
+    z = (rng.uniform(-2, 2, 300) + 1j * rng.uniform(-2, 2, 300)) * np.repeat([1, 1e-4, 1e-8], 100)
+    z = np.concatenate([z, [1e-5, -1 + 1e-3j, 2j, -0.5]]).astype(dtype)
+    eps = np.finfo(np.real(z).dtype).eps
+    with jax.enable_x64(dtype == np.complex128):
+        for k in range(0, len(z), 101):  # each block on its own scale
+            part = z[k:k + 101]
+            check(lax.log1p, per_device(lambda d: [part]), allowed=("norm", 8 * eps),
+                  executors=("threads", "vectorized"))

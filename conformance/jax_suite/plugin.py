@@ -126,7 +126,7 @@ class route_execution:
                 results = []
                 for o, aval, s in zip(outs, jaxpr.out_avals, out_shardings, strict=True):
                     if not isinstance(s, jax.sharding.Sharding):
-                        s = committed[0] if committed else None
+                        s = self.placement(aval, committed)
                     out = to_jax(np.asarray(o), aval, s)
                     if getattr(out, "weak_type", aval.weak_type) != aval.weak_type:  # to_jax's fallback path
                         out = lax_internal._convert_element_type(out, weak_type=aval.weak_type)
@@ -134,6 +134,22 @@ class route_execution:
             return results, None, None, []
         finally:
             self.local.inside = False
+
+    @staticmethod
+    def placement(aval, committed: list):
+        """Where JAX puts a result the ``jit`` names no sharding for: split as its type says under an explicit
+        mesh (``out_sharding=P('x')``), else with the committed arguments, else (None) JAX's default place."""
+        import jax
+        from jax._src import mesh as mesh_lib
+
+        spec = getattr(getattr(aval, "sharding", None), "spec", None)
+        if spec is not None and any(p is not None for p in spec):
+            mesh = mesh_lib.get_concrete_mesh()
+            if mesh is None or mesh.empty:
+                mesh = next((c.mesh for c in committed if isinstance(c, jax.sharding.NamedSharding)), None)
+            if mesh is not None:
+                return jax.sharding.NamedSharding(mesh, spec)
+        return committed[0] if committed else None
 
     def __enter__(self):
         from jax._src import pjit

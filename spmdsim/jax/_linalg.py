@@ -436,6 +436,8 @@ def _fft(x, *, fft_type, fft_lengths):
     kind = getattr(fft_type, "name", str(fft_type)).upper().rsplit(".", 1)[-1]
     axes = tuple(range(x.ndim - len(fft_lengths), x.ndim))
     lengths = tuple(int(n) for n in fft_lengths)
+    if x.size == 0 or 0 in lengths:  # pocketfft rejects 0 points; XLA: an empty (or all-zero) result
+        return _empty_fft(x, kind, lengths)
     if kind == "FFT":
         out = np.fft.fftn(x, axes=axes)
         dtype = x.dtype
@@ -449,6 +451,20 @@ def _fft(x, *, fft_type, fft_lengths):
         out = np.fft.irfftn(x, s=lengths, axes=axes)
         dtype = np.dtype(x.dtype).type(0).real.dtype
     return np.asarray(out).astype(dtype, copy=False)
+
+
+def _empty_fft(x, kind: str, lengths: tuple):
+    """The FFT of an empty operand (or of 0 points): zeros of the result's shape and dtype."""
+    shape = list(x.shape)
+    if kind == "RFFT":
+        shape[-1] = lengths[-1] // 2 + 1
+        dtype = np.result_type(x.dtype, np.complex64)
+    elif kind == "IRFFT":
+        shape[x.ndim - len(lengths):] = lengths
+        dtype = np.dtype(x.dtype).type(0).real.dtype
+    else:
+        dtype = x.dtype
+    return np.zeros(shape, dtype)
 
 
 # -- custom_linear_solve --------------------------------------------------------------------------------------------

@@ -139,6 +139,23 @@ def _sign(x):
     return np.sign(x)
 
 
+def _log1p(x):
+    """float64 by NumPy; complex as ``0.5 log1p(x (2 + x) + y^2) + i atan2(y, 1 + x)`` in float64 (complex128:
+    in long double, so that less cancels where |1 + z| is near 1; NumPy's
+    complex log1p is ``log(1 + z)``: it loses every digit for small z, e.g. log1p(1e-5 + 0j) = 1.0014e-05),
+    complex64 rounded once: within an ulp of XLA's (its own compensated algorithm, not ported)."""
+    if x.dtype.kind != "c":
+        return np.log1p(x)
+    wide = np.float64 if x.dtype == np.complex64 else np.longdouble  # the squares of float32 are exact in float64
+    re, im = np.real(x).astype(wide), np.imag(x).astype(wide)
+    with np.errstate(all="ignore"):
+        out = 0.5 * np.log1p(re * (2 + re) + im * im).astype(np.float64) + 1j * np.arctan2(im, 1 + re).astype(
+            np.float64)
+        big = np.maximum(np.abs(re), np.abs(im)) > 1e150  # x (2 + x) + y^2 would overflow: log(1 + z) is exact
+        out = np.where(big, np.log(1 + x.astype(np.complex128)), out)
+    return out.astype(x.dtype)
+
+
 def _xla_float32(port, other):
     """float32 (and float16/bfloat16 through it) by XLA:CPU's own algorithm (:mod:`._xla_cpu_math`); other
     dtypes (float64, complex) by ``other``."""
@@ -150,7 +167,7 @@ def _xla_float32(port, other):
 
 _UNARY_XLA = {
     "exp": (_xla_cpu_math.exp, np.exp), "log": (_xla_cpu_math.log, np.log),
-    "log1p": (_xla_cpu_math.log1p, np.log1p), "tanh": (_xla_cpu_math.tanh, np.tanh),
+    "log1p": (_xla_cpu_math.log1p, _log1p), "tanh": (_xla_cpu_math.tanh, np.tanh),
     "erf": (_xla_cpu_math.erf, scipy.special.erf), "expm1": (_xla_cpu_math.expm1, np.expm1),
     "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt),
 }
