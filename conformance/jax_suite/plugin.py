@@ -114,6 +114,7 @@ class route_execution:
         import jax
         import numpy as np
         from jax._src.lax import lax as lax_internal
+        from spmdsim.jax import _map
         from spmdsim.jax._map import to_jax, to_numpy
 
         if getattr(self.local, "inside", False):
@@ -134,6 +135,8 @@ class route_execution:
             return results, None, None, []
         finally:
             self.local.inside = False
+            if _map._fast_put is None:  # to_jax gave up its fast put after a failure: its fallback (jnp.asarray)
+                _map._fast_put = ...    # would dispatch a jitted conversion from inside this call: learn it again
 
     @staticmethod
     def placement(aval, committed: list):
