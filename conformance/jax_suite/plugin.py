@@ -114,7 +114,7 @@ class route_execution:
         import jax
         import numpy as np
         from jax._src.lax import lax as lax_internal
-        from spmdsim.jax import _map
+        from spmdsim.jax import _dtypes, _map
         from spmdsim.jax._map import to_jax, to_numpy
 
         if getattr(self.local, "inside", False):
@@ -122,13 +122,21 @@ class route_execution:
         self.local.inside = True
         try:
             with jax.transfer_guard("allow"):  # the simulator's own transfers, not the program's
-                outs = self.evaluate(jaxpr, [to_numpy(a) for a in args])
+                values = [to_numpy(a) if _dtypes.is_key(aval.dtype) else np.asarray(a, aval.dtype)
+                          for a, aval in zip(args, jaxpr.in_avals, strict=True)]  # int64 kept if the jaxpr says so
+                outs = self.evaluate(jaxpr, values)
                 committed = [a.sharding for a in args if isinstance(a, jax.Array) and a._committed]
                 results = []
                 for o, aval, s in zip(outs, jaxpr.out_avals, out_shardings, strict=True):
                     if not isinstance(s, jax.sharding.Sharding):
                         s = self.placement(aval, committed)
-                    out = to_jax(np.asarray(o), aval, s)
+                    o = np.asarray(o)
+                    if any(np.may_share_memory(o, v) for v in values):  # a result is a new buffer, as XLA's
+                        o = o.copy()
+                    if not _dtypes.is_key(aval.dtype) and o.dtype != jax.dtypes.canonicalize_dtype(o.dtype):
+                        out = self.put_as_is(o, aval, s)  # an int64 with x64 off (jnp.array(1, dtype=int64))
+                    else:
+                        out = to_jax(o, aval, s)
                     if getattr(out, "weak_type", aval.weak_type) != aval.weak_type:  # to_jax's fallback path
                         out = lax_internal._convert_element_type(out, weak_type=aval.weak_type)
                     results.append(out)
@@ -137,6 +145,13 @@ class route_execution:
             self.local.inside = False
             if _map._fast_put is None:  # to_jax gave up its fast put after a failure: its fallback (jnp.asarray)
                 _map._fast_put = ...    # would dispatch a jitted conversion from inside this call: learn it again
+
+    @staticmethod
+    def put_as_is(arr, aval, sharding):
+        """``arr`` as a JAX array of its own dtype, which JAX would canonicalise (x64 off)."""
+        from spmdsim.jax import _map
+
+        return _map._fast_put_like()(arr, aval.weak_type, sharding)
 
     @staticmethod
     def placement(aval, committed: list):
