@@ -115,3 +115,23 @@ def test_complex_log1p_keeps_small_arguments(dtype):
             part = z[k:k + 101]
             check(lax.log1p, per_device(lambda d: [part]), allowed=("norm", 8 * eps),
                   executors=("threads", "vectorized"))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64, np.float64])
+def test_tridiagonal_solve_perturbing_singular_pivots(dtype):
+    """perturb_singular=True (jaxlib's own kernel, after LAPACK's xLAGTF/xLAGTS; spmdsim raised
+    NotImplementedError): regular, all-zero and singular systems, sizes 1 to 6, within a few ulps of XLA:CPU."""
+    rng = np.random.default_rng(7)
+
+    def solve(dl, d, du, b):
+        return lax.linalg.tridiagonal_solve(dl, d, du, b, perturb_singular=True)
+    with jax.enable_x64(dtype == np.float64):
+        for n in (1, 2, 3, 6):
+            dl, d, du = (rng.normal(size=n).astype(dtype) for _ in range(3))
+            dl[0] = du[-1] = 0
+            singular = d.copy()
+            singular[min(1, n - 1)] = 0
+            b = rng.normal(size=(n, 2)).astype(dtype)
+            for diagonals in ((dl, d, du), (dl * 0, d * 0, du * 0), (dl, singular, du)):
+                check(solve, per_device(lambda k: [*diagonals, b * (k + 1)]),
+                      allowed=("norm", 64 * np.finfo(dtype).eps), executors=("threads", "vectorized"))

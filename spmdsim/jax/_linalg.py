@@ -403,9 +403,12 @@ def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_
 @_both("tridiagonal_solve")
 def _tridiagonal_solve(dl, d, du, b, *, perturb_singular=False):
     """LAPACK gtsv (jaxlib passes dl from its second element: JAX's dl[0] and du[-1] are padding)."""
-    if perturb_singular:
-        raise NotImplementedError("tridiagonal_solve with perturb_singular=True (jaxlib's own kernel)")
     compute = _compute_dtype(b.dtype)
+    if perturb_singular:
+        one = _tridiagonal_solve_perturbed
+        one.empty_shapes = lambda a, m, u, r: [r]
+        return _per_matrix(one, [dl.astype(compute), d.astype(compute), du.astype(compute), b.astype(compute)],
+                           [1, 1, 1, 2], [b.dtype])[0]
 
     def one(lo, mid, up, rhs):
         n = mid.shape[0]
@@ -417,6 +420,89 @@ def _tridiagonal_solve(dl, d, du, b, *, perturb_singular=False):
         return _nan_if(info != 0, x)
     one.empty_shapes = lambda a, m, u, r: [r]
     return _per_matrix(one, [dl, d, du, b], [1, 1, 1, 2], [b.dtype])[0]
+
+
+def _perturb_pivot(perturb, pivot, row):
+    """jaxlib's MaybePerturbPivot (from LAPACK's xLAGTS): ``pivot`` moved away from zero in steps of ``perturb``
+    (doubling) until neither ``row / pivot`` nor ``1 / pivot`` overflows; returns the pivot and the row."""
+    real = np.finfo(np.asarray(pivot).dtype).dtype
+    one, tiny, eps = real.type(1), np.finfo(real).tiny, np.finfo(real).eps
+    small = one / np.finfo(real).max
+    safemin = tiny if small < tiny else small * (one + eps)
+    bignum = one / safemin
+    size = abs(pivot)
+    if size >= one:
+        return pivot, row
+    perturb = np.copysign(max(abs(perturb), safemin), np.real(pivot)).astype(real)
+    biggest = np.max(np.abs(row), initial=real.type(0))
+    while size < one:
+        if size < safemin:
+            if size == 0 or biggest * safemin > size:
+                pivot, perturb = pivot + perturb, perturb * real.type(2)
+            else:
+                return pivot * bignum, row * bignum
+        elif biggest > size * bignum:
+            pivot, perturb = pivot + perturb, perturb * real.type(2)
+        else:
+            break
+        size = abs(pivot)
+    return pivot, row
+
+
+def _tridiagonal_solve_perturbed(dl, d, du, b):
+    """jaxlib's tridiagonal_solve_perturbed kernel (jaxlib/tridiagonal_solve_perturbed.h, after LAPACK's xLAGTF and
+    xLAGTS): Gaussian elimination with row pivoting, the forward solve fused in, then back substitution with tiny
+    pivots perturbed by about eps * max |U| so that a singular system has a finite solution."""
+    n = d.shape[0]
+    x = np.array(b, copy=True)
+    if n == 0:
+        return (x,)
+    real = np.finfo(d.dtype).dtype.type
+    if n == 1:
+        p, row = _perturb_pivot(np.finfo(real).eps * abs(d[0]), d[0], x[0])
+        x[0] = row / p
+        return (x,)
+    u = np.zeros((n, 3), d.dtype)
+    u[0, 0], u[0, 1] = d[0], du[0]
+    max_u = max(abs(u[0, 0]), abs(u[0, 1]))
+    scale1 = abs(u[0, 0]) + abs(u[0, 1])
+    for k in range(n - 1):
+        u[k + 1, 0] = d[k + 1]
+        scale2 = abs(dl[k + 1]) + abs(u[k + 1, 0]) + (abs(du[k + 1]) if k < n - 2 else 0)
+        if dl[k + 1] == 0:
+            scale1, u[k + 1, 1], u[k, 2] = scale2, du[k + 1], 0
+            x[k + 1] = b[k + 1]
+        else:
+            piv1 = real(0) if u[k, 0] == 0 else abs(u[k, 0]) / scale1
+            piv2 = abs(dl[k + 1]) / scale2
+            if piv2 <= piv1:
+                scale1 = scale2
+                factor = dl[k + 1] / u[k, 0]
+                u[k + 1, 0] -= factor * u[k, 1]
+                u[k + 1, 1], u[k, 2] = du[k + 1], 0
+                x[k + 1] = b[k + 1] - factor * x[k]
+            else:
+                factor = u[k, 0] / dl[k + 1]
+                previous = u[k, 1]
+                u[k, 0] = dl[k + 1]
+                u[k + 1, 0] = previous - factor * d[k + 1]
+                u[k, 1] = d[k + 1]
+                if k < n - 2:
+                    u[k, 2] = du[k + 1]
+                    u[k + 1, 1] = -factor * du[k + 1]
+                x[k + 1] = x[k] - factor * b[k + 1]
+                x[k] = b[k + 1]
+                scale1 = abs(u[k + 1, 0]) + abs(u[k + 1, 1])
+        if k < n - 2:
+            max_u = max(max_u, *np.abs(u[k]))
+    max_u = max(max_u, abs(u[n - 1, 0]))
+    perturb = np.finfo(real).eps * max_u
+    one = d.dtype.type(1)
+    for k in range(n - 1, -1, -1):
+        row = x[k] - (u[k, 1] * x[k + 1] if k < n - 1 else 0) - (u[k, 2] * x[k + 2] if k < n - 2 else 0)
+        p, row = _perturb_pivot(perturb, u[k, 0], np.asarray(row, x.dtype))
+        x[k] = row * (one / p)
+    return (x,)
 
 
 @_both("symmetric_product")
