@@ -113,6 +113,7 @@ class route_execution:
     def call(self, *args, jaxpr, out_shardings, **params):
         import jax
         import numpy as np
+        from jax._src import dispatch
         from jax._src.lax import lax as lax_internal
         from spmdsim.jax import _dtypes, _map
         from spmdsim.jax._map import to_jax, to_numpy
@@ -140,6 +141,9 @@ class route_execution:
                     if getattr(out, "weak_type", aval.weak_type) != aval.weak_type:  # to_jax's fallback path
                         out = lax_internal._convert_element_type(out, weak_type=aval.weak_type)
                     results.append(out)
+                if dispatch.needs_check_special():  # jax_debug_nans/infs: as XLA's executable checks its results
+                    for out in results:
+                        dispatch.check_special_array(params["name"], out)
             return results, None, None, []
         finally:
             self.local.inside = False
