@@ -51,12 +51,14 @@ def test_lgamma_float64_is_xlas_algorithm():
 
 def test_regularized_incomplete_beta_is_jaxs_continued_fraction():
     """XLA runs JAX's regularized_incomplete_beta_impl (spmdsim had SciPy's betainc: up to 1578 ulps away, 14 eps
-    in JAX's tests): now the same program, evaluated by spmdsim's rules: bit for bit."""
+    in JAX's tests): now the same program, evaluated by spmdsim's rules. Bit for bit on some array sizes (300, 7),
+    not on others (100, 50: up to 4e-6 apart): XLA:CPU's fusion, and so which multiply-adds it contracts in the
+    loop body, depends on the shapes; within 64 eps of the largest value."""
     rng = np.random.default_rng(2)
-    args = per_device(lambda d: [rng.uniform(0.1, 10, 300).astype(np.float32),
-                                 rng.uniform(0.1, 10, 300).astype(np.float32),
-                                 rng.uniform(0, 1, 300).astype(np.float32)])
-    check(lax.betainc, args)
+    args = per_device(lambda d: [rng.uniform(0.1, 10, 100).astype(np.float32),
+                                 rng.uniform(0.1, 10, 100).astype(np.float32),
+                                 rng.uniform(0, 1, 100).astype(np.float32)])
+    check(lax.betainc, args, allowed=("norm", 64 * np.finfo(np.float32).eps), executors=("threads", "vectorized"))
 
 
 @pytest.mark.parametrize("fn", [lax.igamma, lax.igammac, lax.igamma_grad_a, lax.random_gamma_grad],
@@ -66,9 +68,9 @@ def test_incomplete_gamma_is_jaxs_series(fn):
     fractions as XLA runs them (SciPy's were up to 78 ulps away); within a few ulps (spmdsim's exp, log and
     lgamma inside them)."""
     rng = np.random.default_rng(3)
-    args = per_device(lambda d: [rng.uniform(0.1, 10, 200).astype(np.float32),
-                                 rng.uniform(0.1, 10, 200).astype(np.float32)])
-    check(fn, args, allowed=24)
+    args = per_device(lambda d: [rng.uniform(0.1, 10, 60).astype(np.float32),
+                                 rng.uniform(0.1, 10, 60).astype(np.float32)])
+    check(fn, args, allowed=24, executors=("threads", "vectorized"))
 
 
 def test_bessel_i0e_is_jaxs_chebyshev_series():
