@@ -407,14 +407,12 @@ OP_CAUSES = [
      "a LAPACK-backed primitive of float16: XLA:CPU's lowering rejects it (NotImplementedError 'Unsupported dtype "
      "float16'), spmdsim computes it in float32 (spmdsim/jax/_linalg.py's _compute_dtype)"),
     (r"perturb_singular",
-     "`tridiagonal_solve(perturb_singular=True)`: jaxlib's own kernel (ported since the run: "
-     "test_op_regressions_2.py)"),
+     "`tridiagonal_solve(perturb_singular=True)`: jaxlib's own kernel (ported in spmdsim/jax/_linalg.py)"),
     (r"DebugInfs|DebugNans|FloatingPointError not raised",
-     "`jax_debug_infs`/`jax_debug_nans`: XLA's executable checks its results; the harness did not (checks them "
-     "since the run)"),
+     "`jax_debug_infs`/`jax_debug_nans`: XLA's executable checks its results (plugin.route_execution does too)"),
     (r"testArrayCopy|testArrayExplicitDtypes",
-     "harness (fixed since the run): a result aliasing its operand's buffer (`jit(jnp.asarray)`), int64 under "
-     "`explicit_x64_dtypes('allow')` canonicalised"),
+     "harness: a result aliasing its operand's buffer (`jit(jnp.asarray)`), int64 under "
+     "`explicit_x64_dtypes('allow')` canonicalised (plugin.route_execution copies and keeps them)"),
 ]
 
 
