@@ -162,7 +162,7 @@ def _device_pdb(label: str, stdout):
 
 def take(lane) -> str:
     """What ``lane`` printed and has not been released yet, taken out of the device stream (a host passes its
-    devices' text to the host that orders every host's output; see :mod:`spmdsim._host_world`)."""
+    devices' text to the host that orders every host's output; see :mod:`spmdsim.hosts.host`)."""
     stream = sys.stdout
     if not isinstance(stream, DeviceStream):
         return ""

@@ -17,7 +17,7 @@ from numpy.exceptions import AxisError
 
 from spmdsim import _devices, _hosts, _runtime, _tree
 from spmdsim._axes import Frame, Unnamed, frames_label
-from spmdsim._values import as_array, dtype_of, is_python_scalar, read_only, shape_of
+from spmdsim._values import as_array, dtype_of, explain_read_only, is_python_scalar, read_only, shape_of
 from spmdsim.errors import AxisNameError, MappedSizeError, NotAnArrayError, ReplicationError
 
 __all__ = ["pmap", "vmap"]
@@ -414,7 +414,6 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
         try:
             return fun(*merge_static(statics, dyn), **kw)
         except ValueError as e:  # a write into a read-only argument or result: the message says which
-            from spmdsim._values import explain_read_only
             explain_read_only(e, _tree.flatten((dyn, kw))[0], "device" if api == "pmap" else "lane")
             raise
 

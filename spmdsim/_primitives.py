@@ -748,11 +748,6 @@ class Batch:
     def subset(self, mask: np.ndarray) -> "Batch":
         return Batch(self.axes, self.present()[mask], self.comm)
 
-    @property
-    def host(self):
-        """The old name of :attr:`comm`, still read by ``spmdsim/jax/_map.py``."""
-        return self.comm
-
     def present(self) -> np.ndarray:
         """The row-major indices of the devices present."""
         return np.arange(self.count) if self.ids is None else self.ids

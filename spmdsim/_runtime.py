@@ -38,6 +38,7 @@ class _Local(threading.local):
 _local = _Local()
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_FILES = (_PACKAGE_DIR + os.sep, threading.__file__)
+_USER_FILES = (os.path.join(_PACKAGE_DIR, "demo.py"),)  # spmdsim's files that are programs
 INTERRUPT_GRACE_SECONDS = 0.5
 _thread_name = operator.attrgetter("thread_name")  # "spmdsim device 3 [i=3]": a device thread's name
 _FILTER_TRACEBACKS = os.environ.get("SPMDSIM_TRACEBACK_FILTERING", "on") != "off"
@@ -68,7 +69,7 @@ def channel(lane: Lane | None, axis_names: tuple, api: str) -> Channel:
 def user_site(depth: int = 1) -> str:
     """``file:line`` of the innermost caller outside spmdsim (the user's line that called a collective)."""
     f = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(_SKIP_FILES):
+    while f is not None and f.f_code.co_filename.startswith(_SKIP_FILES) and f.f_code.co_filename not in _USER_FILES:
         f = f.f_back
     if f is None:
         return "<unknown>"
@@ -259,7 +260,7 @@ def device_error(raised: list[tuple[str, BaseException]]) -> BaseException:
 
 def _explain(error: BaseException, label: str, others: list) -> None:
     """Notes on a device error: where it was raised, which other devices raised what (identical errors in
-    one line), and the fix for writing into a read-only device block."""
+    one line). (A write into a read-only block explains itself: the front ends rewrite NumPy's message.)"""
     error.add_note(f"spmdsim: raised on {label}.")
     groups: dict = {}
     for other, e in others:
@@ -267,9 +268,6 @@ def _explain(error: BaseException, label: str, others: list) -> None:
     for (kind, text), labels in groups.items():
         same = (kind, text) == (type(error).__name__, str(error))
         error.add_note(f"spmdsim: {who(labels)} also raised {'the same error' if same else f'{kind}: {text}'}.")
-    if isinstance(error, ValueError) and "read-only" in str(error):
-        error.add_note("spmdsim: a device's arguments are read-only views of the caller's arrays (JAX arrays are "
-                       "immutable too). Write x = x + 1 instead of x += 1, or work on a copy: x = x.copy().")
 
 
 def api_boundary(fun: Callable) -> Callable:

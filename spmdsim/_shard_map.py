@@ -17,7 +17,7 @@ import numpy as np
 
 from spmdsim import _devices, _hosts, _runtime, _sharding, _tree
 from spmdsim._axes import Frame, frames_label
-from spmdsim._values import as_array
+from spmdsim._values import as_array, explain_read_only
 
 __all__ = ["Mesh", "make_mesh", "PartitionSpec", "P", "shard_map"]
 
@@ -244,8 +244,12 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
 
         def body(i: int):
             previous, _context.mesh = _context.mesh, mesh
+            blocks = [b.value if type(b) is _Static else b[i] for b in stacked]
             try:
-                return f(*_tree.unflatten(treedef, [b.value if type(b) is _Static else b[i] for b in stacked]))
+                return f(*_tree.unflatten(treedef, blocks))
+            except ValueError as e:  # a write into a read-only block or result: the message says which
+                explain_read_only(e, blocks, "device")
+                raise
             finally:
                 _context.mesh = previous
 

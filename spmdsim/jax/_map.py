@@ -322,7 +322,7 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
         stacked.append(np.swapaxes(blocks, 0, 1).reshape(ex.n * inner, *blocks.shape[2:]))
     ids = None if outer.ids is None else (outer.ids[:, None] * inner + np.arange(inner)).ravel()
     try:
-        batch = _primitives.Batch(outer.axes + tuple(axes), ids, outer.host)
+        batch = _primitives.Batch(outer.axes + tuple(axes), ids, outer.comm)
         outs = Vectorized(batch).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
     except _primitives.Diverged as d:  # a collective over an outer axis: the outer devices, as the outer batch counts
         raise _primitives.Diverged([(np.unique(group // inner), *call) for group, *call in d.calls]) from None

@@ -44,7 +44,7 @@ def use_cpu_devices(n: int) -> bool:
 def patched_jax(n_devices: int, executor: str = "threads", host=None):
     """For the block: ``jax.pmap`` is :func:`spmdsim.jax.pmap` (with ``executor``), spmdsim has ``n_devices``
     virtual devices, and so has JAX's CPU platform (see :func:`use_cpu_devices`). ``host``: this process's
-    :class:`~spmdsim._host_world.Host` in a multi-host run (see :func:`host_replacements`)."""
+    :class:`~spmdsim.hosts.host.Host` in a multi-host run (see :func:`host_replacements`)."""
     import jax
 
     import spmdsim.jax as sjax
