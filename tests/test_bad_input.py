@@ -134,6 +134,20 @@ def test_writing_into_a_collectives_result_names_it_not_an_argument():
     assert "argument (or a view of it)" not in message
 
 
+def test_shard_map_explains_a_write_into_a_block_or_a_result_as_pmap_does():
+    mesh = spmdsim.make_mesh((2,), ("i",))
+    with pytest.raises(ValueError) as info:
+        spmdsim.shard_map(_increment_argument, mesh=mesh, in_specs=spmdsim.P("i"), out_specs=spmdsim.P("i"))(
+            np.ones((4, 3)))
+    assert str(info.value).startswith("output array is read-only: x is the device's argument (or a view of it)")
+    assert not [n for n in getattr(info.value, "__notes__", []) if "read-only" in n]   # no stale second hint
+    with pytest.raises(ValueError) as info:
+        spmdsim.shard_map(_write_into_result, mesh=mesh, in_specs=spmdsim.P("i"), out_specs=spmdsim.P())(
+            np.ones((4, 3)))
+    assert str(info.value).startswith("assignment destination is read-only: total is not one of the device's "
+                                      "arguments: a collective's result")
+
+
 def test_inconsistent_mapped_sizes_suggest_the_in_axes_that_broadcasts_the_odd_argument():
     def step(params, x, y):
         return x
