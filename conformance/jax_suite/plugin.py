@@ -164,13 +164,15 @@ class route_execution:
         import jax
         from jax._src import mesh as mesh_lib
 
-        spec = getattr(getattr(aval, "sharding", None), "spec", None)
-        if spec is not None and any(p is not None for p in spec):
+        typed = getattr(aval, "sharding", None)
+        if typed is not None and not typed.mesh.empty:  # a type with a mesh: its devices, axis types and spec
             mesh = mesh_lib.get_concrete_mesh()
-            if mesh is None or mesh.empty:
-                mesh = next((c.mesh for c in committed if isinstance(c, jax.sharding.NamedSharding)), None)
+            if mesh is None or mesh.empty or mesh.shape_tuple != typed.mesh.shape_tuple:
+                mesh = next((c.mesh for c in committed if isinstance(c, jax.sharding.NamedSharding) and
+                             c.mesh.shape_tuple == typed.mesh.shape_tuple), None)
             if mesh is not None:
-                return jax.sharding.NamedSharding(mesh, spec)
+                mesh = mesh_lib.Mesh(mesh.devices, mesh.axis_names, axis_types=typed.mesh.axis_types)
+                return jax.sharding.NamedSharding(mesh, typed.spec)
         return committed[0] if committed else None
 
     def __enter__(self):
