@@ -410,6 +410,9 @@ OP_CAUSES = [
      "`tridiagonal_solve(perturb_singular=True)`: jaxlib's own kernel (ported in spmdsim/jax/_linalg.py)"),
     (r"DebugInfs|DebugNans|FloatingPointError not raised",
      "`jax_debug_infs`/`jax_debug_nans`: XLA's executable checks its results (plugin.route_execution does too)"),
+    (r"RandomOutShardingTest|should match the aval mesh",
+     "harness: results under an explicit mesh placed with the context mesh's axis types, not their type's "
+     "(plugin.route_execution places them by their type since: the 6 tests pass when run by themselves)"),
     (r"testArrayCopy|testArrayExplicitDtypes",
      "harness: a result aliasing its operand's buffer (`jit(jnp.asarray)`), int64 under "
      "`explicit_x64_dtypes('allow')` canonicalised (plugin.route_execution copies and keeps them)"),
