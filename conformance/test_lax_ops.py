@@ -31,7 +31,7 @@ from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
 
 DEVICES = 3
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "custom_jvp_call": "call_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr"}
+          "custom_jvp_call": "call_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr", "composite": "jaxpr"}
 
 
 def ordered(x: np.ndarray) -> np.ndarray:

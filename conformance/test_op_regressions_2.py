@@ -137,3 +137,9 @@ def test_tridiagonal_solve_perturbing_singular_pivots(dtype):
             for diagonals in ((dl, d, du), (dl * 0, d * 0, du * 0), (dl, singular, du)):
                 check(solve, per_device(lambda k: [*diagonals, b * (k + 1)]),
                       allowed=("norm", 64 * np.finfo(dtype).eps), executors=("threads", "vectorized"))
+
+
+def test_composite_runs_its_decomposition_as_xla_does():
+    """``lax.composite`` (JAX's lax_test ``testComposite*``: no rule before): XLA:CPU runs the decomposition."""
+    f = lax.composite(lambda x, y: jax.numpy.tanh(x) * y + 1, name="my.tanh_scale", version=1)
+    check(f, per_device(lambda k: [np.linspace(-2, 2, 6, dtype=np.float32) * (k + 1), np.float32(k - 3)]))

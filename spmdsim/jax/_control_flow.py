@@ -27,6 +27,12 @@ def _closed_call(ex: Executor, *args, call_jaxpr, **_params):
     return ex.eval_closed(call_jaxpr, args)
 
 
+@higher_order("composite")
+def _composite(ex: Executor, *args, jaxpr, **_params):
+    """``lax.composite``: XLA:CPU runs the decomposition (``jaxpr``), so does spmdsim."""
+    return ex.eval_closed(jaxpr, args)
+
+
 @higher_order("remat2", "checkpoint", "remat")
 def _remat(ex: Executor, *args, jaxpr, **_params):
     return ex.eval_closed(jaxpr, args)
