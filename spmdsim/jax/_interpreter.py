@@ -200,13 +200,13 @@ class PerDevice(Executor):
 
     def eval_jaxpr(self, jaxpr, consts, args):
         if self.compiled and _observer is None:
-            return _compiled().eval_jaxpr(jaxpr, consts, args, self)
+            return _registry.COMPILED.eval_jaxpr(jaxpr, consts, args, self)
         return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
     def evaluator(self, jaxpr):
         if not self.compiled:
             return super().evaluator(jaxpr)
-        fast = _compiled().evaluator(jaxpr, self)
+        fast = _registry.COMPILED.evaluator(jaxpr, self)
 
         def evaluate(consts, args):  # the reference loop while an observer watches (see observe_equations)
             return fast(consts, args) if _observer is None else eval_jaxpr(jaxpr, consts, *args, executor=self)
@@ -224,12 +224,6 @@ class PerDevice(Executor):
 
     def put_scanned(self, buffer, i, value):
         buffer[i] = value
-
-
-@functools.cache
-def _compiled():
-    from spmdsim.jax._registry import COMPILED as _compiled  # filled by _compiled.py, a layer on this module
-    return _compiled
 
 
 class Vectorized(Executor):
@@ -258,7 +252,7 @@ class Vectorized(Executor):
         with _primitives.vectorized_batch(self.batch):
             consts = [np.broadcast_to(np.asarray(c), (self.n, *np.shape(c))) for c in consts]
             if self.compiled and _observer is None:
-                return _compiled().eval_jaxpr(jaxpr, consts, args, self)
+                return _registry.COMPILED.eval_jaxpr(jaxpr, consts, args, self)
             return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
     def apply(self, eqn, operands: list):
