@@ -30,6 +30,8 @@ import functools
 
 import numpy as np
 
+from spmdsim.jax._xla_cpu_math import flush_subnormals
+
 __all__ = ["power", "powf", "pow64", "WINDOW", "available"]
 
 # Distance from a float32 rounding midpoint, in float32 ulps, under which powf itself is called.
@@ -98,12 +100,6 @@ def powf(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return out
 
 
-def _flush(x: np.ndarray) -> np.ndarray:
-    """Subnormals to zeros of their sign (XLA:CPU's FTZ/DAZ)."""
-    tiny = np.finfo(x.dtype).tiny
-    return np.where(np.abs(x) < tiny, np.copysign(np.zeros((), x.dtype), x), x).astype(x.dtype, copy=False)
-
-
 def power(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``lax.pow`` of float32 or float64 ``x`` by ``y`` (converted to x's dtype) as XLA:CPU computes it: the C
     library's ``powf``/``pow`` with subnormal operands as zeros and subnormal results flushed to zero."""
@@ -111,4 +107,4 @@ def power(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     y = np.asarray(y).astype(x.dtype, copy=False)
     with np.errstate(all="ignore"):
         fn = powf if x.dtype == np.float32 else pow64
-        return _flush(fn(_flush(x), _flush(y)))
+        return flush_subnormals(fn(flush_subnormals(x), flush_subnormals(y)))

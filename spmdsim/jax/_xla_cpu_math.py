@@ -27,7 +27,7 @@ import numpy as np
 from spmdsim.jax import _xla_cpu_isa
 
 __all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "digamma", "fma", "multiply_add",
-           "ftz"]
+           "ftz", "flush_subnormals"]
 
 f32, f64 = np.float32, np.float64
 _TINY = np.finfo(np.float32).tiny
@@ -62,13 +62,19 @@ def multiply_add(a, b, c, dtype) -> np.ndarray:
     return np.asarray(np.asarray(a, dtype) * np.asarray(b, dtype) + np.asarray(c, dtype), dtype)
 
 
+def flush_subnormals(x: np.ndarray, dtype=None) -> np.ndarray:
+    """``x`` in ``dtype`` (default: its own), values below the dtype's smallest normal as zeros of their sign
+    (XLA:CPU's FTZ/DAZ)."""
+    dtype = np.dtype(x.dtype if dtype is None else dtype)
+    return np.where(np.abs(x) < np.finfo(dtype).tiny, np.copysign(np.zeros((), dtype), x), x).astype(dtype)
+
+
 def _daz(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, f32)
-    return np.where(np.abs(x) < _TINY, np.copysign(f32(0), x), x).astype(f32)
+    return flush_subnormals(np.asarray(x, f32))
 
 
 def ftz(x: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(x) < _TINY, np.copysign(f32(0), x), x).astype(f32)
+    return flush_subnormals(x, f32)
 
 
 def _horner_fma(x: np.ndarray, coefficients) -> np.ndarray:
