@@ -13,23 +13,35 @@ What the other side is (``against``):
   with the equation's parameters, on JAX's default (CPU) device, once per device on that device's operands.
   spmdsim's fused multiply-add (``xla_cpu_fma``, see :mod:`._contraction`) is compared with XLA compiling the
   multiply and the add it replaced in one jitted function, where XLA fuses them as it does in the user's
-  program. A sum over devices (``psum``) is checked on all devices' operands at once, gathered from the devices
+  program. A sum over devices (``psum``, and ``psum_scatter``: the primitive ``reduce_scatter``, whose device
+  then takes its slice of the sum) is checked on all devices' operands at once, gathered from the devices
   of its group, against the fold in XLA:CPU's order (rank order, left to right: the conformance suite checks
   that order bit for bit against ``jax.pmap``); the other collectives move data, or take a maximum or minimum,
   and are exact in any order, so they are not recomputed.
-- ``"order=pairwise"`` (or ``ring``, ``sequential``): each sum over devices folded in that order on the same
-  operands: which collective's result a different all-reduce algorithm (another topology) changes, and by how
-  much. Nothing but such sums depends on the order, so only they are compared.
+- ``"order=pairwise"`` (or ``ring``, ``sequential``): each sum over devices (``psum``, ``psum_scatter``) folded
+  in that order on the same operands: which collective's result a different all-reduce algorithm (another
+  topology) changes, and by how much. Nothing but such sums depends on the order, so only they are compared.
 - ``"executor=vectorized"`` (or ``threads``): each equation's rule of the other executor on the same operands
   (the vectorized rule on a one-device stack, or the per-device rule device by device). The collectives of both
   executors are one primitive layer and are not recomputed.
+
+Loops: an equation in the body of a ``while_loop``, ``fori_loop`` or ``scan`` is evaluated once per iteration,
+each evaluation compared on its own operands. Its entry says in how many evaluations it differed out of how many
+(``occurrences`` of ``evaluations``), the iteration of each enclosing loop (outer first, from 0) at its first
+occurrence, and in how many iterations it differed: where a drift accumulated over a loop started.
 
 Then, end to end: after each top-level map call, the same map is run whole by the other side on the same inputs
 (XLA: a real ``jax.shard_map`` of the map's body over JAX's devices, jitted) and its outputs are compared with
 spmdsim's: how far the outputs drifted.
 
-Not covered: the NumPy front end (``spmdsim.pmap`` of a NumPy function; compare its JAX twin instead), a
-multi-host run (``--hosts``), ``psum_scatter``'s order, and equations on PRNG keys or with effects (callbacks).
+Multi-host (``spmdsim compare --hosts H``, as ``spmdsim run --hosts H``): each host process compares the equations
+of its own devices (a collective's operands gathered across the hosts, as the collective itself does); the hosts'
+reports are gathered and host 0 prints one (:func:`merge`), its devices named with their hosts (``host 1 device 3
+[i=3]``). The end-to-end drift against XLA is not measured for a ``pmap`` there (each host holds only its devices'
+part of the arguments).
+
+Not covered: the NumPy front end (``spmdsim.pmap`` of a NumPy function; compare its JAX twin instead), and
+equations on PRNG keys or with effects (callbacks).
 """
 from __future__ import annotations
 
@@ -44,12 +56,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from spmdsim import _primitives, _runtime
+from spmdsim import _primitives, _process_group, _runtime
 from spmdsim._reduction import REDUCTION_ORDERS, ReductionOrder
 from spmdsim.jax import _dtypes, _map, _registry
-from spmdsim.jax._interpreter import HIGHER_ORDER, Vectorized, current_site, observe_equations
+from spmdsim.jax._interpreter import (HIGHER_ORDER, Vectorized, current_site, eqn_stack, observe_equations,
+                                      site_of)
 
-__all__ = ["Against", "Difference", "Drift", "Report", "compare_call", "distance", "main", "SCHEMA_PATH"]
+__all__ = ["Against", "Difference", "Drift", "Report", "compare_call", "distance", "merge", "main", "SCHEMA_PATH"]
 
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "compare.schema.json")
 SCHEMA_ID = "spmdsim-compare/1"
@@ -57,7 +70,8 @@ SCHEMA_ID = "spmdsim-compare/1"
 # Primitives compared with nothing: collectives (below), tokens, side effects, and layout-only equations.
 _COLLECTIVES = set(_primitives.PRIMITIVES) | {"psum_invariant", "all_gather_invariant", "axis_index", "precv",
                                               "pvary", "pbroadcast", "reshard"}
-_SUMS = ("psum", "psum_invariant")
+_SUMS = ("psum", "psum_invariant", "reduce_scatter")  # the collectives whose result depends on the order
+_LOOPS = ("while", "scan")  # their bodies' equations are evaluated once per iteration
 _NOT_COMPUTED = {"create_token", "after_all", "debug_print", "debug_callback", "pure_callback", "io_callback"}
 
 
@@ -154,6 +168,13 @@ class Difference:
     absolute: float = 0.0
     elements: int = 0               # elements beyond the tolerance, over every occurrence and device
     detail: str = ""
+    evaluations: int = 0            # evaluations compared (differing or not), counted as occurrences are
+    iteration: list[int] | None = None  # the first occurrence's iteration of each enclosing loop, outer first
+    iterations: int = 0             # iterations of the innermost enclosing loop in which it differed
+    key: str = dataclasses.field(default="", repr=False)  # the equation, for merging the reports of hosts
+    first: tuple = dataclasses.field(default=(), repr=False)  # the first occurrence's place in program order
+    seen: set = dataclasses.field(default_factory=set, repr=False)  # the iteration paths where it differed
+    hosts: list[int] | None = None  # under --hosts: the hosts on whose devices it differed
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "primitive": self.primitive, "params": self.params,
@@ -161,7 +182,8 @@ class Difference:
                 "results": [{"shape": list(s), "dtype": d} for s, d in self.results],
                 "site": self.site, "devices": self.devices, "occurrences": self.occurrences,
                 "ulps": _finite(self.ulps), "absolute": _finite(self.absolute), "elements": self.elements,
-                "detail": self.detail}
+                "detail": self.detail, "evaluations": self.evaluations, "iteration": self.iteration,
+                "iterations": self.iterations, **({} if self.hosts is None else {"hosts": self.hosts})}
 
 
 @dataclasses.dataclass
@@ -196,6 +218,8 @@ class Report:
     differences: list[Difference] = dataclasses.field(default_factory=list)
     drift: list[Drift] = dataclasses.field(default_factory=list)
     result: Any = dataclasses.field(default=None, repr=False)  # what the compared function returned (not in JSON)
+    hosts: int | None = None                            # under --hosts: how many hosts' reports were merged
+    evaluated: dict = dataclasses.field(default_factory=dict, repr=False)  # equation's key -> evaluations compared
 
     def __bool__(self) -> bool:
         return bool(self.differences)
@@ -204,6 +228,7 @@ class Report:
         """The report as the JSON object ``spmdsim compare --json`` writes (schema: ``spmdsim/data/
         compare.schema.json``)."""
         return {"schema": SCHEMA_ID, "against": self.against, "tolerance": {"ulps": self.ulps, "rtol": self.rtol},
+                **({} if self.hosts is None else {"hosts": self.hosts}),
                 "compared": self.compared, "skipped": dict(sorted(self.skipped.items())),
                 "differences": [d.to_json() for d in self.differences], "drift": [d.to_json() for d in self.drift]}
 
@@ -222,18 +247,21 @@ class Report:
         file = sys.stdout if file is None else file
         tolerance = "bit-exact" if self.ulps == 0 and not self.rtol else \
             f"beyond {self.ulps} ulps" + (f" and rtol {self.rtol:g}" if self.rtol else "")
-        head = (f"spmdsim compare against {self.against}: {self.compared} equation evaluations compared, "
+        on = "" if self.hosts is None else f" on {self.hosts} hosts"
+        head = (f"spmdsim compare against {self.against}{on}: {self.compared} equation evaluations compared, "
                 f"{len(self.differences)} {'equation differs' if len(self.differences) == 1 else 'equations differ'} "
                 f"({tolerance})")
         parts = [head]
         print(head, file=file)
         if self.differences:
             rows = [[str(d.rank + 1), d.primitive, _short(_params_text(d.params), 48), _avals_text(d.operands),
-                     _devices_text(d.devices), _num(d.ulps), _num(d.absolute), d.site or "<unknown>"]
+                     _devices_text(d.devices), _num(d.ulps), _num(d.absolute), f"{d.occurrences} of {d.evaluations}",
+                     _iteration_text(d), d.site or "<unknown>"]
                     for d in self.differences[:max_rows]]
             parts.append(print_table("equations that differ, first occurrence first",
-                                     ["#", "primitive", "params", "operands", "devices", "ulps", "abs", "line"],
-                                     rows, file=file, right=["#", "ulps", "abs"]))
+                                     ["#", "primitive", "params", "operands", "devices", "ulps", "abs", "differed",
+                                      "first in", "line"],
+                                     rows, file=file, right=["#", "ulps", "abs", "differed"]))
             if len(self.differences) > max_rows:
                 parts.append(f"... and {len(self.differences) - max_rows} more (--json has them all)")
                 print(parts[-1], file=file)
@@ -275,6 +303,15 @@ def _avals_text(avals) -> str:
     return ", ".join(f"{d}{list(s)}" for s, d in avals)
 
 
+def _iteration_text(d: Difference) -> str:
+    """``iteration 3`` (of the loop around it; ``iteration 1, 4`` in nested loops, outer first), and in how many
+    iterations it differed; ``-`` outside loops."""
+    if d.iteration is None:
+        return "-"
+    text = "iteration " + ", ".join(map(str, d.iteration))
+    return text if d.iterations <= 1 else f"{text} ({d.iterations} iterations)"
+
+
 def _devices_text(devices: list[str]) -> str:
     return devices[0] if len(devices) == 1 else f"{len(devices)} devices: {devices[0]}, ..."
 
@@ -296,6 +333,7 @@ class _Session:
         self.xla_functions: dict[tuple, tuple] = {}  # (id(eqn), operand avals) -> (eqn, XLA's executable)
         self.compiling = threading.Lock()
         self.calls = itertools.count()
+        self.evaluations: dict[int, tuple] = {}  # id(eqn) -> (eqn, evaluations compared: per thread or step)
         self.progress = _Progress() if progress else None
         self.watch = observe_equations(self.observe)
 
@@ -303,6 +341,41 @@ class _Session:
 
     def observe(self, ex, eqn, operands: list, outs: list) -> None:
         name = eqn.primitive.name
+        try:
+            self._observe(ex, eqn, name, operands, outs)
+        finally:
+            self._step_loops(eqn, name)
+
+    def _loops(self) -> dict:
+        """This thread's loops being evaluated: id(loop equation) -> {id(equation of its body): evaluations
+        completed in this run of the loop}."""
+        found = getattr(self.local, "loops", None)
+        if found is None:
+            found = self.local.loops = {}
+        return found
+
+    def _iteration(self) -> tuple:
+        """The iteration (from 0) of each loop (``while``, ``scan``: ``fori_loop`` is one) around the equation being
+        observed, outer first: for each loop on this thread's equation stack, how many times the equation of its
+        body that holds this one (or is this one) completed before, in this run of the loop."""
+        stack, loops = eqn_stack(), self._loops()
+        path = []
+        for k in range(len(stack) - 1):
+            e = stack[k]
+            if e is not None and e.primitive.name in _LOOPS:
+                path.append(loops.get(id(e), {}).get(id(stack[k + 1]), 0))
+        return tuple(path)
+
+    def _step_loops(self, eqn, name: str) -> None:
+        """After an equation: one more evaluation of it in its loop's body; a loop that ended starts afresh."""
+        stack, loops = eqn_stack(), self._loops()
+        if len(stack) >= 2 and stack[-1] is eqn and stack[-2] is not None and stack[-2].primitive.name in _LOOPS:
+            counts = loops.setdefault(id(stack[-2]), {})
+            counts[id(eqn)] = counts.get(id(eqn), 0) + 1
+        if name in _LOOPS:
+            loops.pop(id(eqn), None)
+
+    def _observe(self, ex, eqn, name: str, operands: list, outs: list) -> None:
         if name in HIGHER_ORDER:
             return  # its equations were observed one by one
         seq = self._position()
@@ -319,6 +392,9 @@ class _Session:
             self._count(reason, 1)
             return
         self._compare(ex, eqn, seq, [np.asarray(o) for o in outs], reference, vectorized)
+        with self.lock:
+            found = self.evaluations.get(id(eqn))
+            self.evaluations[id(eqn)] = (eqn, 1 if found is None else found[1] + 1)
 
     def _position(self) -> tuple:
         """Where the equation being observed stands in program order: (top-level map calls done, its index in
@@ -333,6 +409,7 @@ class _Session:
             with self.lock:
                 base = self.bases.setdefault(id(lane.world), (lane.world, n))[1]
             local.lane, local.base, local.count = lane, base, 0
+            local.loops = {}  # a thread that runs another device (or call) starts outside loops
         local.count += 1
         return self.calls_done, local.base + local.count
 
@@ -352,8 +429,10 @@ class _Session:
 
     def _reference(self, ex, eqn, name: str, operands: list, vectorized: bool):
         if name in _SUMS:
-            order = "sequential" if self.against.kind == "xla" else self.against.value
-            return _folded_sums(eqn, operands, ReductionOrder(order), vectorized)
+            order = ReductionOrder("sequential" if self.against.kind == "xla" else self.against.value)
+            if name == "reduce_scatter":
+                return _folded_scatter(eqn, operands, order, vectorized)
+            return _folded_sums(eqn, operands, order, vectorized)
         if self.against.kind == "executor":
             return _other_executor(eqn, operands, vectorized, ex)
         if not vectorized:
@@ -415,16 +494,21 @@ class _Session:
         self._record(eqn, seq, devices, worst_ulps, worst_abs, elements, detail, outs, vectorized)
 
     def _record(self, eqn, seq, devices, ulps, absolute, elements, detail, outs, vectorized) -> None:
+        iteration = self._iteration()
         with self.lock:
             found = self.records.get(id(eqn))
             if found is not None and seq < found[0]:  # another device got here earlier in program order
                 found = self.records[id(eqn)] = (seq, *found[1:])
+                found[1].iteration = list(iteration) if iteration else None
             if found is None:
                 blocks = [(tuple(np.shape(x)[1 if vectorized else 0:]), str(np.asarray(x).dtype)) for x in outs]
                 diff = Difference(0, eqn.primitive.name, {k: _short(str(v), 120) for k, v in eqn.params.items()},
-                                  [_aval(v.aval) for v in eqn.invars], blocks, current_site(), [], detail=detail)
+                                  [_aval(v.aval) for v in eqn.invars], blocks, current_site(), [], detail=detail,
+                                  iteration=list(iteration) if iteration else None)
                 found = self.records[id(eqn)] = (seq, diff, eqn)
             diff = found[1]
+            if iteration:
+                diff.seen.add(iteration)
             diff.occurrences += 1
             diff.devices.extend(d for d in devices if d not in diff.devices)
             diff.ulps, diff.absolute = max(diff.ulps, ulps), max(diff.absolute, absolute)
@@ -450,7 +534,11 @@ class _Session:
         self.watch.__exit__(None, None, None)  # the other side's run is not itself compared
         _map.map_observer = None
         try:
+            if self.against.kind == "xla" and api == "pmap" and _process_group.layout() is not None:
+                raise _NotMeasured("under --hosts a pmap's arguments on each host are its own devices' part")
             other, note = self._whole_map(args, params), ""
+        except _NotMeasured as e:
+            other, note = None, f"not measured: {e}"
         except Exception as e:  # noqa: BLE001 - reported as not measured
             first_line = str(e).splitlines()[0] if str(e) else ""
             other, note = None, f"not measured: {type(e).__name__}: {_short(first_line, 80)}"
@@ -500,16 +588,92 @@ class _Session:
         if self.progress is not None:
             self.progress.close()
         found = sorted(self.records.values(), key=lambda r: r[0])
-        for rank, (_, diff, _eqn) in enumerate(found):
-            diff.rank = rank
+        for rank, (seq, diff, eqn) in enumerate(found):
+            diff.rank, diff.first = rank, seq
             diff.devices.sort(key=_device_order)
+            diff.evaluations = max(self.evaluations.get(id(eqn), (eqn, 0))[1], diff.occurrences)
+            diff.iterations = len(diff.seen)
+            diff.key = _key(eqn)
+        for eqn, n in self.evaluations.values():
+            key = _key(eqn)
+            self.report.evaluated[key] = self.report.evaluated.get(key, 0) + n
         self.report.differences = [d for _, d, _ in found]
 
 
+class _NotMeasured(Exception):
+    """Why a map call's drift is not measured."""
+
+
 def _device_order(label: str) -> tuple:
-    """``device 10 [i=10]`` after ``device 2 [i=2]``; ``outside the maps`` last."""
-    number = label.split(" ", 2)[1] if label.startswith("device ") else ""
-    return (0, int(number)) if number.isdigit() else (1, label)
+    """``device 10 [i=10]`` after ``device 2 [i=2]`` (``host 1 device 10 [i=10]`` too: devices are numbered
+    globally); ``outside the maps`` (``host 1: outside the maps``) last."""
+    words = label.split(" ")
+    if words[0] == "host" and len(words) > 3 and words[2] == "device":
+        words = words[2:]
+    return (0, int(words[1])) if words[0] == "device" and len(words) > 1 and words[1].isdigit() else (1, label)
+
+
+def merge(reports: list[Report]) -> Report:
+    """The reports of the hosts of a multi-host run (``spmdsim compare --hosts H``; host order), each of its own
+    devices' equations, as one: an equation's entries (the same primitive, parameters, operands and line) become
+    one, over the devices of every host where it differed (``hosts``), its counts added up and its largest
+    distances kept, first occurrence first (each host's program order, the hosts run the same program); the
+    equation evaluations outside the maps are named by host. Each map call's drift: its outputs' largest distance
+    over the hosts (each host's outputs are its devices' part)."""
+    first = reports[0]
+    merged = Report(first.against, first.ulps, first.rtol, hosts=len(reports))
+    by_key: dict[str, Difference] = {}
+    order: dict[str, tuple] = {}
+    for h, report in enumerate(reports):
+        merged.compared += report.compared
+        for reason, n in report.skipped.items():
+            merged.skipped[reason] = merged.skipped.get(reason, 0) + n
+        for d in report.differences:
+            devices = [f"host {h}: {label}" if not label.startswith("host ") else label for label in d.devices]
+            m = by_key.get(d.key)
+            place = (d.first, h, d.rank)
+            if m is None:
+                m = by_key[d.key] = dataclasses.replace(d, devices=[], seen=set(), hosts=[], occurrences=0,
+                                                        evaluations=0, elements=0, ulps=0.0, absolute=0.0)
+                order[d.key] = place
+            elif place < order[d.key]:
+                order[d.key] = place
+                m.iteration, m.first = d.iteration, d.first
+            m.devices.extend(x for x in devices if x not in m.devices)
+            m.hosts.append(h)
+            m.seen |= d.seen
+            m.occurrences += d.occurrences
+            m.evaluations += d.evaluations
+            m.elements += d.elements
+            m.ulps, m.absolute = max(m.ulps, d.ulps), max(m.absolute, d.absolute)
+            m.detail = m.detail or d.detail
+    merged.differences = sorted(by_key.values(), key=lambda m: order[m.key])
+    for report in reports:
+        for key, n in report.evaluated.items():
+            merged.evaluated[key] = merged.evaluated.get(key, 0) + n
+    for rank, m in enumerate(merged.differences):
+        m.rank, m.iterations = rank, len(m.seen)
+        m.evaluations = max(m.evaluations, merged.evaluated.get(m.key, 0))
+        m.devices.sort(key=_device_order)
+    drift: dict[tuple, Drift] = {}
+    for report in reports:
+        for d in report.drift:
+            m = drift.get((d.call, d.output))
+            if m is None:
+                drift[(d.call, d.output)] = dataclasses.replace(d)
+            elif m.ulps is not None and d.ulps is not None:
+                m.ulps, m.absolute = max(m.ulps, d.ulps), max(m.absolute, d.absolute)
+            elif d.ulps is None and m.ulps is not None:
+                m.ulps, m.absolute, m.note = None, None, d.note
+    merged.drift = [drift[k] for k in sorted(drift)]
+    return merged
+
+
+def _key(eqn) -> str:
+    """The equation, as the same text in every host's process: its primitive, user's line, parameters and
+    operands."""
+    params = _params_text({k: _short(str(v), 120) for k, v in eqn.params.items()})
+    return "|".join([eqn.primitive.name, site_of(eqn), params, _avals_text([_aval(v.aval) for v in eqn.invars])])
 
 
 def _aval(aval) -> tuple[tuple, str]:
@@ -558,6 +722,43 @@ def _folded_sums(eqn, operands: list, order: ReductionOrder, vectorized: bool) -
         else:
             out.append(order.fold(np.add, list(gathered)))
     return out
+
+
+def _folded_scatter(eqn, operands: list, order: ReductionOrder, vectorized: bool) -> list | None:
+    """A ``reduce_scatter`` (``psum_scatter``) equation's results, each operand summed over the devices of its group
+    in ``order`` (from every device's operand, gathered as for ``psum``) and this device's slice of the sum taken:
+    the r-th index (the r-th of equal chunks when ``tiled``) along ``scatter_dimension`` for the device of rank r
+    in its group. Its rank is found by a ``reduce_scatter`` of ``arange(group size)`` from every device (exact, in
+    integers): rank r receives ``group size * r``, with ``axis_index_groups`` honoured as the equation does."""
+    params = eqn.params
+    named, positional = _primitives.split_axis_names(params["axis_name"])
+    if positional or not named:
+        return None
+    groups, dim, tiled = params.get("axis_index_groups"), params["scatter_dimension"], params["tiled"]
+    totals, size = [], None
+    for x in operands:
+        gathered = _primitives.bind("all_gather", [np.asarray(x)], axis_name=named, all_gather_dimension=0,
+                                    tiled=False, axis_index_groups=groups)[0]
+        size = gathered.shape[1 if vectorized else 0]
+        blocks = [gathered[:, k] for k in range(size)] if vectorized else list(gathered)
+        totals.append(order.fold(np.add, blocks, lead=1 if vectorized else 0))
+    if size is None:
+        return []
+    ranks = np.arange(size, dtype=np.int32)
+    if vectorized:
+        ranks = np.ascontiguousarray(np.broadcast_to(ranks, (np.shape(operands[0])[0], size)))
+    ranks = _primitives.bind("reduce_scatter", [ranks], axis_name=named, scatter_dimension=0, tiled=False,
+                             axis_index_groups=groups)[0] // size
+
+    def mine(total, r):
+        if not tiled:
+            return np.take(total, int(r), axis=dim)
+        chunk = total.shape[dim] // size
+        return np.take(total, np.arange(int(r) * chunk, (int(r) + 1) * chunk), axis=dim)
+
+    if vectorized:
+        return [np.stack([mine(t[d], ranks[d]) for d in range(len(ranks))]) for t in totals]
+    return [mine(t, ranks) for t in totals]
 
 
 def _other_executor(eqn, operands: list, vectorized: bool, ex) -> list | None:
@@ -611,15 +812,17 @@ def _xla_map(args: list, params: dict) -> Callable:
 # -- progress -----------------------------------------------------------------------------------------------------
 
 class _Progress:
-    """A rich progress line on stderr for a long comparison (after two seconds; nothing without rich or a
-    terminal)."""
+    """A rich progress line on stderr for a long comparison (after ``DELAY`` seconds, redrawn at most every
+    ``INTERVAL``; nothing without rich or a terminal). Transient: gone when the comparison ends."""
+
+    DELAY, INTERVAL = 2.0, 0.2
 
     def __init__(self):
         self.start, self.bar, self.last = time.monotonic(), None, 0.0
 
     def update(self, compared: int, differing: int) -> None:
         now = time.monotonic()
-        if now - self.last < 0.2 or now - self.start < 2.0:
+        if now - self.last < self.INTERVAL or now - self.start < self.DELAY:
             return
         self.last = now
         if self.bar is None:
@@ -662,7 +865,7 @@ def compare_call(run: Callable[[], Any], *, against: str | Against = "xla", ulps
 
 # -- the command ------------------------------------------------------------------------------------------------------
 
-VALUED = ("--devices", "--executor", "--against", "--ulps", "--rtol", "--json", "--max-rows")
+VALUED = ("--devices", "--executor", "--against", "--ulps", "--rtol", "--json", "--max-rows", "--hosts")
 
 
 def parser():
@@ -689,6 +892,10 @@ def parser():
     p.add_argument("--json", metavar="PATH", default=None, help="also write the report as JSON (schema: "
                    "spmdsim/data/compare.schema.json)")
     p.add_argument("--max-rows", type=positive_int, default=50, metavar="N", help="rows shown per table (default 50)")
+    p.add_argument("--hosts", type=positive_int, default=None, metavar="H",
+                   help="run the script as H host processes through MPI, as spmdsim run --hosts does (the devices "
+                        "split evenly): each host compares its own devices' equations; host 0 prints one report, "
+                        "naming the hosts")
     return p
 
 
@@ -714,13 +921,64 @@ def main(argv: list[str] | None = None) -> int:
     if args.ulps < 0 or (args.rtol is not None and args.rtol < 0):
         raise UsageError("--ulps and --rtol must not be negative")
     check_program(program)
-    print(f"spmdsim compare: {program.name} on {args.devices} virtual devices ({args.executor} executor), every "
-          f"equation of its maps against {against}", file=sys.stderr)
-    with patched_jax(args.devices, args.executor):
+    from spmdsim import hosts
+    host = None
+    if hosts.launched_by_mpi():  # one host of spmdsim compare --hosts H (or of mpiexec -n H spmdsim compare)
+        from spmdsim import _launch
+        from spmdsim.jax._run import _whole_lines
+        if os.environ.get(_launch.CHILD_ENV) != "1":
+            return _launch.run_as_host_child(["compare", *raw])
+        _whole_lines()
+        try:
+            host = hosts.mpi_host(args.devices)
+        except ValueError as e:
+            raise UsageError(f"--devices {args.devices}: {e}") from None
+        if args.hosts not in (None, host.count):
+            raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
+    elif args.hosts is not None and args.hosts > 1:
+        if args.devices % args.hosts:
+            raise UsageError(f"--devices {args.devices} cannot be split evenly over --hosts {args.hosts}")
+        from spmdsim import _launch
+        return _launch.launch(args.hosts, _host_argv(args, program))
+    if host is None or host.index == 0:
+        as_hosts = "" if host is None else f" as {host.count} hosts ({host.local} devices each, through MPI)"
+        print(f"spmdsim compare: {program.name} on {args.devices} virtual devices{as_hosts} ({args.executor} "
+              f"executor), every equation of its maps against {against}", file=sys.stderr)
+
+    def compared():
         report, status = compare_call(lambda: run_program(program), against=against, ulps=args.ulps,
-                                      rtol=args.rtol)
-    report.print(max_rows=args.max_rows)
-    if args.json:
-        report.write_json(args.json)
-        print(f"spmdsim compare: wrote the report to {args.json}", file=sys.stderr)
+                                      rtol=args.rtol, progress=host is None or host.index == 0)
+        report.result = None
+        return report, status
+
+    if host is None:
+        with patched_jax(args.devices, args.executor):
+            report, status = compared()
+    else:
+        status = 1
+        try:
+            with patched_jax(args.devices, args.executor, host):
+                every = host.run_program(compared)  # each host's report, gathered on every host
+            report = merge([r for r, _ in every])
+            status = next((s for _, s in every if s), 0)
+        finally:
+            hosts.mpi.exit_process(host, "returned" if status == 0 else f"exited with status {status}")
+    if host is None or host.index == 0:
+        report.print(max_rows=args.max_rows)
+        if args.json:
+            report.write_json(args.json)
+            print(f"spmdsim compare: wrote the report to {args.json}", file=sys.stderr)
     return status if status else (1 if report else 0)
+
+
+def _host_argv(args, program) -> list[str]:
+    """The command line of each host process of ``spmdsim compare --hosts H``: these options, the program, ``--``,
+    its arguments."""
+    argv = ["compare", "--devices", str(args.devices), "--executor", args.executor, "--against", args.against,
+            "--ulps", str(args.ulps), "--max-rows", str(args.max_rows)]
+    if args.rtol is not None:
+        argv += ["--rtol", repr(args.rtol)]
+    if args.json:
+        argv += ["--json", os.path.abspath(args.json)]
+    argv += [program.path] if program.path is not None else ["-m", program.module]
+    return argv + ["--", *program.args]
