@@ -21,7 +21,7 @@ import time
 import types
 from typing import Any, Callable, Hashable, Sequence
 
-from spmdsim import _output, _process_group, _threads
+from spmdsim import _blas, _output, _process_group, _threads
 from spmdsim._axes import Channel, Frame, Unnamed, frames_label, resolve_axes
 from spmdsim._process_group import SINGLE_PROCESS
 from spmdsim._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCount, Lane, Rendezvous,  # noqa: F401
@@ -161,7 +161,7 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
     try:
-        with _threads.on_lanes_cpu():
+        with _threads.on_lanes_cpu(), _blas.limited(size if parent is None else None):
             threads = _threads.run_threads(target, list(map(_thread_name, lanes)))
             try:
                 threads.wait()

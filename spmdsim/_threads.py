@@ -30,7 +30,8 @@ import os
 import threading
 from typing import Callable, Sequence
 
-__all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads", "interrupt"]
+__all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads", "interrupt", "spread",
+           "in_lane", "in_parallel"]
 
 IDLE_SECONDS = float(os.environ.get("SPMDSIM_IDLE_THREAD_SECONDS", "2"))
 REUSE = os.environ.get("SPMDSIM_REUSE_THREADS", "1") != "0"
@@ -54,6 +55,7 @@ def _pinned_cpu() -> set | None:
 
 
 _CPU = _pinned_cpu()
+_ALLOWED = os.sched_getaffinity(0) if _CPU is not None else None
 
 
 def _pin() -> None:
@@ -250,6 +252,64 @@ class on_lanes_cpu:
                 os.sched_setaffinity(0, self.saved)
             except OSError:
                 pass
+
+
+def in_lane() -> bool:
+    """Whether the calling thread is one of spmdsim's device threads."""
+    return getattr(threading.current_thread(), "_spmdsim_worker", None) is not None
+
+
+class spread:
+    """A device thread on every CPU the process may use while it runs a long kernel (a large BLAS product):
+    the kernel releases the GIL, other devices run meanwhile, and pinned to the lanes' one CPU they would all
+    queue there while the other CPUs idle. Back on the lanes' CPU after. Two system calls (a few µs): for
+    kernels of a millisecond or more. Does nothing outside device threads or where threads are not pinned."""
+
+    __slots__ = ("moved",)
+
+    def __enter__(self):
+        self.moved = False
+        if _CPU is not None and in_lane():
+            try:
+                os.sched_setaffinity(0, _ALLOWED)
+                self.moved = True
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        if self.moved:
+            try:
+                os.sched_setaffinity(0, _CPU)
+            except OSError:
+                pass
+
+
+def in_parallel(work: Callable[[int, int], None], size: int, *, cpus: int) -> None:
+    """``work(lo, hi)`` over ``range(size)`` cut in one part per CPU (at most ``cpus``): the first part in the
+    calling thread, the others in parked device threads spread over the CPUs (:class:`spread`). For a long
+    kernel of the vectorized executor (a batch of BLAS products, a fused multiply-add over every device's block)
+    that NumPy runs in one thread with the GIL released. In a device thread ``work`` runs whole (the other
+    devices use the other CPUs). Raises the first part's error."""
+    parts = min(cpus, size)
+    if parts < 2 or in_lane():
+        with spread():
+            work(0, size)
+        return
+    bounds = [size * k // parts for k in range(parts + 1)]
+    failures: list = []
+
+    def part(k: int) -> None:
+        try:
+            with spread():
+                work(bounds[k], bounds[k + 1])
+        except BaseException as e:  # noqa: BLE001 - raised in the caller below
+            failures.append(e)
+    helpers = _pool.run(lambda k: part(k + 1), ["spmdsim kernel part"] * (parts - 1))
+    part(0)
+    helpers.wait()
+    if failures:
+        raise failures[0]
 
 
 def run_threads(body: Callable[[int], None], names: Sequence[str]) -> Threads:

@@ -17,7 +17,9 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 @pytest.fixture(autouse=True)
 def eight_devices():
     """Every test starts with 8 virtual devices. Afterwards every spmdsim thread must be parked (running no user
-    code, holding no call); they are stopped so that the next test starts with none."""
+    code, holding no call); they are stopped so that the next test starts with none (and before it: a test
+    file run after another directory's, or after a vectorized kernel's helpers, finds parked threads)."""
+    _threads.stop_idle_threads()
     with spmdsim.set_device_count(8):
         yield
     busy = [t.name for t in threading.enumerate() if t.name.startswith("spmdsim") and t.name != "spmdsim idle thread"]

@@ -26,6 +26,7 @@ import ml_dtypes
 import numpy as np
 import scipy.special
 
+from spmdsim import _blas, _threads
 from spmdsim._primitives import Batch
 from spmdsim._values import broadcast_view
 from spmdsim.jax import _dtypes, _libm, _xla_cpu_isa, _xla_cpu_math
@@ -1485,14 +1486,64 @@ def product_dtypes(lhs_dtype, rhs_dtype, preferred_element_type) -> tuple[np.dty
     return out, out
 
 
+def c_slices(x: np.ndarray, leading: int = 0) -> np.ndarray:
+    """``x`` with its axes after the ``leading`` ones C-contiguous: ``x`` itself where they are, else a copy; a
+    broadcast leading axis (stride 0: a value replicated over the devices) stays broadcast. A product's operands
+    pass through here before they are transposed, so that the layout of each matrix slice, and with it BLAS's
+    kernel and result, depends on shapes only: never on how the value was made or how many slices are batched."""
+    expected = x.itemsize
+    contiguous = True
+    for size, stride in zip(reversed(x.shape[leading:]), reversed(x.strides[leading:])):
+        contiguous &= size == 1 or stride == expected
+        expected *= size
+    if contiguous:
+        return x
+    index = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in x.strides[:leading])
+    return np.broadcast_to(np.ascontiguousarray(x[index]), x.shape)
+
+
+def _blas_readable(x: np.ndarray) -> np.ndarray:
+    """``x``, or a C-order copy where BLAS cannot read its matrix slices in place (NumPy's rule: unit stride
+    along one of the two axes, the other stride at least the row length)."""
+    if x.ndim < 2:
+        return x
+    (rows, cols), (row_stride, col_stride), size = x.shape[-2:], x.strides[-2:], x.itemsize
+    readable = (col_stride == size and row_stride % size == 0 and row_stride // size >= cols) or \
+        (row_stride == size and col_stride % size == 0 and col_stride // size >= rows)
+    return x if readable else np.ascontiguousarray(x)
+
+
+SPREAD_FLOPS = 1 << 22  # a product this large runs on every CPU (see matmul_slices): about a millisecond
+
+
 def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``(..., M, K) @ (..., K, N)`` as one BLAS call per ``(M, K) @ (K, N)`` slice on contiguous copies, so
-    that the result of a slice never depends on how many slices there are."""
-    a, b = np.asarray(a, order="C"), np.asarray(b, order="C")
+    """``(..., M, K) @ (..., K, N)`` as one BLAS call per ``(M, K) @ (K, N)`` slice, read in place where BLAS can
+    (a transposed view, a broadcast batch axis) and from a C-order copy where it cannot. The kernel BLAS picks
+    for a slice depends on the slice's layout (small products' results differ in the last bits between a
+    transposed and a copied operand), so callers hand in views of :func:`c_slices` operands: a slice's result
+    then never depends on how many slices there are or on which executor made the operands.
+
+    A large product (``SPREAD_FLOPS``) uses every CPU (:func:`spmdsim._threads.in_parallel`): in a device thread,
+    that thread leaves the lanes' one CPU while BLAS runs; elsewhere (the vectorized executor), the slices are
+    split over the CPUs, each part one thread's BLAS calls (BLAS itself runs one thread per device there, see
+    :mod:`spmdsim._blas`: its own pools spin and stall when a CPU is busy)."""
+    a, b = _blas_readable(np.asarray(a)), _blas_readable(np.asarray(b))
     if a.shape[-1] == 0:
         return np.zeros((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]),
                         np.result_type(a, b))
-    return np.matmul(a, b)
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if 2 * math.prod(batch) * a.shape[-2] * a.shape[-1] * b.shape[-1] < SPREAD_FLOPS:
+        return np.matmul(a, b)
+    out = np.empty((*batch, a.shape[-2], b.shape[-1]), np.result_type(a, b))
+    cut = [x.ndim == len(batch) + 2 and x.shape[0] > 1 for x in (a, b)]
+
+    def part(lo: int, hi: int) -> None:
+        if batch:
+            np.matmul(*(x[lo:hi] if c else x for x, c in zip((a, b), cut)), out=out[lo:hi])
+        else:
+            np.matmul(a, b, out=out)
+    _threads.in_parallel(part, batch[0] if batch else 1, cpus=_blas.cpus())
+    return out
 
 
 def _same_type(lhs: np.ndarray, rhs: np.ndarray, out_dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -1512,6 +1563,7 @@ def _dot_general_with(plan, compute, out_dtype, leading: int = 0):
     def dot(lhs, rhs):
         lhs, rhs = _same_type(lhs, rhs, out_dtype)
         n = lhs.shape[:leading]
+        lhs, rhs = c_slices(lhs, leading), c_slices(rhs, leading)
         a = np.transpose(lhs, lhs_perm).astype(compute, copy=False).reshape((*n, *lhs_shape))
         b = np.transpose(rhs, rhs_perm).astype(compute, copy=False).reshape((*n, *rhs_shape))
         return matmul_slices(a, b).reshape((*n, *out_shape)).astype(out_dtype, copy=False)
@@ -1540,7 +1592,7 @@ def _specialize_dot_general(eqn):
     cast_out = None if compute == out_dtype else out_dtype
 
     def dot(a, b):
-        out = matmul_slices(_shaped(a, lt, lc, ls), _shaped(b, rt, rc, rs))
+        out = matmul_slices(_shaped(c_slices(a), lt, lc, ls), _shaped(c_slices(b), rt, rc, rs))
         if reshape_out is not None:
             out = out.reshape(reshape_out)
         return out if cast_out is None else out.astype(cast_out)
