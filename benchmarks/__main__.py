@@ -1,9 +1,11 @@
-"""``python -m benchmarks [--quick] [--out FILE]``: spmdsim and jax.pmap side by side, in one run.
+"""``python -m benchmarks [--quick] [--busy] [--only NAME] [--out FILE]``: spmdsim and jax.pmap side by side.
 
 For each benchmark and device count: the median of repeated calls (after a first call, whose time is shown
 separately: for jax.pmap and the JAX front end that is trace + compile), and the ratio spmdsim / jax.
 jax.pmap runs in a subprocess per device count with that many forced CPU devices; a run that exceeds its
-time limit is reported as such. Results (with machine and version information) go to a JSON file.
+time limit is reported as such. Each row shows the machine's 1-minute load average at its end; with --busy,
+each row is measured twice, quiet and with a second process busy-looping on one core (benchmarks/busy.py).
+Results (with machine and version information) go to a JSON file.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 
 import spmdsim
 from benchmarks import programs
+from benchmarks.busy import busy_process
 from benchmarks.timing import WARMUP, measure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +104,12 @@ def spmdsim_side(bench: str, n: int, variant: str, repeats: int) -> dict:
                                out_specs=P("y"), check_vma=False, executor="vectorized")
             x = np.ones((4096 * 4,), np.float32)
             return measure(lambda: jax.block_until_ready(f(x)), repeats, _warmup(n))
+        if bench in programs.WORK:
+            if variant == "numpy":
+                return {"error": "no NumPy front end version (jax.grad of a JAX program)"}
+            step, in_axes, out_axes, args = programs.work_program(bench, n)
+            f = sjax.pmap(step, "i", in_axes=in_axes, out_axes=out_axes, executor=executor)
+            return measure(lambda: jax.block_until_ready(f(*args)), repeats, _warmup(n))
         if bench == "cnn":
             if variant == "numpy":
                 return {"error": "no NumPy front end version (a flax model)"}
@@ -152,6 +161,9 @@ PLAN = {  # benchmark -> device counts; every benchmark runs every variant
     "grad": [8],
     "jit": [8],
     "cnn": [8],
+    "mlp": [8],
+    "cnn32": [8],
+    "transformer": [8],
     "shard_map": [8],
     "mesh64": [4096],
     "scale": [4096],
@@ -166,7 +178,9 @@ def machine() -> dict:
     import jax
     return {"python": platform.python_version(), "numpy": np.__version__, "jax": jax.__version__,
             "spmdsim": spmdsim.__version__, "machine": platform.machine(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "system": platform.platform(), "date": time.strftime("%Y-%m-%d")}
+            "cpus": os.cpu_count(), "system": platform.platform(), "date": time.strftime("%Y-%m-%d"),
+            "commit": subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout.strip()}
 
 
 def main(argv=None) -> int:
@@ -180,6 +194,8 @@ def main(argv=None) -> int:
     parser.add_argument("--fresh-threads", action="store_true",
                         help="start new device threads for every call (spmdsim._threads.REUSE = False, as "
                              "SPMDSIM_REUSE_THREADS=0; by default device threads are parked between calls)")
+    parser.add_argument("--busy", action="store_true",
+                        help="measure each row twice: quiet, then with a second process busy-looping on one core")
     args = parser.parse_args(argv)
     if args.markdown:
         with open(args.markdown) as f:
@@ -195,21 +211,15 @@ def main(argv=None) -> int:
             reps = min(repeats, 3) if n >= 1024 else repeats
             if bench == "steps":
                 reps = 2 if args.quick else 3
-            jx = jax_side(bench, n, reps, args.jax_timeout)
-            row = {"benchmark": bench, "devices": n, "jax": jx}
-            for variant in VARIANTS:
-                if variant == "jax-threads" and bench == "latency" and n > 256:
-                    row[variant] = {"error": "skipped: 100 rendezvous x 1024 threads"}
-                    continue
-                if bench in SMALL_CALLS:  # default settings: no reuse_threads() block
-                    row[variant] = spmdsim_small_calls(bench, n, variant, reps)
-                    continue
-                with (contextlib.nullcontext() if args.fresh_threads else spmdsim.reuse_threads()):
-                    row[variant] = spmdsim_side(bench, n, variant, reps)
-            if bench == "large":
-                row["numpy-bound"] = numpy_bound(repeats)
-            rows.append(row)
-            print_row(row)
+            for busy in ([False, True] if args.busy else [False]):
+                with (busy_process() if busy else contextlib.nullcontext()):
+                    row = measure_row(bench, n, reps, args)
+                row.update(busy=busy, load=os.getloadavg()[0])
+                rows.append(row)
+                print_row(row)
+                if busy:
+                    quiet = rows[-2]
+                    print("  busy / quiet: " + "  ".join(f"{v} {_ratio(row[v], quiet[v])}" for v in ["jax", *VARIANTS]))
     doc = {"machine": machine(), "rows": rows, "threads": "fresh per call" if args.fresh_threads else "reused",
            "notes": "medians of repeated calls (--repeats, 3 at >= 1024 devices, more until 0.5 s of timed calls) "
                      "after a first call and warm-up calls (3; 1 at >= 1024 devices); kernel_s: kernel CPU time per "
@@ -219,6 +229,31 @@ def main(argv=None) -> int:
     print_table(rows)
     print(f"results: {args.out}")
     return 0
+
+
+def measure_row(bench: str, n: int, reps: int, args) -> dict:
+    """One benchmark at n devices: jax.pmap (in its subprocess), then each spmdsim variant."""
+    row = {"benchmark": bench, "devices": n, "jax": jax_side(bench, n, reps, args.jax_timeout)}
+    for variant in VARIANTS:
+        if variant == "jax-threads" and bench == "latency" and n > 256:
+            row[variant] = {"error": "skipped: 100 rendezvous x 1024 threads"}
+            continue
+        if bench in SMALL_CALLS:  # default settings: no reuse_threads() block
+            row[variant] = spmdsim_small_calls(bench, n, variant, reps)
+            continue
+        with (contextlib.nullcontext() if args.fresh_threads else spmdsim.reuse_threads()):
+            row[variant] = spmdsim_side(bench, n, variant, reps)
+    if bench == "large":
+        row["numpy-bound"] = numpy_bound(reps)
+    return row
+
+
+def _name(row: dict) -> str:
+    return row["benchmark"] + (", busy" if row.get("busy") else "")
+
+
+def _load(row: dict) -> str:
+    return f"{row['load']:.1f}" if "load" in row else ""
 
 
 def _ms(result: dict) -> str:
@@ -243,45 +278,45 @@ def _ratio(ours: dict, theirs: dict) -> str:
 
 def print_row(row: dict) -> None:
     parts = [f"{v}={_ms(row[v])} ms" for v in VARIANTS]
-    print(f"{row['benchmark']:8s} N={row['devices']:5d}  jax={_ms(row['jax'])} ms  " + "  ".join(parts)
-          + (f"  ({row['jax']['error']})" if "error" in row["jax"] else ""), flush=True)
+    print(f"{_name(row):8s} N={row['devices']:5d}  jax={_ms(row['jax'])} ms  " + "  ".join(parts)
+          + f"  load {_load(row)}" + (f"  ({row['jax']['error']})" if "error" in row["jax"] else ""), flush=True)
 
 
 def markdown(doc: dict) -> str:
     """The results as a Markdown table: times in ms, ratio = spmdsim / jax.pmap."""
     lines = ["| benchmark | N | jax.pmap | jax first call | NumPy front end | ratio | JAX front end, threads | ratio "
-             "| JAX front end, vectorized | ratio | vectorized first call |", "|---|---:|" + "---:|" * 9]
+             "| JAX front end, vectorized | ratio | vectorized first call | load |", "|---|---:|" + "---:|" * 10]
     for r in doc["rows"]:
         jx = r["jax"]
-        lines.append(f"| {r['benchmark']} | {r['devices']} | {_ms(jx) if 'error' not in jx else 'failed: ' + jx['error'][:60]} "
+        lines.append(f"| {_name(r)} | {r['devices']} | {_ms(jx) if 'error' not in jx else 'failed: ' + jx['error'][:60]} "
                      f"| {_first(jx)} | {_ms(r['numpy'])} | {_ratio(r['numpy'], jx)} | {_ms(r['jax-threads'])} "
                      f"| {_ratio(r['jax-threads'], jx)} | {_ms(r['jax-vectorized'])} | {_ratio(r['jax-vectorized'], jx)} "
-                     f"| {_first(r['jax-vectorized'])} |")
+                     f"| {_first(r['jax-vectorized'])} | {_load(r)} |")
         if "numpy-bound" in r:
             bound = r["numpy-bound"]["median_s"]
             lines.append(f"| (NumPy bound: one add-reduce) | 8 | | | {_ms(r['numpy-bound'])} | "
                          f"{bound / r['numpy']['median_s']:.2f} of the bound | | {bound / r['jax-threads']['median_s']:.2f} "
-                         f"of the bound | | {bound / r['jax-vectorized']['median_s']:.2f} of the bound | |")
+                         f"of the bound | | {bound / r['jax-vectorized']['median_s']:.2f} of the bound | | |")
             lines.append(f"| (kernel time per call, ms) | 8 | | | {_kernel_ms(r['numpy'])} (bound "
                          f"{_kernel_ms(r['numpy-bound'])}) | | {_kernel_ms(r['jax-threads'])} | | "
-                         f"{_kernel_ms(r['jax-vectorized'])} | | |")
+                         f"{_kernel_ms(r['jax-vectorized'])} | | | |")
     return "\n".join(lines)
 
 
 def print_table(rows: list[dict]) -> None:
     header = ["benchmark", "N", "jax.pmap ms", "jax first ms", "numpy ms", "ratio", "jax-threads ms", "ratio",
-              "jax-vectorized ms", "ratio", "spmdsim.jax first ms"]
+              "jax-vectorized ms", "ratio", "spmdsim.jax first ms", "load"]
     body = []
     for r in rows:
-        body.append([r["benchmark"], str(r["devices"]), _ms(r["jax"]), _first(r["jax"]), _ms(r["numpy"]),
+        body.append([_name(r), str(r["devices"]), _ms(r["jax"]), _first(r["jax"]), _ms(r["numpy"]),
                      _ratio(r["numpy"], r["jax"]), _ms(r["jax-threads"]), _ratio(r["jax-threads"], r["jax"]),
-                     _ms(r["jax-vectorized"]), _ratio(r["jax-vectorized"], r["jax"]), _first(r["jax-vectorized"])])
+                     _ms(r["jax-vectorized"]), _ratio(r["jax-vectorized"], r["jax"]), _first(r["jax-vectorized"]), _load(r)])
         if "numpy-bound" in r:
             body.append(["  numpy bound", "8", "", "", _ms(r["numpy-bound"]),
-                         f"{r['numpy-bound']['median_s'] / r['numpy']['median_s']:.2f} of bound", "", "", "", "", ""])
+                         f"{r['numpy-bound']['median_s'] / r['numpy']['median_s']:.2f} of bound", "", "", "", "", "", ""])
             kernel = f"{_kernel_ms(r['numpy'])} (bound {_kernel_ms(r['numpy-bound'])})"
             body.append(["  kernel ms/call", "8", "", "", kernel, "", _kernel_ms(r["jax-threads"]), "",
-                         _kernel_ms(r["jax-vectorized"]), "", ""])
+                         _kernel_ms(r["jax-vectorized"]), "", "", ""])
     try:
         from rich.console import Console
         from rich.table import Table

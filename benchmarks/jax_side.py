@@ -41,6 +41,14 @@ def main():
         f = jax.jit(jax.shard_map(programs.mesh64_program(jax.lax), mesh=mesh, in_specs=P(("x", "y")),
                                   out_specs=P("y"), check_vma=False))
         args = (np.ones((4096 * 4,), np.float32),)
+    elif bench in programs.WORK:
+        step, in_axes, out_axes, args = programs.work_program(bench, n)
+        f = jax.pmap(step, "i", in_axes=in_axes, out_axes=out_axes)
+        # The mapped arguments put on the devices once (as a training loop keeps them there): a step then copies
+        # no more than spmdsim's, whose devices take views of them.
+        split = jax.pmap(lambda a: a)
+        args = tuple(split(a) if ax == 0 else a for a, ax in
+                     zip(args, in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)))
     elif bench == "cnn":
         step, params, stats, opt_state = programs.jax_cnn_step()
         f = jax.pmap(step, "i", in_axes=(None, None, None, 0, 0), out_axes=None)

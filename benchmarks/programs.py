@@ -84,10 +84,13 @@ def training_loop(step, params, x, y, steps: int = STEPS, block=lambda value: va
         params, loss = step(params, x, y)
         block(loss)
     return loss
-def jax_cnn_step():
+
+
+def jax_cnn_step(image_size=16):
     """A flax CNN training step (conv, cross-device BatchNorm, max and average pooling, SGD with momentum;
-    gradients and loss pmean'd), as in examples/jax/cnn_batchnorm.py. Returns (step, params, batch_stats,
-    opt_state) for the pmapped signature step(params, batch_stats, opt_state, images, labels)."""
+    gradients and loss pmean'd), as in examples/jax/cnn_batchnorm.py, on (image_size, image_size, 1) images.
+    Returns (step, params, batch_stats, opt_state) for the pmapped signature step(params, batch_stats,
+    opt_state, images, labels)."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -113,13 +116,13 @@ def jax_cnn_step():
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), stats, opt_state, loss
 
-    variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 1)), train=False)
+    variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1, image_size, image_size, 1)), train=False)
     return step, variables["params"], variables["batch_stats"], tx.init(variables["params"])
 
 
-def cnn_data(n, per_device=16, seed=0):
+def cnn_data(n, per_device=16, image_size=16, seed=0):
     rng = np.random.default_rng(seed)
-    images = rng.standard_normal((n, per_device, 16, 16, 1)).astype(np.float32)
+    images = rng.standard_normal((n, per_device, image_size, image_size, 1)).astype(np.float32)
     labels = rng.integers(0, 10, (n, per_device)).astype(np.int32)
     return images, labels
 
@@ -152,3 +155,97 @@ def shard_map_step(lax, numpy):
 def mesh64_program(lax):
     """One psum over the first axis of a (64, 64) mesh (4096 devices), on (4,) blocks."""
     return lambda b: lax.psum(b, "x")
+
+
+# -- issue 27: training steps whose devices do real work (large matmuls, convolutions, attention) ------------
+
+MLP_SIZES = (784, 1024, 1024, 10)
+
+
+def jax_mlp_step():
+    """JAX's examples/spmd_mnist_classifier_fromscratch.py: an MLP 784-1024-1024-10 (tanh, log-softmax),
+    ``jax.grad`` of the cross-entropy, the gradients psum'd over the devices, SGD ``w - 0.001 * dw``; the
+    parameters replicated (one copy per device, in_axes=0), as the example does."""
+    import jax
+    import jax.numpy as jnp
+
+    def predict(params, x):
+        for w, b in params[:-1]:
+            x = jnp.tanh(x @ w + b)
+        w, b = params[-1]
+        logits = x @ w + b
+        return logits - jax.nn.logsumexp(logits, axis=1, keepdims=True)
+
+    def loss(params, batch):
+        x, y = batch
+        return -jnp.mean(jnp.sum(predict(params, x) * y, axis=1))
+
+    def step(params, batch):
+        grads = jax.lax.psum(jax.grad(loss)(params, batch), "i")
+        return [(w - 0.001 * dw, b - 0.001 * db) for (w, b), (dw, db) in zip(params, grads)]
+    return step
+
+
+def mlp_data(n, per_device=16, seed=0):
+    """(replicated parameters, (images, one-hot labels)), each with a leading device axis."""
+    rng = np.random.default_rng(seed)
+    params = [(np.repeat(0.01 * rng.standard_normal((1, m, k), np.float32), n, axis=0), np.zeros((n, k), np.float32))
+              for m, k in zip(MLP_SIZES[:-1], MLP_SIZES[1:])]
+    x = rng.standard_normal((n, per_device, MLP_SIZES[0])).astype(np.float32)
+    y = np.eye(MLP_SIZES[-1], dtype=np.float32)[rng.integers(0, MLP_SIZES[-1], (n, per_device))]
+    return params, (x, y)
+
+
+SEQ, D_MODEL, HEADS, D_MLP = 128, 256, 4, 1024
+
+
+def jax_transformer_step():
+    """One pre-LayerNorm transformer block (4-head self-attention, LayerNorm, a 1024-wide GELU MLP) trained by
+    optax.adamw on a regression of random targets; gradients and loss pmean'd. Returns (step, params,
+    opt_state) for the pmapped signature step(params, opt_state, x, y)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.LayerNorm()(x)
+            x = x + nn.MultiHeadDotProductAttention(num_heads=HEADS)(h, h)
+            h = nn.LayerNorm()(x)
+            return x + nn.Dense(D_MODEL)(nn.gelu(nn.Dense(D_MLP)(h)))
+
+    model, tx = Block(), optax.adamw(1e-3)
+
+    def step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean((model.apply(p, x) - y) ** 2))(params)
+        grads, loss = jax.lax.pmean((grads, loss), "i")
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, SEQ, D_MODEL)))
+    return step, params, tx.init(params)
+
+
+def transformer_data(n, per_device=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, per_device, SEQ, D_MODEL)).astype(np.float32)
+    return x, rng.standard_normal(x.shape).astype(np.float32)
+
+
+WORK = ("mlp", "cnn32", "transformer")
+
+
+def work_program(name, n):
+    """One of issue 27's steps at n devices, the same call for spmdsim.jax.pmap and jax.pmap: returns
+    (step, in_axes, out_axes, args) for ``pmap(step, "i", in_axes=in_axes, out_axes=out_axes)(*args)``."""
+    if name == "mlp":
+        return jax_mlp_step(), 0, 0, mlp_data(n)
+    if name == "cnn32":  # batch 32 per device of MNIST-sized images
+        step, params, stats, opt_state = jax_cnn_step(image_size=28)
+        return step, (None, None, None, 0, 0), None, (params, stats, opt_state, *cnn_data(n, 32, 28))
+    if name == "transformer":
+        step, params, opt_state = jax_transformer_step()
+        return step, (None, None, 0, 0), None, (params, opt_state, *transformer_data(n))
+    raise ValueError(name)
