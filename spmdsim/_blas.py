@@ -3,11 +3,13 @@
 NumPy's BLAS (OpenBLAS) starts one thread per CPU and, for each product, spins them up and waits for them. With
 eight device threads each calling it at once on two CPUs, the pools fight for the same cores: a training step
 of eight devices doing 16-row products took 0.45 s with BLAS's default against 0.20 s with one BLAS thread on a
-2-core machine, and 0.95 s against 0.20 s with another process busy (issue 27). During a mapped call BLAS
-therefore runs ``max(1, cpus // devices_at_once)`` threads (``cpus``: the CPUs this process may use), never
-more than it had, and gets its previous count back when the call returns or raises, whatever the user set
-(``OPENBLAS_NUM_THREADS``, threadpoolctl). The count is per call, from the thread that made it; nested maps
-keep the outer call's count.
+2-core machine, and 0.95 s against 0.20 s with another process busy (issue 27). During a mapped call of the
+thread executor BLAS therefore runs ``max(1, cpus // devices_at_once)`` threads (``cpus``: the CPUs this
+process may use), never more than it had, and gets its previous count back when the call returns or raises,
+whatever the user set (``OPENBLAS_NUM_THREADS``, threadpoolctl). The count is per call, set by the thread that
+made it before any device starts; nested maps keep the outer call's count. The vectorized executor computes in
+one thread and splits its large kernels over the CPUs itself (:func:`spmdsim._threads.in_parallel`): BLAS runs
+one thread per part while they run.
 
 The pools are found and set with threadpoolctl (installed with the ``jax`` extra): without it, BLAS is left as
 it is. ``SPMDSIM_BLAS_THREADS=N`` fixes the count inside calls; ``SPMDSIM_BLAS_THREADS=0`` leaves BLAS alone.

@@ -30,6 +30,8 @@ import os
 import threading
 from typing import Callable, Sequence
 
+from spmdsim import _blas
+
 __all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads", "interrupt", "spread",
            "in_lane", "in_parallel"]
 
@@ -305,9 +307,10 @@ def in_parallel(work: Callable[[int, int], None], size: int, *, cpus: int) -> No
                 work(bounds[k], bounds[k + 1])
         except BaseException as e:  # noqa: BLE001 - raised in the caller below
             failures.append(e)
-    helpers = _pool.run(lambda k: part(k + 1), ["spmdsim kernel part"] * (parts - 1))
-    part(0)
-    helpers.wait()
+    with _blas.limited(parts):  # BLAS's own threads would compete with the parts' (see spmdsim._blas)
+        helpers = _pool.run(lambda k: part(k + 1), ["spmdsim kernel part"] * (parts - 1))
+        part(0)
+        helpers.wait()
     if failures:
         raise failures[0]
 

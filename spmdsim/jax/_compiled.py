@@ -22,16 +22,18 @@ together, in one rendezvous, as the NumPy front end does. Results are the same; 
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from typing import Callable
 
 import numpy as np
+from jax import dtypes as jax_dtypes
 from jax.extend import core as ext_core
 
 from spmdsim import _primitives
 from spmdsim.jax._names import user_name
 from spmdsim.jax._contraction import contract
-from spmdsim.jax._registry import compiled_form
+from spmdsim.jax._registry import IN_PLACE, compiled_form
 from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
 
@@ -160,9 +162,15 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
         return names[var]
 
     consts = [local(v) for v in jaxpr.constvars]
-    params = ", ".join(["stack", "ex", *consts, *(local(v) for v in jaxpr.invars)])
-    lines = [f"def run({params}):"]
+    params = [local(v) for v in jaxpr.invars]
+    lines = ["def run(stack, ex, consts, args, consume):"]
+    if consts:
+        lines.append(f"    {', '.join(consts)}, = consts")
+    if params:
+        lines.append(f"    {', '.join(params)}, = args")
+    lines.append("    if consume: args.clear()")  # the caller's list held the arguments: now only the locals do
     lines += [f"    {c} = asarray({c})" for c in consts]
+    last_use = _last_uses(steps, jaxpr)
     for k, step in enumerate(steps):
         ns[f"E{k}"] = step.eqn
         lines.append(f"    stack[-1] = E{k}")
@@ -178,7 +186,8 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
         if step.call is None:  # no rule here: the executor's fallback (or its NotImplementedError)
             lines.append(f"    {target}ex.missing(E{k}, [{', '.join(operands)}])")
         else:
-            ns[f"C{k}"] = step.call
+            dies = bool(step.operands) and not step.operands[0][0] and last_use.get(step.operands[0][1]) == k
+            ns[f"C{k}"] = _donating_call(step, executor) if dies else step.call
             call = f"C{k}(({', '.join(operands)},))" if step.operands_tuple else \
                 f"C{k}({', '.join(['ex'] * step.higher + operands)})"
             lines.append(f"    {target}{f'ex.nullary({call}, {step.multiple})' if step.nullary else call}")
@@ -203,6 +212,55 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", ns
 
 
+def _last_uses(steps: list[_Step], jaxpr) -> dict:
+    """variable -> the index of the last step reading it (variables the program returns: none)."""
+    last = {value: k for k, step in enumerate(steps) for constant, value in step.operands if not constant}
+    for v in [*jaxpr.outvars, *jaxpr.constvars]:
+        if not isinstance(v, ext_core.Literal):
+            last.pop(v, None)
+    return last
+
+
+def _donating_call(step: _Step, executor: Executor) -> Callable:
+    """The call of ``step``, whose first operand dies at it: for a primitive XLA updates in place (a scatter,
+    ``dynamic_update_slice``: ``_registry.IN_PLACE``), one that updates that operand itself when the program holds
+    it alone (:func:`_donating`); ``step.call`` otherwise."""
+    eqn = step.eqn
+    rule = executor.rules.get(eqn.primitive.name)
+    if eqn.primitive.name not in IN_PLACE or step.higher or step.operands_tuple or len(step.eqns) > 1 \
+            or rule is None or jax_dtypes.issubdtype(eqn.invars[0].aval.dtype, jax_dtypes.extended):
+        return step.call
+    rule = getattr(rule, "__wrapped__", rule)  # the rule itself (the PRNG-key wrapper: keys are never donated)
+    return functools.partial(_donating, step.call, functools.partial(rule, **eqn.params, in_place=True))
+
+
+def _donating(copying: Callable, in_place: Callable, operand, *rest):
+    """``in_place(operand, ...)`` where nothing but the program's dead local holds ``operand`` (its reference
+    count is that of such a local, measured once by :func:`_unshared_count`; a view of it, a caller's list, a
+    user's variable, a trace would each add one), it owns its memory and is writable and C-contiguous; else
+    ``copying(operand, ...)``. The results are the same: only the copy is saved."""
+    if sys.getrefcount(operand) <= _UNSHARED and type(operand) is np.ndarray and operand.flags.owndata \
+            and operand.flags.writeable and operand.flags.c_contiguous:
+        return in_place(operand, *rest)
+    return copying(operand, *rest)
+
+
+def _refcount_probe(copying: Callable, in_place: Callable, operand, *rest) -> int:
+    return sys.getrefcount(operand)  # in a frame made as _donating's is
+
+
+def _unshared_count() -> int:
+    """The reference count :func:`_donating` sees for an array held only by a generated program's local that
+    dies at the call: measured on a program of that form (it depends on the Python version)."""
+    ns: dict = {}
+    exec(compile("def probe(make, call):\n    v0 = make()\n    v1 = call(v0, 0)\n    return v1\n",  # noqa: S102
+                 "<spmdsim: probe>", "exec"), ns)
+    return ns["probe"](lambda: np.empty(1), functools.partial(_refcount_probe, None, None))
+
+
+_UNSHARED = _unshared_count()
+
+
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -224,17 +282,19 @@ def evaluator(jaxpr, executor: Executor) -> Callable[[list, list], list[np.ndarr
     return functools.partial(_run, _program(jaxpr, executor), executor)
 
 
-def eval_jaxpr(jaxpr, consts, args, executor: Executor) -> list[np.ndarray]:
-    """Evaluate ``jaxpr`` with its compiled function; the same results and errors as the reference loop."""
-    return _run(_program(jaxpr, executor), executor, consts, args)
+def eval_jaxpr(jaxpr, consts, args, executor: Executor, consume: bool = False) -> list[np.ndarray]:
+    """Evaluate ``jaxpr`` with its compiled function; the same results and errors as the reference loop.
+    ``consume``: ``args`` is a list the caller gives up (a loop's carry): emptied once read, so that an argument
+    the caller holds nowhere else can be updated in place (see :func:`_donating`)."""
+    return _run(_program(jaxpr, executor), executor, consts, args, consume)
 
 
-def _run(run: Callable, executor: Executor, consts, args) -> list[np.ndarray]:
+def _run(run: Callable, executor: Executor, consts, args, consume: bool = False) -> list[np.ndarray]:
     stack = eqn_stack()
     stack.append(None)
     errors = ignore_errors()  # XLA computes through overflow and NaN without a warning
     try:
-        return run(stack, executor, *consts, *args)
+        return run(stack, executor, consts, args, consume)
     finally:
         restore_errors(errors)
         stack.pop()

@@ -90,8 +90,12 @@ def _while(ex: Executor, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
         selection = going[0]
         sub = ex.subset(selection)
         old = [ex.select(x, selection) for x in carry]
+        arguments = [*(ex.select(x, selection) for x in body_consts), *old]
+        owned = selection is None and not batched  # the carry is the body's alone: updated in place where it can be
+        if owned:
+            carry = old = new = None
         try:
-            new = sub.eval_closed(body_jaxpr, [*(ex.select(x, selection) for x in body_consts), *old])
+            new = sub.eval_closed(body_jaxpr, arguments, consume=owned)
         except Diverged as d:
             if selection is None:
                 raise
@@ -111,8 +115,10 @@ def _scan(ex: Executor, *args, jaxpr, num_consts, num_carry, length, reverse, **
     ys = [ex.stacked_buffer(aval, length) for aval in jaxpr.out_avals[num_carry:]]
     for step in range(length):
         i = length - 1 - step if reverse else step
-        outs = ex.eval_closed(jaxpr, [*consts, *carry, *(ex.scanned(x, i) for x in xs)])
-        carry = outs[:num_carry]
+        arguments = [*consts, *carry, *(ex.scanned(x, i) for x in xs)]
+        carry = None  # the body holds the carry alone: updated in place where it can be (see ._compiled)
+        outs = ex.eval_closed(jaxpr, arguments, consume=True)
         for y, out in zip(ys, outs[num_carry:], strict=True):
             ex.put_scanned(y, i, out)
+        carry, outs = outs[:num_carry], None
     return carry + ys

@@ -116,7 +116,8 @@ class Executor:
     def expected(self, aval) -> tuple[tuple, np.dtype]:
         raise NotImplementedError
 
-    def eval_jaxpr(self, jaxpr, consts, args) -> list:
+    def eval_jaxpr(self, jaxpr, consts, args, consume: bool = False) -> list:
+        """``consume``: ``args`` is a list the caller gives up (a loop's carry), see ``._compiled.eval_jaxpr``."""
         return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
     def evaluator(self, jaxpr) -> Callable[[Sequence, Sequence], list]:
@@ -124,11 +125,11 @@ class Executor:
         (a map's body is evaluated once per device)."""
         return functools.partial(self.eval_jaxpr, jaxpr)
 
-    def eval_closed(self, closed, args) -> list:
+    def eval_closed(self, closed, args, consume: bool = False) -> list:
         """A sub-jaxpr (a ClosedJaxpr, or an open Jaxpr without constants as in remat's params)."""
         if hasattr(closed, "consts"):
-            return self.eval_jaxpr(closed.jaxpr, closed.consts, args)
-        return self.eval_jaxpr(closed, (), args)
+            return self.eval_jaxpr(closed.jaxpr, closed.consts, args, consume)
+        return self.eval_jaxpr(closed, (), args, consume)
 
     def apply(self, eqn, operands: list):
         name = eqn.primitive.name
@@ -198,9 +199,9 @@ class PerDevice(Executor):
     def expected(self, aval):
         return _dtypes.numpy_shape_dtype(aval)
 
-    def eval_jaxpr(self, jaxpr, consts, args):
+    def eval_jaxpr(self, jaxpr, consts, args, consume: bool = False):
         if self.compiled and _observer is None:
-            return _registry.COMPILED.eval_jaxpr(jaxpr, consts, args, self)
+            return _registry.COMPILED.eval_jaxpr(jaxpr, consts, args, self, consume)
         return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
     def evaluator(self, jaxpr):
@@ -248,11 +249,11 @@ class Vectorized(Executor):
         found = _dtypes.numpy_shape_dtype(aval)
         return None if found is None else ((self.n, *found[0]), found[1])
 
-    def eval_jaxpr(self, jaxpr, consts, args):
+    def eval_jaxpr(self, jaxpr, consts, args, consume: bool = False):
         with _primitives.vectorized_batch(self.batch):
             consts = [np.broadcast_to(np.asarray(c), (self.n, *np.shape(c))) for c in consts]
             if self.compiled and _observer is None:
-                return _registry.COMPILED.eval_jaxpr(jaxpr, consts, args, self)
+                return _registry.COMPILED.eval_jaxpr(jaxpr, consts, args, self, consume)
             return eval_jaxpr(jaxpr, consts, *args, executor=self)
 
     def apply(self, eqn, operands: list):

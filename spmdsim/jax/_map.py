@@ -37,7 +37,7 @@ from jax._src.util import weakref_lru_cache
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 
-from spmdsim import _blas, _hosts, _primitives, _runtime, _sharding
+from spmdsim import _hosts, _primitives, _runtime, _sharding
 from spmdsim._values import broadcast_view, read_only
 from spmdsim.jax import _dtypes
 from spmdsim.jax import _compiled  # noqa: F401  (the compiled form of jaxprs installs itself: _registry.COMPILED)
@@ -310,8 +310,7 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
         return [_sharding.assemble(o, spec, local) for o, spec in zip(outs, out_specs, strict=True)]
     if ex is None:  # top level: the mesh alone
         stacked = [_split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
-        with _blas.limited(math.prod(size for _, size in axes)):  # products split over the CPUs by spmdsim
-            outs = Vectorized(_primitives.Batch(axes)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
+        outs = Vectorized(_primitives.Batch(axes)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
         return [_assemble_stacked(o, spec, axes) for o, spec in zip(outs, out_specs, strict=True)]
     # Nested in a vectorized body: every outer device's value splits into the inner mesh's blocks; the device
     # axis widens to (outer devices x inner devices), row-major.

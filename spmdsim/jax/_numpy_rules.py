@@ -31,7 +31,7 @@ from spmdsim._primitives import Batch
 from spmdsim._values import broadcast_view
 from spmdsim.jax import _dtypes, _libm, _xla_cpu_isa, _xla_cpu_math
 from spmdsim.jax._interpreter import Vectorized
-from spmdsim.jax._registry import PER_DEVICE, VECTORIZED, per_device, specialize, vectorized
+from spmdsim.jax._registry import IN_PLACE, PER_DEVICE, VECTORIZED, per_device, specialize, vectorized
 
 LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _LOW_FLOATS = LOW_FLOATS  # the name other modules used
@@ -905,17 +905,18 @@ def _dynamic_slice_v(x, *starts_and_dyn, slice_sizes):
 
 
 @per_device("dynamic_update_slice")
-def _dynamic_update_slice(x, update, *starts):
+def _dynamic_update_slice(x, update, *starts, in_place: bool = False):
+    """``in_place``: ``x`` itself updated (an operand nothing else holds, see ``_registry.IN_PLACE``)."""
     starts = _clamped_starts(x.shape, starts, update.shape)[0]
-    out = x.copy()
+    out = x if in_place else x.copy()
     out[tuple(slice(int(s), int(s) + n) for s, n in zip(starts, update.shape, strict=True))] = update
     return out
 
 
 @vectorized("dynamic_update_slice")
-def _dynamic_update_slice_v(x, update, *starts):
+def _dynamic_update_slice_v(x, update, *starts, in_place: bool = False):
     starts = np.broadcast_to(_clamped_starts(x.shape[1:], starts, update.shape[1:]), (x.shape[0], x.ndim - 1))
-    out = x.copy()
+    out = x if in_place else x.copy()
     out[_window_indices(starts, update.shape[1:])] = update
     return out
 
@@ -1027,9 +1028,11 @@ def _gather_v(operand, indices, *, dimension_numbers, slice_sizes, **params):
 
 def _scatter(combine):
     def rule(operand, indices, updates, *, dimension_numbers, mode, update_jaxpr=None, update_consts=(),
-             indices_are_sorted=False, unique_indices=False):
+             indices_are_sorted=False, unique_indices=False, in_place: bool = False):
+        """``in_place``: ``operand`` itself updated (one nothing else holds, C-contiguous: see
+        ``_registry.IN_PLACE``)."""
         if operand.size == 0:  # nothing to update (XLA: every index out of bounds, also when clamped)
-            return operand.copy()
+            return operand if in_place else operand.copy()
         dn = dimension_numbers
         uw = list(dn.update_window_dims)
         update_window_shape = [updates.shape[d] for d in uw]
@@ -1046,7 +1049,7 @@ def _scatter(combine):
         if _mode_name(mode).endswith("CLIP"):
             in_bounds = np.ones_like(in_bounds)
         keep = np.broadcast_to(in_bounds.reshape(batch_shape + (1,) * len(window_dims)), upd.shape)
-        out = operand.copy()
+        out = operand if in_place else operand.copy()
         full_index = tuple(np.broadcast_to(i, upd.shape)[keep] for i in index)
         apply = combine if update_jaxpr is None or combine is not _assign else _update_computation(update_jaxpr,
                                                                                                    update_consts)
@@ -1093,7 +1096,7 @@ def _update_computation(update_jaxpr, update_consts):
         positions = np.arange(len(flat))
         rank = np.empty(len(flat), np.intp)
         rank[order] = positions - np.maximum.accumulate(np.where(first, positions, 0))
-        target = out.reshape(-1)  # a view: out is a fresh C-contiguous copy
+        target = out.reshape(-1)  # a view: out is C-contiguous (a fresh copy, or an operand updated in place)
         for r in range(int(rank.max()) + 1):
             now = rank == r
             where = flat[now]
@@ -1112,6 +1115,8 @@ for _names, _combine in ((("scatter",), _assign),
     _rule, _stacked = _scatter(_combine)
     per_device(*_names)(_rule)
     vectorized(*_names)(_stacked)
+    IN_PLACE.update(_names)
+IN_PLACE.add("dynamic_update_slice")
 
 
 # -- PRNG keys in the shape rules ---------------------------------------------------------------------------

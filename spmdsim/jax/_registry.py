@@ -23,11 +23,15 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-__all__ = ["PER_DEVICE", "VECTORIZED", "per_device", "vectorized", "specialize", "register", "COMPILED",
+__all__ = ["PER_DEVICE", "VECTORIZED", "IN_PLACE", "per_device", "vectorized", "specialize", "register", "COMPILED",
            "compiled_form"]
 
 PER_DEVICE: dict[str, Callable] = {}
 VECTORIZED: dict[str, Callable] = {}
+# Primitives whose rules (both kinds) take ``in_place=True``: the result written into the first operand instead of a
+# copy of it, as XLA updates a buffer in place. The compiled evaluator passes it only for an operand the program
+# owns alone and that dies at the equation (see ._compiled).
+IN_PLACE: set[str] = set()
 
 
 def register(table: dict, kind: str, names: tuple[str, ...]):
@@ -74,7 +78,7 @@ class CompiledForm:
     interpreter (it imports the interpreter, never the reverse), puts its two entry points here when it is
     imported (:func:`compiled_form`; ``spmdsim.jax`` imports it with the front end)."""
 
-    def eval_jaxpr(self, jaxpr, consts, args, executor) -> list:
+    def eval_jaxpr(self, jaxpr, consts, args, executor, consume: bool = False) -> list:
         raise AssertionError("spmdsim bug: spmdsim.jax._compiled was not imported")
 
     def evaluator(self, jaxpr, executor) -> Callable:
@@ -85,6 +89,6 @@ COMPILED = CompiledForm()
 
 
 def compiled_form(eval_jaxpr: Callable, evaluator: Callable) -> None:
-    """Install the compiled form's ``eval_jaxpr(jaxpr, consts, args, executor)`` and ``evaluator(jaxpr,
+    """Install the compiled form's ``eval_jaxpr(jaxpr, consts, args, executor, consume=False)`` and ``evaluator(jaxpr,
     executor)``: what :data:`COMPILED` calls from then on."""
     COMPILED.eval_jaxpr, COMPILED.evaluator = eval_jaxpr, evaluator
