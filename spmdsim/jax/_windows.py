@@ -41,23 +41,82 @@ def _window_positions(padded_shape, window_dimensions, window_strides, window_di
     return out_shape, positions
 
 
+def _no_padding(padding, base_dilation) -> bool:
+    return all(lo == 0 and hi == 0 for lo, hi in padding) and all(d == 1 for d in base_dilation)
+
+
 def _fold_windows(operands, inits, reducer, window_dimensions, window_strides, padding, base_dilation,
                   window_dilation):
     """acc = inits; for each window position (row-major), where the position is real:
     acc = reducer(acc, elements). ``reducer`` maps lists of arrays to lists of arrays."""
-    padded, real = zip(*(_padded(x, i, padding, base_dilation) for x, i in zip(operands, inits, strict=True)))
-    real = real[0]
-    out_shape, positions = _window_positions(real.shape, window_dimensions, window_strides, window_dilation)
+    if _no_padding(padding, base_dilation):  # every position real: no mask needed
+        padded, real = operands, None
+    else:
+        padded, real = zip(*(_padded(x, i, padding, base_dilation) for x, i in zip(operands, inits, strict=True)))
+        real = real[0]
+        if real.all():
+            real = None
+    out_shape, positions = _window_positions(padded[0].shape, window_dimensions, window_strides, window_dilation)
     acc = [np.full(out_shape, i, dtype=p.dtype) for i, p in zip(inits, padded, strict=True)]
-    every_position_real = bool(real.all())  # no padding or dilation holes: no mask needed
     for position in positions:
         new = reducer(acc, [p[position] for p in padded])
-        if every_position_real:
+        if real is None:
             acc = [np.asarray(n, a.dtype) for n, a in zip(new, acc, strict=True)]
             continue
         mask = real[position]
         acc = [np.where(mask, n, a).astype(a.dtype) for n, a in zip(new, acc, strict=True)]
     return acc
+
+
+def _sum_windows(x, window_dimensions, window_strides, padding, base_dilation, window_dilation):
+    """The fold of :func:`_fold_windows` for ``add`` from 0 without padding: the same additions in the same
+    order, accumulated in place (no array per window position)."""
+    out_shape, positions = _window_positions(x.shape, window_dimensions, window_strides, window_dilation)
+    acc = np.zeros(out_shape, x.dtype)
+    for position in positions:
+        np.add(acc, x[position], out=acc)
+    return acc
+
+
+_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _extremum_windows(x, greater: bool, window_dimensions, window_strides, padding, base_dilation,
+                      window_dilation):
+    """The fold of :func:`_fold_windows` for max (``greater``) or min from the identity (-inf / +inf, the
+    lowest / highest integer) on float, integer or bool ``x``, or None where it would differ (NaNs, complex).
+
+    Without NaNs XLA's max (min) is the maximum (minimum) in the order that puts -0.0 below +0.0, whatever the
+    order of the fold: NumPy's maximum over the window positions in place (padding and dilation holes hold the
+    identity, which changes no maximum), then the windows whose maximum is zero take the sign from the integer
+    maximum of the elements' bits (+0.0: 0, -0.0 and negatives: negative) ; minimum: from the integer
+    minimum (-0.0: the lowest integer, +0.0 0, positives positive). A NaN anywhere: None (the fold keeps the
+    first NaN it meets; its payload is the fold's to choose)."""
+    if x.dtype.kind not in "fiub":
+        return None
+    init = _lowest(x.dtype) if greater else _highest(x.dtype)
+    padded = x if _no_padding(padding, base_dilation) else _padded(x, init, padding, base_dilation)[0]
+    out_shape, positions = _window_positions(padded.shape, window_dimensions, window_strides, window_dilation)
+    if not positions or not math.prod(out_shape):
+        return np.full(out_shape, init, x.dtype)
+    pick = np.maximum if greater else np.minimum
+    out = np.array(padded[positions[0]])
+    for position in positions[1:]:
+        pick(out, padded[position], out=out)
+    if x.dtype.kind != "f":
+        return out
+    if np.isnan(out).any():
+        return None
+    zero = out == 0
+    if zero.any():
+        bits = padded.view(_BITS[x.dtype.itemsize])
+        sign = np.array(bits[positions[0]])
+        for position in positions[1:]:
+            pick(sign, bits[position], out=sign)
+        low = np.asarray(np.iinfo(sign.dtype).min, sign.dtype)
+        out_bits = out.view(sign.dtype)
+        out_bits[zero] = np.where(sign[zero] == 0, 0, low) if greater else sign[zero]
+    return out
 
 
 def _wide(x):
@@ -67,6 +126,14 @@ def _wide(x):
 def _reduce_window_monoid(ufunc, name, identity):
     def rule(x, *, window_dimensions, window_strides, padding, base_dilation, window_dilation):
         wide = _wide(x)
+        windows = (window_dimensions, window_strides, padding, base_dilation, window_dilation)
+        out = None
+        if ufunc is np.add and _no_padding(padding, base_dilation):
+            out = _sum_windows(wide, *windows)
+        elif ufunc is not np.add:
+            out = _extremum_windows(wide, ufunc is np.maximum, *windows)
+        if out is not None:
+            return out.astype(x.dtype)
         init = identity(wide.dtype)
         if ufunc is np.maximum and is_float(wide.dtype):
             combine = PER_DEVICE["max"]
@@ -74,8 +141,7 @@ def _reduce_window_monoid(ufunc, name, identity):
             combine = PER_DEVICE["min"]
         else:
             combine = ufunc
-        out, = _fold_windows([wide], [init], lambda acc, xs: [combine(acc[0], xs[0])], window_dimensions,
-                             window_strides, padding, base_dilation, window_dilation)
+        out, = _fold_windows([wide], [init], lambda acc, xs: [combine(acc[0], xs[0])], *windows)
         return out.astype(x.dtype)
 
     per_device(name)(rule)
@@ -142,21 +208,78 @@ def _reduce_window_v(*operands_and_inits, **params):
 
 # -- select_and_scatter: the gradient of max/min pooling ------------------------------------------------------
 
+_STRICT = {"ge": np.less, "gt": np.less_equal, "le": np.greater, "lt": np.greater_equal}  # not select(a, b)
+
+
+def _selection(operand, select, window_dimensions, window_strides, padding, select_name=None):
+    """For every window, the window position (row-major number) of the element ``select`` picks: the first
+    element, replaced by each later one unless ``select(current, later)``; -1 where a window holds no element.
+    Also the padded operand's shape, the output shape and the positions' strided slices.
+
+    ``select_name`` (a comparison: ge, gt, le, lt) allows the fast form on NaN-free float or integer operands:
+    the element kept is the maximum (ge, gt) or minimum (le, lt) so far, whichever equal one is kept (equal
+    elements, -0.0 and +0.0 included, compare alike), and positions only grow, so the choice is an in-place
+    maximum of ``(k + 1) * replaced``."""
+    ones = (1,) * operand.ndim
+    if _no_padding(padding, ones):
+        padded, real = operand, None
+    else:
+        padded, real = _padded(operand, np.zeros((), operand.dtype), padding, ones)
+    out_shape, positions = _window_positions(padded.shape, window_dimensions, window_strides, ones)
+    if not positions or not math.prod(out_shape):
+        return np.full(out_shape, -1, np.int8), padded.shape, out_shape, positions
+    best = np.array(padded[positions[0]])
+    fast = (select_name in _STRICT and operand.dtype.kind in "fiu" and len(positions) < 255
+            and not (operand.dtype.kind == "f" and real is not None and np.isnan(padded).any()))
+    if fast:
+        replaced = _STRICT[select_name]
+        keep = np.maximum if select_name in ("ge", "gt") else np.minimum
+        chosen = np.ones(out_shape, np.uint8) if real is None else real[positions[0]].view(np.uint8).copy()
+        for k, position in enumerate(positions[1:], 2):  # chosen: the position + 1, 0 for none
+            candidate = padded[position]
+            take = replaced(best, candidate)
+            if real is not None:
+                valid = real[position]
+                take = valid & ((chosen == 0) | take)
+                np.copyto(best, candidate, where=take)  # a padding zero is no candidate
+            else:
+                keep(best, candidate, out=best)
+            np.maximum(chosen, take.view(np.uint8) * np.uint8(k), out=chosen)
+        if real is not None or operand.dtype.kind != "f" or not np.isnan(best).any():  # a NaN stays in best
+            return chosen.astype(np.int16) - 1, padded.shape, out_shape, positions
+        best = np.array(padded[positions[0]])
+    choice = np.full(out_shape, -1, np.int8 if len(positions) < 128 else np.int64)
+    if real is None:
+        choice[...] = 0
+    else:
+        np.copyto(choice, 0, where=real[positions[0]])
+    for k, position in enumerate(positions[1:], 1):
+        candidate = padded[position]
+        take = ~np.asarray(select(best, candidate), bool)
+        if real is not None:
+            valid = real[position]
+            take = valid & ((choice < 0) | take)
+        np.copyto(best, candidate, where=take)
+        np.copyto(choice, k, where=take)
+    return choice, padded.shape, out_shape, positions
+
+
+def _flat_targets(choice, padded_shape, out_shape, window_dimensions, window_strides):
+    """The flat index into the padded operand of every window's chosen element (-1: none)."""
+    strides = [math.prod(padded_shape[d + 1:]) for d in range(len(padded_shape))]
+    base = np.zeros(out_shape, np.int64)
+    for d, (n, s, t) in enumerate(zip(out_shape, window_strides, strides, strict=True)):
+        base = base + (np.arange(n, dtype=np.int64) * (s * t)).reshape((n,) + (1,) * (len(out_shape) - d - 1))
+    offsets = np.array([sum(o * t for o, t in zip(offset, strides, strict=True))
+                        for offset in itertools.product(*(range(w) for w in window_dimensions))] or [0], np.int64)
+    return np.where(choice >= 0, base + offsets[np.maximum(choice, 0)], -1)
+
+
 def _selected_positions(operand, select, window_dimensions, window_strides, padding):
     """For every window, the flat index (into the padded operand) of the element ``select`` picks: the first
     element, replaced by each later one unless ``select(current, later)``. -1 where a window holds no element."""
-    padded, real = _padded(operand, np.zeros((), operand.dtype), padding, (1,) * operand.ndim)
-    flat_index = np.arange(padded.size).reshape(padded.shape)
-    out_shape, positions = _window_positions(padded.shape, window_dimensions, window_strides,
-                                             (1,) * operand.ndim)
-    best = np.zeros(out_shape, operand.dtype)
-    where = np.full(out_shape, -1, np.int64)
-    for position in positions:
-        candidate, valid = padded[position], real[position]
-        take = valid & ((where < 0) | ~np.asarray(select(best, candidate), bool))
-        best = np.where(take, candidate, best).astype(operand.dtype)
-        where = np.where(take, flat_index[position], where)
-    return where, padded.shape
+    choice, padded_shape, out_shape, _ = _selection(operand, select, window_dimensions, window_strides, padding)
+    return _flat_targets(choice, padded_shape, out_shape, window_dimensions, window_strides), padded_shape
 
 
 def _crop(padded: np.ndarray, padding) -> np.ndarray:
@@ -165,12 +288,31 @@ def _crop(padded: np.ndarray, padding) -> np.ndarray:
 
 @per_device("select_and_scatter_add")
 def _select_and_scatter_add(source, operand, *, select_prim, window_dimensions, window_strides, padding):
-    where, padded_shape = _selected_positions(operand, PER_DEVICE[select_prim.name], window_dimensions,
-                                              window_strides, padding)
+    choice, padded_shape, out_shape, positions = _selection(operand, PER_DEVICE[select_prim.name],
+                                                            window_dimensions, window_strides, padding,
+                                                            select_prim.name)
+    disjoint = all(s >= w for s, w in zip(window_strides, window_dimensions, strict=True))
+    if disjoint and _no_padding(padding, (1,) * operand.ndim):
+        # windows do not overlap: every element receives one source at most (0 + x, as XLA adds), written
+        # position by position through the strided views
+        added = np.zeros((), source.dtype) + source
+        zero = np.zeros((), source.dtype)
+        if all(s == w and n * s == p for s, w, n, p in zip(window_strides, window_dimensions, out_shape, padded_shape,
+                                                         strict=True)):
+            # the windows tile the operand: one pass over the operand seen as (out0, w0, out1, w1, ...)
+            spread = tuple(x for n in out_shape for x in (n, 1))
+            number = np.arange(math.prod(window_dimensions), dtype=choice.dtype).reshape(window_dimensions)
+            number = number.reshape(tuple(x for w in window_dimensions for x in (1, w)))
+            return np.where(choice.reshape(spread) == number, added.reshape(spread), zero).reshape(padded_shape)
+        out = np.zeros(padded_shape, source.dtype)
+        for k, position in enumerate(positions):
+            out[position] = np.where(choice == k, added, zero)
+        return out
+    where = _flat_targets(choice, padded_shape, out_shape, window_dimensions, window_strides)
     out = np.zeros(math.prod(padded_shape), source.dtype)
     keep = where >= 0
     targets, values = where[keep], source[keep]
-    if all(s >= w for s, w in zip(window_strides, window_dimensions, strict=True)):  # windows do not overlap:
+    if disjoint:
         out[targets] = out[targets] + values  # every element receives one source at most (0 + x, as XLA adds)
     else:
         np.add.at(out, targets, values)  # in the source's row-major order, rounded after every addition
@@ -238,44 +380,102 @@ def _select_and_gather_add_v(tangents, operand, **params):
 
 # -- convolution -----------------------------------------------------------------------------------------------
 
+def _zero_padded(x: np.ndarray, config) -> np.ndarray:
+    """lax.pad with zeros (``config``: per axis (low, high, interior)) in one allocation where nothing is
+    cropped: a C-order array in ``x``'s own axis order, the same values as :func:`pad_array`."""
+    if all(lo == 0 and hi == 0 and interior == 0 for lo, hi, interior in config):
+        return x
+    if any(lo < 0 or hi < 0 for lo, hi, _ in config):
+        return pad_array(x, np.zeros((), x.dtype), config)
+    shape = tuple(lo + (n + (n - 1) * interior if n else 0) + hi for n, (lo, hi, interior) in zip(x.shape, config,
+                                                                                                   strict=True))
+    out = np.zeros(shape, x.dtype)
+    out[tuple(slice(lo, lo + (n - 1) * (interior + 1) + 1, interior + 1) if n else slice(0, 0)
+              for n, (lo, _, interior) in zip(x.shape, config, strict=True))] = x
+    return out
+
+
+_GATHER_BLOCK = 1 << 19  # bytes of patches written per block: the block stays in the CPU's cache
+_GATHER_COPIES = 1024  # at most this many NumPy copies per gather
+
+
+def _gather(windows: np.ndarray, dtype, kernel: tuple) -> np.ndarray:
+    """``windows`` (a view ``(lead..., rows, out..., depth, kernel...)``) copied into a new C-order array. A
+    copy of the whole view runs NumPy's inner loop along the last kernel dimension (a few elements for small
+    kernels); small kernels are therefore copied one kernel position at a time (the inner loop along depth, or
+    along out[-1] where depth is 1), over blocks of rows whose patches fit in the cache."""
+    patches = np.empty(windows.shape, dtype)
+    kernel_size = math.prod(kernel)
+    if not patches.size or kernel_size <= 1 or kernel_size > 64:
+        np.copyto(patches, windows)
+        return patches
+    rank = len(kernel)
+    lead = windows.ndim - 2 * rank - 2
+    rows = windows.shape[lead]
+    per_row = math.prod(windows.shape[lead + 1:]) * patches.itemsize
+    block = max(1, _GATHER_BLOCK // per_row)
+    blocks = math.prod(windows.shape[:lead]) * -(-rows // block)
+    offsets = list(itertools.product(*(range(size) for size in kernel)))
+    if blocks * kernel_size > _GATHER_COPIES:
+        if windows.shape[-rank - 1] != 1:
+            np.copyto(patches, windows)
+            return patches
+        blocks, block = 1, rows
+    for index in np.ndindex(windows.shape[:lead]) if blocks > 1 else [(Ellipsis,)]:
+        for start in range(0, rows, block) if blocks > 1 else [None]:
+            at = index + (slice(start, start + block),) if blocks > 1 else index
+            dst, src = patches[at], windows[at]
+            for offset in offsets:
+                dst[(Ellipsis,) + offset] = src[(Ellipsis,) + offset]
+    return patches
+
+
 def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
                    feature_group_count, batch_group_count, compute, leading: int):
     """The im2col matrices of a convolution: patches ``(..., G, M, K)`` and kernel ``(..., G, K, Og)``, and
     the output's shape (N, O, spatial...) and layout. ``leading`` axes in front (the device axis) are carried
-    through as batch axes of the product."""
+    through as batch axes of the product.
+
+    The patches are one copy of a strided view of the padded input (every window position of every window,
+    ``(..., N, C, out..., kernel...)``), written in the layout of the product: a C-order ``(M, K)`` matrix per
+    group, rows (batch, out...), columns (feature, kernel...) in row-major order. The input is padded in its
+    own memory order (one allocation, no transposing copy) and viewed in the canonical order (N, C, spatial)."""
     lead = tuple(range(leading))
     lhs_spec, rhs_spec, out_spec = dimension_numbers
-    x = np.transpose(lhs, lead + tuple(d + leading for d in lhs_spec)).astype(compute, copy=False)
+    lhs_perm = lead + tuple(d + leading for d in lhs_spec)
     w = np.transpose(rhs, lead + tuple(d + leading for d in rhs_spec)).astype(compute, copy=False)
+    config = [(0, 0, 0)] * lhs.ndim
+    for axis, (lo, hi), d in zip(lhs_perm[leading + 2:], padding, lhs_dilation, strict=True):
+        config[axis] = (lo, hi, d - 1)
+    x = np.transpose(_zero_padded(lhs.astype(compute, copy=False), config), lhs_perm)
     front = x.shape[:leading]
-    n, c, *spatial = x.shape[leading:]
+    n, c, *padded = x.shape[leading:]
     o, i, *kernel = w.shape[leading:]
-    config = [(0, 0, 0)] * (leading + 2) + [(lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation,
-                                                                                  strict=True)]
-    x = pad_array(x, np.zeros((), compute), config)
-    padded = x.shape[leading + 2:]
     out_spatial = tuple(max(0, (p - ((k - 1) * d + 1)) // s + 1) for p, k, d, s in
                         zip(padded, kernel, rhs_dilation, window_strides, strict=True))
     g, b = feature_group_count, batch_group_count
     kernel_size = math.prod(kernel)
     out_size = math.prod(out_spatial)
+    # every window position of every window: (..., N, C, out..., kernel...), a view
+    spatial_strides = x.strides[leading + 2:]
+    windows = np.lib.stride_tricks.as_strided(
+        x, front + (n, c) + out_spatial + tuple(kernel),
+        x.strides[:leading + 2] + tuple(t * s for t, s in zip(spatial_strides, window_strides, strict=True))
+        + tuple(t * d for t, d in zip(spatial_strides, rhs_dilation, strict=True)), writeable=False)
+    rank = len(out_spatial)
+    outs = tuple(range(leading + 3, leading + 3 + rank))
+    kernels = tuple(range(leading + 3 + rank, leading + 3 + 2 * rank))
     if b > 1:  # batch groups: output feature block j uses input batch block j
         groups, per_group, rows, depth = b, o // b, n // b, c
-
-        def arrange(v):  # a window position of every window, (..., N, C, out...) -> (..., b, N/b, out..., C)
-            return np.moveaxis(v.reshape(front + (b, n // b, c) + out_spatial), leading + 2, -1)
+        # (..., b, N/b, C, out..., kernel...) -> (..., b, N/b, out..., C, kernel...)
+        windows = windows.reshape(front + (b, n // b, c) + out_spatial + tuple(kernel))
+        order = lead + (leading, leading + 1) + outs + (leading + 2,) + kernels
     else:  # feature groups: output feature block j uses input feature block j
         groups, per_group, rows, depth = g, o // g, n, c // g
-
-        def arrange(v):  # (..., N, C, out...) -> (..., g, N, out..., C/g)
-            v = np.moveaxis(v.reshape(front + (n, g, c // g) + out_spatial), leading + 1, leading)
-            return np.moveaxis(v, leading + 2, -1)
-    # the patches, written once in the layout of the product: (..., groups, rows, out..., depth, kernel)
-    patches = np.empty(front + (groups, rows) + out_spatial + (depth, kernel_size), compute)
-    for k, offset in enumerate(itertools.product(*(range(size) for size in kernel))):
-        index = tuple(slice(q * d, q * d + (m - 1) * s + 1, s) if m else slice(0, 0)
-                      for q, d, m, s in zip(offset, rhs_dilation, out_spatial, window_strides, strict=True))
-        patches[..., k] = arrange(x[(Ellipsis,) + index])
+        # (..., N, g, C/g, out..., kernel...) -> (..., g, N, out..., C/g, kernel...)
+        windows = windows.reshape(front + (n, g, c // g) + out_spatial + tuple(kernel))
+        order = lead + (leading + 1, leading) + outs + (leading + 2,) + kernels
+    patches = _gather(np.transpose(windows, order), compute, tuple(kernel))
     a = patches.reshape(front + (groups, rows * out_size, depth * kernel_size))
     wk = np.swapaxes(w.reshape(front + (groups, per_group, i * kernel_size)), -1, -2)  # (..., groups, K, Og)
     return a, wk, front, groups, per_group, out_spatial, out_spec, rows
