@@ -39,7 +39,13 @@ def _random(rng, shape, dtype, nans=True):
     x = np.where(rng.random(shape) < 0.5, rng.choice(SPECIALS, shape), rng.standard_normal(shape).round(1))
     if nans:
         x = np.where(rng.random(shape) < 0.05, np.nan, x)
-    return x.astype(dtype)
+    x = x.astype(dtype)
+    if nans and dtype == np.float32:  # NaNs of other payloads and signs
+        bits = x.view(np.uint32).copy()
+        other = rng.random(shape) < 0.05
+        bits[other] = rng.choice(np.uint32([0x7FC00001, 0xFFC00000, 0xFFC12345, 0x7F800001]), int(other.sum()))
+        x = bits.view(np.float32)
+    return x
 
 
 # -- convolution patches ---------------------------------------------------------------------------------------
@@ -128,13 +134,14 @@ def test_conv_patches_are_the_kernel_offset_loops(monkeypatch, block):
 
 
 def test_conv_vectorized_is_per_device():
-    """The vectorized convolution, with a broadcast or stacked kernel and a kernel read backwards (``rev``),
-    equals the per-device one on every device, bit for bit."""
+    """The vectorized convolution, with a broadcast or stacked kernel, a kernel read backwards (``rev``) and
+    a broadcast input, equals the per-device one on every device, bit for bit."""
     rng = np.random.default_rng(7)
     for _ in range(100):
         params, lhs_shape, rhs_shape, _ = _conv_case(rng)
         dtype = [np.float32, np.float16, np.int32, np.bool_][int(rng.integers(4))]
         lhs = _random(rng, (3,) + lhs_shape, dtype)
+        lhs = np.broadcast_to(lhs[0], lhs.shape) if rng.random() < 0.3 else lhs  # a replicated input
         rhs = _random(rng, rhs_shape, dtype)
         rhs = np.flip(rhs, -1) if rng.random() < 0.3 else rhs
         rhs = np.broadcast_to(rhs, (3,) + rhs.shape) if rng.random() < 0.5 else np.stack([rhs] * 3)
@@ -177,6 +184,21 @@ def test_reduce_window_extremum_is_the_fold(name):
         out = VECTORIZED[name](stacked, **params)
         for d in range(2):
             assert _same(out[d], PER_DEVICE[name](stacked[d], **params)), (params, dtype)
+
+
+def test_reduce_window_sum_is_the_fold():
+    """Sum pooling adds the window positions in row-major order from 0, bit for bit (NaN payloads included)."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        rank = int(rng.integers(1, 4))
+        shape = tuple(int(s) for s in rng.integers(1, 7, rank))
+        params = _window_case(rng, rank)
+        dtype = [np.float32, np.float64, np.float16, np.int8][int(rng.integers(4))]
+        x = _random(rng, shape, dtype)
+        wide = x.astype(np.float32) if dtype == np.float16 else x
+        expected, = _windows._fold_windows([wide], [np.zeros((), wide.dtype)],
+                                           lambda acc, xs: [np.add(acc[0], xs[0])], **params)
+        assert _same(PER_DEVICE["reduce_window_sum"](x, **params), expected.astype(x.dtype)), (params, dtype)
 
 
 def test_reduce_window_max_keeps_the_sign_of_zeros():
@@ -230,7 +252,8 @@ def test_select_and_scatter_add_is_the_window_by_window_scatter():
         operand = _random(rng, shape, dtype, nans=rng.random() < 0.3)
         out_shape = tuple(max(0, (n + lo + hi - w) // s + 1) for n, (lo, hi), w, s in zip(shape, padding, window,
                                                                                           strides))
-        source = _random(rng, out_shape, np.float32)
+        # the sources' NaNs of one payload: the reference adds with NumPy's scalars, np.add.at with its own loop
+        source = _random(rng, out_shape, np.float64).astype(np.float32)
         for name, select in _SELECT.items():
             params = dict(window_dimensions=window, window_strides=strides, padding=padding)
             prim = types.SimpleNamespace(name=name)

@@ -70,11 +70,12 @@ def _fold_windows(operands, inits, reducer, window_dimensions, window_strides, p
 
 def _sum_windows(x, window_dimensions, window_strides, padding, base_dilation, window_dilation):
     """The fold of :func:`_fold_windows` for ``add`` from 0 without padding: the same additions in the same
-    order, accumulated in place (no array per window position)."""
+    order, without the reducer's wrapping. (Not in place: NumPy's in-place addition propagates another NaN's
+    payload where both operands are NaNs.)"""
     out_shape, positions = _window_positions(x.shape, window_dimensions, window_strides, window_dilation)
     acc = np.zeros(out_shape, x.dtype)
     for position in positions:
-        np.add(acc, x[position], out=acc)
+        acc = np.add(acc, x[position])
     return acc
 
 
@@ -88,10 +89,10 @@ def _extremum_windows(x, greater: bool, window_dimensions, window_strides, paddi
 
     Without NaNs XLA's max (min) is the maximum (minimum) in the order that puts -0.0 below +0.0, whatever the
     order of the fold: NumPy's maximum over the window positions in place (padding and dilation holes hold the
-    identity, which changes no maximum), then the windows whose maximum is zero take the sign from the integer
-    maximum of the elements' bits (+0.0: 0, -0.0 and negatives: negative) ; minimum: from the integer
-    minimum (-0.0: the lowest integer, +0.0 0, positives positive). A NaN anywhere: None (the fold keeps the
-    first NaN it meets; its payload is the fold's to choose)."""
+    identity, which changes no maximum), then, where ``x`` holds a -0.0, the windows whose maximum is zero
+    take the sign from the integer maximum of the elements' bits (+0.0: 0, -0.0 and negatives: negative);
+    minimum: from the integer minimum (-0.0: the lowest integer, +0.0 0, positives positive). A NaN anywhere:
+    None (the fold keeps the first NaN it meets; its payload is the fold's to choose)."""
     if x.dtype.kind not in "fiub":
         return None
     init = _lowest(x.dtype) if greater else _highest(x.dtype)
@@ -108,12 +109,12 @@ def _extremum_windows(x, greater: bool, window_dimensions, window_strides, paddi
     if np.isnan(out).any():
         return None
     zero = out == 0
-    if zero.any():
-        bits = padded.view(_BITS[x.dtype.itemsize])
+    bits = padded.view(_BITS[x.dtype.itemsize])
+    low = np.asarray(np.iinfo(bits.dtype).min, bits.dtype)  # the bits of -0.0
+    if zero.any() and (bits == low).any():  # without -0.0, every zero is +0.0 and so is every zero maximum
         sign = np.array(bits[positions[0]])
         for position in positions[1:]:
             pick(sign, bits[position], out=sign)
-        low = np.asarray(np.iinfo(sign.dtype).min, sign.dtype)
         out_bits = out.view(sign.dtype)
         out_bits[zero] = np.where(sign[zero] == 0, 0, low) if greater else sign[zero]
     return out
@@ -133,7 +134,7 @@ def _reduce_window_monoid(ufunc, name, identity):
         elif ufunc is not np.add:
             out = _extremum_windows(wide, ufunc is np.maximum, *windows)
         if out is not None:
-            return out.astype(x.dtype)
+            return out.astype(x.dtype, copy=False)
         init = identity(wide.dtype)
         if ufunc is np.maximum and is_float(wide.dtype):
             combine = PER_DEVICE["max"]
@@ -297,14 +298,9 @@ def _select_and_scatter_add(source, operand, *, select_prim, window_dimensions, 
         # position by position through the strided views
         added = np.zeros((), source.dtype) + source
         zero = np.zeros((), source.dtype)
-        if all(s == w and n * s == p for s, w, n, p in zip(window_strides, window_dimensions, out_shape, padded_shape,
-                                                         strict=True)):
-            # the windows tile the operand: one pass over the operand seen as (out0, w0, out1, w1, ...)
-            spread = tuple(x for n in out_shape for x in (n, 1))
-            number = np.arange(math.prod(window_dimensions), dtype=choice.dtype).reshape(window_dimensions)
-            number = number.reshape(tuple(x for w in window_dimensions for x in (1, w)))
-            return np.where(choice.reshape(spread) == number, added.reshape(spread), zero).reshape(padded_shape)
-        out = np.zeros(padded_shape, source.dtype)
+        tiled = all(s == w and n * s == p for s, w, n, p in zip(window_strides, window_dimensions, out_shape,
+                                                                padded_shape, strict=True))
+        out = np.empty(padded_shape, source.dtype) if tiled else np.zeros(padded_shape, source.dtype)
         for k, position in enumerate(positions):
             out[position] = np.where(choice == k, added, zero)
         return out
@@ -447,8 +443,10 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     config = [(0, 0, 0)] * lhs.ndim
     for axis, (lo, hi), d in zip(lhs_perm[leading + 2:], padding, lhs_dilation, strict=True):
         config[axis] = (lo, hi, d - 1)
-    x = np.transpose(_zero_padded(lhs.astype(compute, copy=False), config), lhs_perm)
-    front = x.shape[:leading]
+    front = lhs.shape[:leading]
+    # an input replicated over the devices (a broadcast device axis): its patches made once, read by every slice
+    shared = leading == 1 and front[0] > 1 and lhs.strides[0] == 0
+    x = np.transpose(_zero_padded((lhs[:1] if shared else lhs).astype(compute, copy=False), config), lhs_perm)
     n, c, *padded = x.shape[leading:]
     o, i, *kernel = w.shape[leading:]
     out_spatial = tuple(max(0, (p - ((k - 1) * d + 1)) // s + 1) for p, k, d, s in
@@ -459,7 +457,7 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     # every window position of every window: (..., N, C, out..., kernel...), a view
     spatial_strides = x.strides[leading + 2:]
     windows = np.lib.stride_tricks.as_strided(
-        x, front + (n, c) + out_spatial + tuple(kernel),
+        x, x.shape[:leading] + (n, c) + out_spatial + tuple(kernel),
         x.strides[:leading + 2] + tuple(t * s for t, s in zip(spatial_strides, window_strides, strict=True))
         + tuple(t * d for t, d in zip(spatial_strides, rhs_dilation, strict=True)), writeable=False)
     rank = len(out_spatial)
@@ -468,15 +466,17 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     if b > 1:  # batch groups: output feature block j uses input batch block j
         groups, per_group, rows, depth = b, o // b, n // b, c
         # (..., b, N/b, C, out..., kernel...) -> (..., b, N/b, out..., C, kernel...)
-        windows = windows.reshape(front + (b, n // b, c) + out_spatial + tuple(kernel))
+        windows = windows.reshape(x.shape[:leading] + (b, n // b, c) + out_spatial + tuple(kernel))
         order = lead + (leading, leading + 1) + outs + (leading + 2,) + kernels
     else:  # feature groups: output feature block j uses input feature block j
         groups, per_group, rows, depth = g, o // g, n, c // g
         # (..., N, g, C/g, out..., kernel...) -> (..., g, N, out..., C/g, kernel...)
-        windows = windows.reshape(front + (n, g, c // g) + out_spatial + tuple(kernel))
+        windows = windows.reshape(x.shape[:leading] + (n, g, c // g) + out_spatial + tuple(kernel))
         order = lead + (leading + 1, leading) + outs + (leading + 2,) + kernels
     patches = _gather(np.transpose(windows, order), compute, tuple(kernel))
-    a = patches.reshape(front + (groups, rows * out_size, depth * kernel_size))
+    a = patches.reshape(x.shape[:leading] + (groups, rows * out_size, depth * kernel_size))
+    if shared:
+        a = np.broadcast_to(a, front + a.shape[leading:])
     wk = np.swapaxes(w.reshape(front + (groups, per_group, i * kernel_size)), -1, -2)  # (..., groups, K, Og)
     return a, wk, front, groups, per_group, out_spatial, out_spec, rows
 
