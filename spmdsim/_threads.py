@@ -30,6 +30,8 @@ import os
 import threading
 from typing import Callable, Sequence
 
+import numpy as np
+
 from spmdsim import _blas
 
 __all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads", "interrupt", "spread",
@@ -300,10 +302,11 @@ def in_parallel(work: Callable[[int, int], None], size: int, *, cpus: int) -> No
         return
     bounds = [size * k // parts for k in range(parts + 1)]
     failures: list = []
+    errors = np.geterr()  # NumPy's floating-point error handling is per thread: the caller's, in every part
 
     def part(k: int) -> None:
         try:
-            with spread():
+            with spread(), np.errstate(**errors):
                 work(bounds[k], bounds[k + 1])
         except BaseException as e:  # noqa: BLE001 - raised in the caller below
             failures.append(e)

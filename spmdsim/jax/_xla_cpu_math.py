@@ -22,6 +22,7 @@ does (:mod:`._xla_cpu_isa` says which ISA is in effect). These ports follow jaxl
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -136,6 +137,31 @@ def ftz(x: np.ndarray) -> np.ndarray:
     return flush_subnormals(x, f32)
 
 
+_BLOCK = 1 << 14  # elements per block of a function below: its temporaries stay in a core's cache
+
+
+def _blockwise(fn):
+    """``fn`` (elementwise, one operand) on a large array a block of ``_BLOCK`` elements at a time, the blocks
+    spread over the CPUs (:func:`spmdsim._threads.in_parallel`): each of its dozen or more steps then reads and
+    writes cache instead of memory. Every element's result is the same."""
+    @functools.wraps(fn)
+    def blockwise(x):
+        x = np.asarray(x)
+        if x.size <= 2 * _BLOCK:
+            return fn(x)
+        flat = x.reshape(-1)
+        first = fn(flat[:_BLOCK])
+        out = np.empty(x.size, first.dtype)
+        out[:_BLOCK] = first
+
+        def work(lo: int, hi: int) -> None:
+            for start in range(lo * _BLOCK, min(hi * _BLOCK, x.size), _BLOCK):
+                out[start:start + _BLOCK] = fn(flat[start:start + _BLOCK])
+        _threads.in_parallel(lambda lo, hi: work(lo + 1, hi + 1), -(-x.size // _BLOCK) - 1, cpus=_blas.cpus())
+        return out.reshape(x.shape)
+    return blockwise
+
+
 def _horner_fma(x: np.ndarray, coefficients) -> np.ndarray:
     """``((c0 * x + c1) * x + c2) ...`` with fused multiply-adds, highest degree first."""
     p = np.full(x.shape, f32(coefficients[0]), f32)
@@ -147,6 +173,7 @@ def _horner_fma(x: np.ndarray, coefficients) -> np.ndarray:
 _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 
 
+@_blockwise
 def exp(x: np.ndarray) -> np.ndarray:
     """Cephes' expf: x = n log(2) + a with n = floor(x log2(e) + 1/2), e^a by a degree-7 polynomial, times 2^n."""
     x = np.clip(_daz(x), f32(-87.8), f32(88.8))
@@ -166,6 +193,7 @@ _LOG_P = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 
           -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
 
 
+@_blockwise
 def log(x: np.ndarray) -> np.ndarray:
     """Cephes' logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a polynomial in m - 1 evaluated in
     three interleaved parts, plus e log(2) in two pieces."""
@@ -205,6 +233,7 @@ _LOG1P_DENOMINATOR = (1.0, 1.5062909083469192043167e1, 8.3047565967967209469434e
                       3.0909872225312059774938e2, 2.1642788614495947685003e2, 6.0118660497603843919306e1)
 
 
+@_blockwise
 def log1p(x: np.ndarray) -> np.ndarray:
     """For |x| < sqrt(2) - 1, Cephes' rational approximation x - x^2/2 + x^3 P(x)/Q(x); else log(1 + x)."""
     x = _daz(x)
@@ -222,6 +251,7 @@ _TANH_NUMERATOR = (-2.76076847742355e-16, 2.00018790482477e-13, -8.6046715221373
 _TANH_DENOMINATOR = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
 
 
+@_blockwise
 def tanh(x: np.ndarray) -> np.ndarray:
     """Eigen's rational (13, 6) approximation on x clamped to +-7.9988..., x itself for |x| < 0.0004."""
     x = np.asarray(x, f32)
@@ -241,6 +271,7 @@ _ERF_DENOMINATOR = (-1.1791602954361697e-7, 0.000023547966471313185, 0.001017962
                     0.014070470171167667, 0.11098505178285362, 0.49746925110067538, 1.0)
 
 
+@_blockwise
 def erf(x: np.ndarray) -> np.ndarray:
     """Eigen's rational (9, 12) approximation in x^2, +-1 beyond |x| >= 3.8325..."""
     x = _daz(x)
@@ -250,12 +281,14 @@ def erf(x: np.ndarray) -> np.ndarray:
     return ftz(np.where(f32(3.832506856900711) <= np.abs(x), np.copysign(f32(1), x), out))
 
 
+@_blockwise
 def logistic(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)), with XLA's exp (XLA:CPU expands logistic so)."""
     with np.errstate(over="ignore"):
         return ftz(f32(1) / (f32(1) + exp(-np.asarray(x, f32))))
 
 
+@_blockwise
 def expm1(x: np.ndarray) -> np.ndarray:
     """tanh(x/2) (exp(x) + 1) for |x| <= 1/2 (exp(x) - 1 beyond; x itself where x/2 flushes to zero)."""
     x = np.asarray(x, f32)
@@ -266,6 +299,7 @@ def expm1(x: np.ndarray) -> np.ndarray:
     return np.where(half == 0, x, out).astype(f32)
 
 
+@_blockwise
 def rsqrt(x: np.ndarray) -> np.ndarray:
     """XLA:CPU refines the CPU's rsqrt estimate (rsqrt14 on AVX-512) with two Newton-Raphson steps; the
     estimate's exact bits are the hardware's, so this starts from the correctly rounded value instead: equal
@@ -306,6 +340,7 @@ def _sin_cos(x: np.ndarray, fn) -> np.ndarray:
     return fn(x.astype(f64)).astype(x.dtype) if x.dtype == f32 else fn(x)
 
 
+@_blockwise
 def digamma(x: np.ndarray) -> np.ndarray:
     """digamma of float32 or float64 as CHLO's decomposition (materializeDigamma) writes it:
     ``log t + a'(z) / a(z) - 7 / t`` with ``a'(z) = -sum c_k / (z + k)^2`` (see :func:`_lanczos`); reflected below
@@ -327,6 +362,7 @@ def digamma(x: np.ndarray) -> np.ndarray:
     return out.astype(x.dtype)
 
 
+@_blockwise
 def lgamma(x: np.ndarray) -> np.ndarray:
     """lgamma of float32 or float64 as XLA computes it: CHLO's Lanczos approximation (``z = x - 1``, or ``-x``
     reflected below 1/2, ``a(z) = c0 + sum c_k / (z + k)``, ``log t(z) = log1p(z * (1/7.5)) + log(7.5)``: XLA's
