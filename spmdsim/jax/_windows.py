@@ -5,10 +5,15 @@ Every window is walked as XLA:CPU walks it: the window's positions in row-major 
 starts at the init value and takes ``reducer(accumulator, element)`` for each position inside the (padded,
 dilated) operand; padding positions are skipped. The fold runs over all windows at once: one NumPy operation
 per window position, on a strided view of every window's element at that position. The vectorized twins add
-the device axis as a leading window dimension of size 1, so they fold in the same order bit for bit.
+the device axis as a leading window dimension of size 1, so they fold in the same order bit for bit. Where
+the order cannot show, the fold is shortened, with the same bits: max/min pooling is NumPy's maximum/minimum
+in place (the sign of zero maxima from the elements' bits; with a NaN, the fold itself), max-pooling's
+gradient selects by an in-place maximum of window positions (issue 27).
 
 Convolutions are im2col products: the (dilated, padded) input's patches as a ``(M, K)`` matrix per feature
 group, the kernel as ``(K, N)``, one ``np.matmul`` slice per group (and per device, in the vectorized twin).
+The patches are one strided view of the padded input copied into the C-order matrices (by kernel offset, in
+blocks of rows that stay in the cache), so a slice's layout, and BLAS's result, depends on shapes only.
 XLA:CPU convolves with Eigen, in another summation order: float results agree within a few ulps.
 """
 from __future__ import annotations
@@ -146,9 +151,7 @@ def _reduce_window_monoid(ufunc, name, identity):
         return out.astype(x.dtype)
 
     per_device(name)(rule)
-    vectorized(name)(lambda x, *, window_dimensions, window_strides, padding, base_dilation, window_dilation: rule(
-        x, window_dimensions=(1, *window_dimensions), window_strides=(1, *window_strides),
-        padding=((0, 0), *padding), base_dilation=(1, *base_dilation), window_dilation=(1, *window_dilation)))
+    vectorized(name)(lambda x, **params: rule(x, **_device_window(params)))
 
 
 def _lowest(dtype):
@@ -393,6 +396,7 @@ def _zero_padded(x: np.ndarray, config) -> np.ndarray:
 
 _GATHER_BLOCK = 1 << 19  # bytes of patches written per block: the block stays in the CPU's cache
 _GATHER_COPIES = 1024  # at most this many NumPy copies per gather
+_SMALL_KERNEL = 64  # kernels of at most this many positions are gathered one position at a time
 
 
 def _gather(windows: np.ndarray, dtype, kernel: tuple) -> np.ndarray:
@@ -402,7 +406,7 @@ def _gather(windows: np.ndarray, dtype, kernel: tuple) -> np.ndarray:
     along out[-1] where depth is 1), over blocks of rows whose patches fit in the cache."""
     patches = np.empty(windows.shape, dtype)
     kernel_size = math.prod(kernel)
-    if not patches.size or kernel_size <= 1 or kernel_size > 64:
+    if not patches.size or kernel_size <= 1 or kernel_size > _SMALL_KERNEL:
         np.copyto(patches, windows)
         return patches
     rank = len(kernel)
@@ -434,8 +438,10 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
 
     The patches are one copy of a strided view of the padded input (every window position of every window,
     ``(..., N, C, out..., kernel...)``), written in the layout of the product: a C-order ``(M, K)`` matrix per
-    group, rows (batch, out...), columns (feature, kernel...) in row-major order. The input is padded in its
-    own memory order (one allocation, no transposing copy) and viewed in the canonical order (N, C, spatial)."""
+    group, rows (batch, out...), columns (feature, kernel...) in row-major order. For small kernels the input
+    is padded in its own memory order (one allocation, no transposing copy; the copies run along the features)
+    and viewed in the canonical order (N, C, spatial); for large ones (a kernel's gradient: the kernel is the
+    output's cotangent) it is padded in the canonical order, so that the copy runs along the last spatial axis."""
     lead = tuple(range(leading))
     lhs_spec, rhs_spec, out_spec = dimension_numbers
     lhs_perm = lead + tuple(d + leading for d in lhs_spec)
@@ -446,7 +452,13 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     front = lhs.shape[:leading]
     # an input replicated over the devices (a broadcast device axis): its patches made once, read by every slice
     shared = leading == 1 and front[0] > 1 and lhs.strides[0] == 0
-    x = np.transpose(_zero_padded((lhs[:1] if shared else lhs).astype(compute, copy=False), config), lhs_perm)
+    x = (lhs[:1] if shared else lhs).astype(compute, copy=False)
+    if math.prod(w.shape[leading + 2:]) > _SMALL_KERNEL:  # copied whole (see _gather): the spatial axes last
+        view = np.transpose(x, lhs_perm)
+        x = _zero_padded(view, [config[a] for a in lhs_perm])  # one copy, transposing
+        x = np.ascontiguousarray(x) if x is view else x
+    else:  # copied by kernel offset: padded in the input's own memory order, viewed in the canonical order
+        x = np.transpose(_zero_padded(x, config), lhs_perm)
     n, c, *padded = x.shape[leading:]
     o, i, *kernel = w.shape[leading:]
     out_spatial = tuple(max(0, (p - ((k - 1) * d + 1)) // s + 1) for p, k, d, s in
