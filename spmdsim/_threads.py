@@ -9,8 +9,10 @@ switch and the call around it cheap:
   A bare hand-off costs ~3.6 instead of ~12 µs on a 2-core VM. The calling thread joins that CPU while it
   starts the devices and waits for them (:class:`on_lanes_cpu`; its own affinity is restored when the call
   returns or raises): on a VM, waking a thread on another, idle, virtual CPU costs tens of µs. Device threads
-  cannot run Python in parallel anyway; NumPy's own BLAS threads are not affected. ``SPMDSIM_PIN_THREADS=0``
-  leaves placement to the OS.
+  cannot run Python in parallel anyway; a device entering a long kernel that releases the GIL (a large BLAS
+  product) leaves that CPU for every CPU of the process until its call ends (:class:`spread`), and the
+  vectorized executor's long kernels run in parts over the CPUs (:func:`in_parallel`).
+  ``SPMDSIM_PIN_THREADS=0`` leaves placement to the OS.
 - **Reuse.** Starting a thread costs ~40-70 µs here, more than a whole small training step of ``jax.pmap``.
   A call's device threads are parked when it returns and taken by the next call (and by nested maps).
 - **No leftovers.** A parked thread holds no reference to the call it served and runs no user code. It ends
@@ -77,13 +79,14 @@ class _Worker:
     """A device thread. ``go`` is held until a task (or the stop signal, ``None``) is handed over;
     ``abandoned`` workers (a call gave up waiting for them) end when their task returns, never parked."""
 
-    __slots__ = ("thread", "go", "task", "abandoned")
+    __slots__ = ("thread", "go", "task", "abandoned", "spread")
 
     def __init__(self, pool: "_Pool"):
         self.go = threading.Lock()
         self.go.acquire()
         self.task: tuple[_Call, int] | None = None
         self.abandoned = False
+        self.spread = False  # left the lanes' CPU for a long kernel (see `spread`): pinned again when parked
         self.thread = threading.Thread(target=pool.serve, args=(self,), name="spmdsim idle thread", daemon=True)
         self.thread._spmdsim_worker = self
         self.thread.start()
@@ -177,6 +180,9 @@ class _Pool:
             call, i = task
             threads = call.threads
             del task
+            if worker.spread:
+                worker.spread = False
+                _pin()
             try:
                 call.run(i)
             finally:
@@ -264,29 +270,28 @@ def in_lane() -> bool:
 
 
 class spread:
-    """A device thread on every CPU the process may use while it runs a long kernel (a large BLAS product):
-    the kernel releases the GIL, other devices run meanwhile, and pinned to the lanes' one CPU they would all
-    queue there while the other CPUs idle. Back on the lanes' CPU after. Two system calls (a few µs): for
-    kernels of a millisecond or more. Does nothing outside device threads or where threads are not pinned."""
+    """A device thread on every CPU the process may use from a long kernel on (a large BLAS product): the kernel
+    releases the GIL, other devices run meanwhile, and pinned to the lanes' one CPU they would all queue there
+    while the other CPUs idle. One system call, the first time in a call; the thread stays spread until the call
+    ends (it is pinned again when it takes its next task: moving back at once waits for the busy lanes' CPU, ~10%
+    of a training step under load). For kernels of a millisecond or more; does nothing outside device threads or
+    where threads are not pinned."""
 
-    __slots__ = ("moved",)
+    __slots__ = ()
 
     def __enter__(self):
-        self.moved = False
-        if _CPU is not None and in_lane():
-            try:
-                os.sched_setaffinity(0, _ALLOWED)
-                self.moved = True
-            except OSError:
-                pass
+        if _CPU is not None:
+            worker = getattr(threading.current_thread(), "_spmdsim_worker", None)
+            if worker is not None and not worker.spread:
+                try:
+                    os.sched_setaffinity(0, _ALLOWED)
+                    worker.spread = True
+                except OSError:
+                    pass
         return self
 
     def __exit__(self, *exc):
-        if self.moved:
-            try:
-                os.sched_setaffinity(0, _CPU)
-            except OSError:
-                pass
+        pass
 
 
 def in_parallel(work: Callable[[int, int], None], size: int, *, cpus: int) -> None:

@@ -26,6 +26,7 @@ call in the devices' threads (thread executor) or widens the device axis (vector
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Hashable
 
@@ -37,7 +38,7 @@ from jax._src.util import weakref_lru_cache
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 
-from spmdsim import _hosts, _primitives, _runtime, _sharding
+from spmdsim import _hosts, _primitives, _runtime, _sharding, _threads
 from spmdsim._values import broadcast_view, read_only
 from spmdsim.jax import _dtypes
 from spmdsim.jax import _compiled  # noqa: F401  (the compiled form of jaxprs installs itself: _registry.COMPILED)
@@ -197,6 +198,9 @@ def threads_run(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, local: tu
     return _ThreadsRun(jaxpr, in_specs, out_specs, axes, local, executor, api)
 
 
+_SPREAD_BYTES = 1 << 20  # an output block this large is copied with the device off the lanes' CPU (_threads.spread)
+
+
 class _ThreadsRun:
     """One map on the thread executor, with what depends only on its body, specs and mesh worked out once (the
     body's compiled evaluator, the device count): called with the NumPy inputs, it splits them into blocks,
@@ -209,17 +213,33 @@ class _ThreadsRun:
         self.evaluate = (REFERENCE if executor == "reference" else PER_DEVICE).evaluator(jaxpr.jaxpr)
         self.count = math.prod(size for _, size in local)
         self.params = dict(jaxpr=jaxpr, in_specs=in_specs, out_specs=out_specs, axes=axes, executor=executor, api=api)
+        # outputs split along their leading dimension by the one mesh axis (pmap's out_axes=0): each device copies
+        # its block into the output itself, in its own thread, while it is in cache (no concatenation after)
+        self.stacked_outputs = [
+            (k, PER_DEVICE.expected(aval)) for k, (aval, spec) in enumerate(zip(jaxpr.out_avals, self.out_specs))
+            if len(local) == 1 and spec and spec[0] == (local[0][0],) and not any(spec[1:])
+            and PER_DEVICE.expected(aval) is not None and not _dtypes.is_key(aval.dtype)]
 
     def __call__(self, args: list, check_replicated: bool = False, observe: bool = True) -> list[np.ndarray]:
         local = self.local
         blocks = [_split(x, spec, local) for x, spec in zip(args, self.in_specs, strict=True)]
         device_args = list(zip(*blocks)) if blocks else [()] * self.count  # views, made in C
         evaluate, consts = self.evaluate, self.consts
-        per_device = _runtime.run_mapped(lambda i: evaluate(consts, device_args[i]), self.axes, is_device=True)
+        stacked = [(k, np.empty((self.count, *shape), dtype)) for k, (shape, dtype) in self.stacked_outputs]
+
+        def device(i: int) -> list:
+            outs = evaluate(consts, device_args[i])
+            for k, whole in stacked:
+                with _threads.spread() if outs[k].nbytes >= _SPREAD_BYTES else contextlib.nullcontext():
+                    whole[i] = outs[k]
+            return outs
+        per_device = _runtime.run_mapped(device, self.axes, is_device=True)
         if check_replicated:
-            stacked = [np.stack([outs[k] for outs in per_device]) for k in range(len(self.out_specs))]
-            _check_replicated(stacked, self.out_specs, local, self.api)
-        outs = [_assemble([device[k] for device in per_device], spec, local) for k, spec in enumerate(self.out_specs)]
+            every = [np.stack([outs[k] for outs in per_device]) for k in range(len(self.out_specs))]
+            _check_replicated(every, self.out_specs, local, self.api)
+        ready = {k: whole.reshape(-1, *whole.shape[2:]) for k, whole in stacked}
+        outs = [ready[k] if k in ready else _assemble([device[k] for device in per_device], spec, local)
+                for k, spec in enumerate(self.out_specs)]
         if observe and map_observer is not None and _runtime.current_lane() is None:
             map_observer(args, self.params, outs)
         return outs
