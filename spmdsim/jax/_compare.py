@@ -922,24 +922,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("--ulps and --rtol must not be negative")
     check_program(program)
     from spmdsim import hosts
-    host = None
-    if hosts.launched_by_mpi():  # one host of spmdsim compare --hosts H (or of mpiexec -n H spmdsim compare)
-        from spmdsim import _launch
-        from spmdsim.jax._run import _whole_lines
-        if os.environ.get(_launch.CHILD_ENV) != "1":
-            return _launch.run_as_host_child(["compare", *raw])
-        _whole_lines()
-        try:
-            host = hosts.mpi_host(args.devices)
-        except ValueError as e:
-            raise UsageError(f"--devices {args.devices}: {e}") from None
-        if args.hosts not in (None, host.count):
-            raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
-    elif args.hosts is not None and args.hosts > 1:
-        if args.devices % args.hosts:
-            raise UsageError(f"--devices {args.devices} cannot be split evenly over --hosts {args.hosts}")
-        from spmdsim import _launch
-        return _launch.launch(args.hosts, _host_argv(args, program))
+    from spmdsim.jax._run import host_of
+    host = host_of("compare", raw, args, lambda: _host_argv(args, program))  # spmdsim compare --hosts H
+    if isinstance(host, int):  # this process launched the hosts, or ran one as its child: done
+        return host
     if host is None or host.index == 0:
         as_hosts = "" if host is None else f" as {host.count} hosts ({host.local} devices each, through MPI)"
         print(f"spmdsim compare: {program.name} on {args.devices} virtual devices{as_hosts} ({args.executor} "

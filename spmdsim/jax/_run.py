@@ -13,6 +13,7 @@ import contextlib
 import io
 import os
 import sys
+from typing import Callable
 
 import spmdsim
 from spmdsim import hosts
@@ -72,23 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     trace_format = _trace_format(args.trace)
     check_program(program)
 
-    host = None
-    if hosts.launched_by_mpi():
-        from spmdsim import _launch
-        if os.environ.get(_launch.CHILD_ENV) != "1":
-            return _launch.run_as_host_child(["run", *raw])
-        _whole_lines()
-        try:
-            host = hosts.mpi_host(args.devices)
-        except ValueError as e:  # the devices do not split over the processes mpiexec started
-            raise UsageError(f"--devices {args.devices}: {e}") from None
-        if args.hosts not in (None, host.count):
-            raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
-    elif args.hosts is not None and args.hosts > 1:
-        if args.devices % args.hosts:
-            raise UsageError(f"--devices {args.devices} cannot be split evenly over --hosts {args.hosts}")
-        from spmdsim import _launch
-        return _launch.launch(args.hosts, _host_argv(args, program))
+    host = host_of("run", raw, args, lambda: _host_argv(args, program))
+    if isinstance(host, int):  # this process launched the hosts, or ran one as its child: done
+        return host
     from spmdsim.jax._patch import patched_jax
 
     if host is None or host.index == 0:
@@ -144,6 +131,35 @@ def _whole_lines() -> None:
                                                 errors=stream.errors, line_buffering=True))
         else:
             stream.reconfigure(line_buffering=True)
+
+
+def host_of(command: str, raw: list[str], args, host_argv: Callable[[], list[str]]):
+    """Where this process stands in ``spmdsim COMMAND [--hosts H] ...`` (``args.devices``, ``args.hosts``):
+    the :class:`spmdsim.hosts.Host` it is when MPI started it (mpiexec, or ``--hosts H`` launching it), None for a
+    single process, or an exit status where it launched the H hosts (``host_argv()``: their command line) or ran
+    one as its child, and is done.
+
+    Raises:
+        UsageError: the devices do not split over the hosts, or ``--hosts`` disagrees with mpiexec's count.
+    """
+    if hosts.launched_by_mpi():
+        from spmdsim import _launch
+        if os.environ.get(_launch.CHILD_ENV) != "1":
+            return _launch.run_as_host_child([command, *raw])
+        _whole_lines()
+        try:
+            host = hosts.mpi_host(args.devices)
+        except ValueError as e:  # the devices do not split over the processes mpiexec started
+            raise UsageError(f"--devices {args.devices}: {e}") from None
+        if args.hosts not in (None, host.count):
+            raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
+        return host
+    if args.hosts is not None and args.hosts > 1:
+        if args.devices % args.hosts:
+            raise UsageError(f"--devices {args.devices} cannot be split evenly over --hosts {args.hosts}")
+        from spmdsim import _launch
+        return _launch.launch(args.hosts, host_argv())
+    return None
 
 
 def _host_argv(args, program) -> list[str]:
