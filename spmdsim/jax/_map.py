@@ -237,7 +237,7 @@ class _ThreadsRun:
         if check_replicated:
             every = [np.stack([outs[k] for outs in per_device]) for k in range(len(self.out_specs))]
             _check_replicated(every, self.out_specs, local, self.api)
-        ready = {k: whole.reshape(-1, *whole.shape[2:]) for k, whole in stacked}
+        ready = {k: whole.reshape(whole.shape[0] * whole.shape[1], *whole.shape[2:]) for k, whole in stacked}
         outs = [ready[k] if k in ready else _assemble([device[k] for device in per_device], spec, local)
                 for k, spec in enumerate(self.out_specs)]
         if observe and map_observer is not None and _runtime.current_lane() is None:
