@@ -247,11 +247,22 @@ def _complex_pick(x, y, greater: bool):
     return np.where(first, x, y)
 
 
+_SIGN_BIT = {np.dtype(np.float32): np.int32(-2**31), np.dtype(np.float64): np.int64(-2**63)}
+
+
+def _may_hold_negative_zero(x) -> bool:
+    """Whether ``x`` holds a -0.0 (one pass over its bits; True for dtypes not checked)."""
+    x = np.asarray(x)
+    sign = _SIGN_BIT.get(x.dtype)
+    return sign is None or bool((x.view(sign.dtype) == sign).any())
+
+
 def _float_max(x, y):
     if np.result_type(x, y).kind == "c":
         return _complex_pick(x, y, True)
     out = np.maximum(x, y)
-    if is_float(out.dtype):  # XLA orders -0.0 below +0.0
+    # XLA orders -0.0 below +0.0; NumPy keeps either zero: only a -0.0 can make them differ (ReLU's inputs rarely)
+    if is_float(out.dtype) and (_may_hold_negative_zero(x) or _may_hold_negative_zero(y)):
         out = np.where((x == 0) & (y == 0), x + y, out)
     return out
 
@@ -260,7 +271,7 @@ def _float_min(x, y):
     if np.result_type(x, y).kind == "c":
         return _complex_pick(x, y, False)
     out = np.minimum(x, y)
-    if is_float(out.dtype):
+    if is_float(out.dtype) and (_may_hold_negative_zero(x) or _may_hold_negative_zero(y)):
         out = np.where((x == 0) & (y == 0), -((-x) + (-y)), out)
     return out
 
