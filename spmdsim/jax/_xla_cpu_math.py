@@ -54,27 +54,32 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
         product = np.multiply(ops[0], ops[1], dtype=f64)
         combine(np.negative(product) if negate_product else product, ops[2], out=out, dtype=f64, casting="unsafe")
         return out
-    rows, inner = shape[0], out.size // shape[0]
-    if all(x.size == 1 or x.shape[1 - len(shape):] == shape[1:] for x in ops):
-        # (rows, inner) views, cut in blocks of _CHUNK along both: a value broadcast over rows is read again
-        flat = [x.reshape(()) if x.size == 1 else x.reshape(-1, inner) if x.ndim == len(shape) else x.reshape(1, inner)
-                for x in ops]
+    split = _flat_split(ops, shape)
+    if split is not None:
+        # (rows, inner) views, cut in blocks of _CHUNK along inner: a value broadcast over the rows is read again
+        rows, inner = math.prod(shape[:split]), math.prod(shape[split:])
+        flat = [x.reshape(()) if x.size == 1 else x.reshape(-1, 1 if x.size == rows else inner) for x in ops]
         target = out.reshape(rows, inner)
         width = min(inner, _CHUNK)
+        per_row = -(-inner // width)
 
-        def work(lo: int, hi: int) -> None:
+        def work(lo: int, hi: int) -> None:  # blocks lo..hi-1, row-major over (rows, per_row)
             temp = np.empty(width, f64)
-            for r in range(lo, hi):
-                rowwise = [x if x.ndim == 0 else x[r if x.shape[0] > 1 else 0] for x in flat]
-                for start in range(0, inner, width):
-                    x, y, z = (v if v.ndim == 0 else v[start:start + width] for v in rowwise)
-                    t = temp[:min(width, inner - start)]
-                    np.multiply(x, y, out=t, dtype=f64)
-                    if negate_product:
-                        np.negative(t, out=t)
-                    combine(t, z, out=target[r, start:start + width], dtype=f64, casting="unsafe")
+            for block in range(lo, hi):
+                r, start = divmod(block, per_row)
+                start *= width
+                x, y, z = (v if v.ndim == 0 else v[r, 0] if v.shape[1] == 1 else
+                           v[r if v.shape[0] > 1 else 0, start:start + width] for v in flat)
+                t = temp[:min(width, inner - start)]
+                np.multiply(x, y, out=t, dtype=f64)
+                if negate_product:
+                    np.negative(t, out=t)
+                combine(t, z, out=target[r, start:start + width], dtype=f64, casting="unsafe")
+        count = rows * per_row
     else:  # blocks of rows; an operand with one row (or fewer axes) broadcasts whole
+        rows, inner = shape[0], out.size // shape[0]
         step = max(1, _CHUNK // inner)
+        count = rows
         cut = [x.ndim == len(shape) and x.shape[0] == rows for x in ops]
 
         def work(lo: int, hi: int) -> None:
@@ -87,10 +92,28 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
                     np.negative(t, out=t)
                 combine(t, z, out=out[start:min(start + step, hi)], dtype=f64, casting="unsafe")
     if out.size >= _PARALLEL:
-        _threads.in_parallel(work, rows, cpus=_blas.cpus())
+        _threads.in_parallel(work, count, cpus=_blas.cpus())
     else:
-        work(0, rows)
+        work(0, count)
     return out
+
+
+def _flat_split(ops: list, shape: tuple) -> int | None:
+    """The first axis ``k`` such that every operand is a scalar, holds ``shape[k:]`` whole (once, or once per
+    index of ``shape[:k]``), or one value per index of ``shape[:k]`` (a device's scalar): then each is a
+    ``(rows, inner)`` matrix, a row broadcast over the rows, or a ``(rows, 1)`` column; None if there is no such
+    axis (an operand broadcast inside the trailing axes)."""
+    for k in range(len(shape)):
+        if all(x.size == 1 or _holds_from(x, shape, k) for x in ops):
+            return k
+    return None
+
+
+def _holds_from(x: np.ndarray, shape: tuple, k: int) -> bool:
+    padded = (1,) * (len(shape) - x.ndim) + x.shape
+    if padded[:k] == shape[:k] and all(d == 1 for d in padded[k:]):
+        return True
+    return padded[k:] == shape[k:] and (padded[:k] == shape[:k] or all(d == 1 for d in padded[:k]))
 
 
 def _fused(a, b, c) -> np.ndarray:
