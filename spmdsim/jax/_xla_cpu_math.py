@@ -102,8 +102,11 @@ def _flat_split(ops: list, shape: tuple) -> int | None:
     """The first axis ``k`` such that every operand is a scalar, holds ``shape[k:]`` whole (once, or once per
     index of ``shape[:k]``), or one value per index of ``shape[:k]`` (a device's scalar): then each is a
     ``(rows, inner)`` matrix, a row broadcast over the rows, or a ``(rows, 1)`` column; None if there is no such
-    axis (an operand broadcast inside the trailing axes)."""
+    axis (an operand broadcast inside the trailing axes), or if the rows would be short (a per-channel operand of
+    NHWC activations: blocks of rows then, see :func:`rounded_once`)."""
     for k in range(len(shape)):
+        if math.prod(shape[k:]) < _CHUNK // 8:
+            return None
         if all(x.size == 1 or _holds_from(x, shape, k) for x in ops):
             return k
     return None
