@@ -199,6 +199,25 @@ def threads_run(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, local: tu
 
 
 _SPREAD_BYTES = 1 << 20  # an output block this large is copied with the device off the lanes' CPU (_threads.spread)
+_COPIED_BYTES = 1 << 16  # output blocks from this size on are copied into the output by their device
+# Primitives whose rules call BLAS, and callbacks (user code may): a body without them leaves BLAS's threads alone.
+_BLAS_PRIMITIVES = {"dot_general", "conv_general_dilated", "pure_callback", "io_callback", "debug_callback",
+                    "cholesky", "lu", "qr", "householder_product", "eigh", "eig", "svd", "triangular_solve",
+                    "symmetric_product", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve"}
+
+
+@weakref_lru_cache
+def _calls_blas(jaxpr) -> bool:
+    """Whether evaluating ``jaxpr`` (sub-jaxprs included) may call BLAS."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _BLAS_PRIMITIVES:
+            return True
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if isinstance(inner, core.Jaxpr) and _calls_blas(inner):
+                    return True
+    return False
 
 
 class _ThreadsRun:
@@ -218,7 +237,9 @@ class _ThreadsRun:
         self.stacked_outputs = [
             (k, PER_DEVICE.expected(aval)) for k, (aval, spec) in enumerate(zip(jaxpr.out_avals, self.out_specs))
             if len(local) == 1 and spec and spec[0] == (local[0][0],) and not any(spec[1:])
-            and PER_DEVICE.expected(aval) is not None and not _dtypes.is_key(aval.dtype)]
+            and PER_DEVICE.expected(aval) is not None and not _dtypes.is_key(aval.dtype)
+            and aval.size * np.dtype(PER_DEVICE.expected(aval)[1]).itemsize >= _COPIED_BYTES]
+        self.blas = _calls_blas(jaxpr.jaxpr)
 
     def __call__(self, args: list, check_replicated: bool = False, observe: bool = True) -> list[np.ndarray]:
         local = self.local
@@ -233,7 +254,7 @@ class _ThreadsRun:
                 with _threads.spread() if outs[k].nbytes >= _SPREAD_BYTES else contextlib.nullcontext():
                     whole[i] = outs[k]
             return outs
-        per_device = _runtime.run_mapped(device, self.axes, is_device=True)
+        per_device = _runtime.run_mapped(device, self.axes, is_device=True, blas=self.blas)
         if check_replicated:
             every = [np.stack([outs[k] for outs in per_device]) for k in range(len(self.out_specs))]
             _check_replicated(every, self.out_specs, local, self.api)
