@@ -22,6 +22,7 @@ together, in one rendezvous, as the NumPy front end does. Results are the same; 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import weakref
 from typing import Callable
@@ -33,6 +34,7 @@ from jax.extend import core as ext_core
 from spmdsim import _primitives
 from spmdsim.jax._names import user_name
 from spmdsim.jax._contraction import contract
+from spmdsim.jax import _fusion
 from spmdsim.jax._registry import IN_PLACE, compiled_form
 from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
@@ -171,7 +173,20 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
     lines.append("    if consume: args.clear()")  # the caller's list held the arguments: now only the locals do
     lines += [f"    {c} = asarray({c})" for c in consts]
     last_use = _last_uses(steps, jaxpr)
+    runs = dict(_fusion.fusible_runs(steps, executor)) if FUSION else {}
+    inside = {j for start, stop in runs.items() for j in range(start + 1, stop)}
+    returned = {v for v in jaxpr.outvars if not isinstance(v, ext_core.Literal)}
     for k, step in enumerate(steps):
+        if k in inside:
+            continue
+        if k in runs:  # elementwise equations block by block (see ._fusion)
+            used_after = {s.eqn.outvars[0] for s in steps[k:runs[k]]
+                          if last_use.get(s.eqn.outvars[0], -1) >= runs[k] or s.eqn.outvars[0] in returned}
+            fused = ns[f"F{k}"] = _fusion.FusedRun(steps[k:runs[k]], executor, used_after)
+            outs = [local(v) for v in fused.outputs]
+            call = f"F{k}(stack, {', '.join(local(v) for v in fused.inputs)})"
+            lines.append(f"    {', '.join(outs)}, = {call}" if outs else f"    {call}")
+            continue
         ns[f"E{k}"] = step.eqn
         lines.append(f"    stack[-1] = E{k}")
         operands = []
@@ -261,6 +276,7 @@ def _unshared_count() -> int:
 _UNSHARED = _unshared_count()
 
 
+FUSION = os.environ.get("SPMDSIM_FUSION", "1") != "0"  # chains of elementwise equations block by block (._fusion)
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
