@@ -85,7 +85,9 @@ class FusedRun:
         self.shape = steps[0].expected[0][0]
         produced = {step.eqn.outvars[0] for step in steps}
         self.inputs: list = []
-        plan = []  # per equation: (eqn, call, operands as ("in", index) | ("env", var) | ("value", array), dtype)
+        # per equation: (eqn, call, operands, dtype); an operand is ("in", index of an input), ("env", a variable of
+        # the run), ("block", a constant array of the run's shape, sliced per block) or ("value", a single value)
+        plan = []
         for step in steps:
             eqn = step.eqn
             operands = []
