@@ -135,8 +135,8 @@ def _rebind(jaxpr, consts, args, executor: str) -> list:
 def _run_traced(closed, flat_args, executor: str) -> list:
     """Run a traced program: re-bound under JAX tracers, evaluated by spmdsim on concrete values (its outputs
     placed as JAX places them: :func:`._placement.program_shardings`)."""
-    if any(isinstance(x, core.Tracer) for x in flat_args):
-        return _rebind(closed.jaxpr, closed.consts, flat_args, executor)
+    if any(isinstance(x, core.Tracer) for x in (*flat_args, *closed.consts)):  # under an outer transformation
+        return _rebind(closed.jaxpr, closed.consts, flat_args, executor)          # (a JVP tracer closed over too)
     previous, _executor.name = _executor.name, executor
     try:
         outs = eval_jaxpr(closed.jaxpr, [to_numpy(c) for c in closed.consts], *(to_numpy(x) for x in flat_args),
@@ -282,6 +282,9 @@ class _Jitted:
             found = self._spmdsim_cache.get(key)
         if found is None:
             traced = jitted.trace(*args, **kwargs)
+            if len(traced.jaxpr.jaxpr.invars) != len(flat) or any(isinstance(c, core.Tracer)
+                                                                   for c in traced.jaxpr.consts):
+                return jitted(*args, **kwargs)  # it closes over an outer transformation's values: JAX's path, as above
             found = (traced.jaxpr, traced.out_tree, _contains_map(traced.jaxpr.jaxpr))
             with self._spmdsim_lock:
                 self._spmdsim_cache[key] = found
