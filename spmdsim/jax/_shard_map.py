@@ -179,20 +179,26 @@ def simulated(fun, executor: str = "threads"):
         if _inside_a_map_trace():  # a shard_map nested in a body JAX is tracing: JAX's own, run by spmdsim later
             return fun(*args, **kwargs)
         flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-        key = (in_tree, tuple(core.typeof(x) for x in flat))
+        # leaves that are not JAX values (an object passed with in_specs None, as JAX's shard_map allows) reach
+        # ``fun`` as they are: closed over by the traced function, never cached (JAX keeps them by identity)
+        values = [core.valid_jaxtype(x) for x in flat]
+        dynamic = [x for x, value in zip(flat, values) if value]
+        key = (in_tree, tuple(core.typeof(x) for x in dynamic))
         with lock:
-            found = cache.get(key)
+            found = cache.get(key) if all(values) else None
         if found is None:
             def flat_fun(*leaves):
-                a, k = jax.tree_util.tree_unflatten(in_tree, leaves)
+                it = iter(leaves)
+                a, k = jax.tree_util.tree_unflatten(in_tree, [next(it) if value else x for x, value in
+                                                              zip(flat, values)])
                 return fun(*a, **k)
-            closed, shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
+            closed, shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dynamic)
             found = (closed, jax.tree_util.tree_structure(shape))
-            if not any(isinstance(c, core.Tracer) for c in closed.consts):
+            if all(values) and not any(isinstance(c, core.Tracer) for c in closed.consts):
                 with lock:
                     cache[key] = found
         closed, out_tree = found
-        return jax.tree_util.tree_unflatten(out_tree, _run_traced(closed, flat, executor))
+        return jax.tree_util.tree_unflatten(out_tree, _run_traced(closed, dynamic, executor))
 
     return run
 

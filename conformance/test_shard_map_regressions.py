@@ -1,6 +1,6 @@
-"""A shard_map whose body closes over a value of an outer transformation (JAX's shard_map_test
-``test_grads_closure``/``test_vmap_closure``): ``jax.jvp``, ``jax.grad`` and ``jax.vmap`` of a function that calls
-the map eagerly or under ``jax.jit``, against JAX's own shard_map on the same CPU devices."""
+"""Regressions from JAX's own shard_map_test (issue 25), each against JAX's shard_map on the same CPU devices: a map
+whose body closes over a value of an outer transformation (``test_grads_closure``, ``test_vmap_closure``), and
+``in_specs=None`` passing a Python object through (``test_in_spec_none``)."""
 from __future__ import annotations
 
 from functools import partial
@@ -42,3 +42,23 @@ def test_transformations_of_a_map_closing_over_their_tracers(jit):
                       lambda f: jax.vmap(lambda x: f(x, 3.0))(jnp.arange(3.0, dtype=jnp.float32))):
         for a, b in zip(jax.tree.leaves(transform(ours)), jax.tree.leaves(transform(theirs)), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+def test_in_specs_none_passes_any_object_through():
+    """JAX passes an argument whose in_spec is None to the body as it is (the same object), whatever it is."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 JAX devices")
+    mesh = Mesh(np.array(jax.devices()[:4]), ("i",))
+    token, seen = object(), []
+
+    def body(o, x, options):
+        seen.append((o, options["activation"]))
+        return options["activation"](x) * 2
+
+    x = jnp.arange(8.0, dtype=jnp.float32)
+    for shard_map in (sj.shard_map, jax.shard_map):
+        seen.clear()
+        y = shard_map(body, mesh=mesh, in_specs=(None, P("i"), {"activation": None}), out_specs=P("i"))(
+            token, x, {"activation": jnp.sin})
+        np.testing.assert_allclose(np.asarray(y), np.sin(np.arange(8.0, dtype=np.float32)) * 2, rtol=1e-6)
+        assert seen and all(o is token and activation is jnp.sin for o, activation in seen)
