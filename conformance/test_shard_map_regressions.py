@@ -62,3 +62,20 @@ def test_in_specs_none_passes_any_object_through():
             token, x, {"activation": jnp.sin})
         np.testing.assert_allclose(np.asarray(y), np.sin(np.arange(8.0, dtype=np.float32)) * 2, rtol=1e-6)
         assert seen and all(o is token and activation is jnp.sin for o, activation in seen)
+
+
+def test_device_put_to_a_device_inside_an_eager_map_raises_as_in_jax():
+    """JAX runs an eager shard_map's body op by op and rejects ``device_put(x, device)`` there; under ``jit`` the
+    device_put is ignored (``test_device_put``)."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 JAX devices")
+    mesh = Mesh(np.array(jax.devices()[:4]), ("i",))
+    x = jnp.arange(8.0, dtype=jnp.float32)
+    for shard_map, jit in ((sj.shard_map, sj.jit), (jax.shard_map, jax.jit)):
+        plain = shard_map(lambda v: v + jax.device_put(1.0), mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+        np.testing.assert_array_equal(np.asarray(plain(x)), np.arange(8.0) + 1)
+        placed = shard_map(lambda v: v + jax.device_put(1.0, jax.devices()[0]), mesh=mesh, in_specs=P("i"),
+                           out_specs=P("i"))
+        with pytest.raises(ValueError, match="got device"):
+            placed(x)
+        np.testing.assert_array_equal(np.asarray(jit(placed)(x)), np.arange(8.0) + 1)

@@ -26,6 +26,7 @@ import types
 import jax
 from jax._src import core, source_info_util
 from jax._src import mesh as mesh_lib
+from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as ext_core
 
 from spmdsim import _runtime
@@ -167,6 +168,24 @@ def _without_our_frames(fun):
     return entry
 
 
+def _check_eager_device_puts(jaxpr) -> None:
+    """An eager shard_map's body runs op by op in JAX, where ``jax.device_put(x, device)`` raises (JAX's
+    ``_device_put_eager_rule``; under ``jit`` it is ignored, as spmdsim ignores it everywhere else).
+
+    Raises:
+        ValueError: as JAX's, naming the device.
+    """
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name != "shard_map":
+            continue
+        for inner in eqn.params["jaxpr"].eqns:
+            if inner.primitive.name == "device_put":
+                for device in inner.params.get("devices", ()):
+                    if device is not None:
+                        raise ValueError("device_put with explicit device not allowed within shard_map-decorated "
+                                         f"functions, but got device {device}")
+
+
 def simulated(fun, executor: str = "threads"):
     """``fun`` (a JAX function, e.g. one built by ``jax.shard_map``) traced by JAX and run by spmdsim (see the
     module docstring); traced once per argument structure and avals."""
@@ -193,6 +212,8 @@ def simulated(fun, executor: str = "threads"):
                                                               zip(flat, values)])
                 return fun(*a, **k)
             closed, shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dynamic)
+            if not any(isinstance(x, pe.DynamicJaxprTracer) for x in dynamic):  # eager, not traced by jit
+                _check_eager_device_puts(closed.jaxpr)
             found = (closed, jax.tree_util.tree_structure(shape))
             if all(values) and not any(isinstance(c, core.Tracer) for c in closed.consts):
                 with lock:
