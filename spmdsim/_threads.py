@@ -264,9 +264,14 @@ class on_lanes_cpu:
                 pass
 
 
+def _worker() -> _Worker | None:
+    """The calling thread's :class:`_Worker`, None outside spmdsim's device threads."""
+    return getattr(threading.current_thread(), "_spmdsim_worker", None)
+
+
 def in_lane() -> bool:
     """Whether the calling thread is one of spmdsim's device threads."""
-    return getattr(threading.current_thread(), "_spmdsim_worker", None) is not None
+    return _worker() is not None
 
 
 class spread:
@@ -281,7 +286,7 @@ class spread:
 
     def __enter__(self):
         if _CPU is not None:
-            worker = getattr(threading.current_thread(), "_spmdsim_worker", None)
+            worker = _worker()
             if worker is not None and not worker.spread:
                 try:
                     os.sched_setaffinity(0, _ALLOWED)

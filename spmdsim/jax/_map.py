@@ -33,6 +33,7 @@ from typing import Hashable
 import jax
 import numpy as np
 from jax._src import core, source_info_util
+from jax.extend import core as ext_core
 from jax._src import pretty_printer as pp
 from jax._src.util import weakref_lru_cache
 from jax._src.interpreters import ad, batching, mlir
@@ -212,11 +213,8 @@ def _calls_blas(jaxpr) -> bool:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in _BLAS_PRIMITIVES:
             return True
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (tuple, list)) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if isinstance(inner, core.Jaxpr) and _calls_blas(inner):
-                    return True
+        if any(_calls_blas(sub) for sub in ext_core.jaxprs_in_params(eqn.params)):
+            return True
     return False
 
 
@@ -234,11 +232,12 @@ class _ThreadsRun:
         self.params = dict(jaxpr=jaxpr, in_specs=in_specs, out_specs=out_specs, axes=axes, executor=executor, api=api)
         # outputs split along their leading dimension by the one mesh axis (pmap's out_axes=0): each device copies
         # its block into the output itself, in its own thread, while it is in cache (no concatenation after)
-        self.stacked_outputs = [
-            (k, PER_DEVICE.expected(aval)) for k, (aval, spec) in enumerate(zip(jaxpr.out_avals, self.out_specs))
-            if len(local) == 1 and spec and spec[0] == (local[0][0],) and not any(spec[1:])
-            and PER_DEVICE.expected(aval) is not None and not _dtypes.is_key(aval.dtype)
-            and aval.size * np.dtype(PER_DEVICE.expected(aval)[1]).itemsize >= _COPIED_BYTES]
+        self.stacked_outputs = []
+        for k, (aval, spec) in enumerate(zip(jaxpr.out_avals, self.out_specs)):
+            expected = PER_DEVICE.expected(aval)
+            if len(local) == 1 and spec and spec[0] == (local[0][0],) and not any(spec[1:]) and expected is not None \
+                    and not _dtypes.is_key(aval.dtype) and aval.size * np.dtype(expected[1]).itemsize >= _COPIED_BYTES:
+                self.stacked_outputs.append((k, expected))
         self.blas = _calls_blas(jaxpr.jaxpr)
 
     def __call__(self, args: list, check_replicated: bool = False, observe: bool = True) -> list[np.ndarray]:

@@ -50,9 +50,15 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
     shape = np.broadcast_shapes(*(x.shape for x in ops))
     out = np.empty(shape, dtype)
     combine = np.subtract if negate_addend else np.add
+
+    def compute(x, y, z, temp, target) -> None:  # target = ±x * y ± z, through the float64 temp
+        np.multiply(x, y, out=temp, dtype=f64)
+        if negate_product:
+            np.negative(temp, out=temp)
+        combine(temp, z, out=target, dtype=f64, casting="unsafe")
+
     if out.size <= _CHUNK:
-        product = np.multiply(ops[0], ops[1], dtype=f64)
-        combine(np.negative(product) if negate_product else product, ops[2], out=out, dtype=f64, casting="unsafe")
+        compute(*ops, np.empty(shape, f64), out)
         return out
     split = _flat_split(ops, shape)
     if split is not None:
@@ -70,11 +76,7 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
                 start *= width
                 x, y, z = (v if v.ndim == 0 else v[r, 0] if v.shape[1] == 1 else
                            v[r if v.shape[0] > 1 else 0, start:start + width] for v in flat)
-                t = temp[:min(width, inner - start)]
-                np.multiply(x, y, out=t, dtype=f64)
-                if negate_product:
-                    np.negative(t, out=t)
-                combine(t, z, out=target[r, start:start + width], dtype=f64, casting="unsafe")
+                compute(x, y, z, temp[:min(width, inner - start)], target[r, start:start + width])
         count = rows * per_row
     else:  # blocks of rows; an operand with one row (or fewer axes) broadcasts whole
         rows, inner = shape[0], out.size // shape[0]
@@ -86,11 +88,7 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
             temp = np.empty((min(step, hi - lo),) + shape[1:], f64)
             for start in range(lo, hi, step):
                 x, y, z = (v[start:min(start + step, hi)] if k else v for v, k in zip(ops, cut))
-                t = temp[:min(step, hi - start)]
-                np.multiply(x, y, out=t, dtype=f64)
-                if negate_product:
-                    np.negative(t, out=t)
-                combine(t, z, out=out[start:min(start + step, hi)], dtype=f64, casting="unsafe")
+                compute(x, y, z, temp[:min(step, hi - start)], out[start:min(start + step, hi)])
     if out.size >= _PARALLEL:
         _threads.in_parallel(work, count, cpus=_blas.cpus())
     else:
@@ -144,7 +142,7 @@ def multiply_add(a, b, c, dtype) -> np.ndarray:
     if dtype == f32:
         return fma(a, b, c)
     if dtype == np.float16 and _xla_cpu_isa.current().fp16:
-        return (np.asarray(a, f64) * np.asarray(b, f64) + np.asarray(c, f64)).astype(dtype)
+        return rounded_once(a, b, c, dtype)
     return np.asarray(np.asarray(a, dtype) * np.asarray(b, dtype) + np.asarray(c, dtype), dtype)
 
 
