@@ -64,12 +64,20 @@ _CPU = _pinned_cpu()
 _ALLOWED = os.sched_getaffinity(0) if _CPU is not None else None
 
 
+def _place(cpus: set) -> bool:
+    """Put the calling thread (pid 0 means this thread only) on ``cpus``; False where the OS refused."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return False
+    return True
+
+
 def _pin() -> None:
-    """Put the calling thread (pid 0 means this thread only) on the lanes' CPU, as a batch thread: no
-    wake-up preemption, so a lane that wakes the next one keeps the CPU until it blocks itself."""
-    if _CPU is not None:
+    """Put the calling thread on the lanes' CPU, as a batch thread: no wake-up preemption, so a lane that wakes
+    the next one keeps the CPU until it blocks itself."""
+    if _CPU is not None and _place(_CPU):
         try:
-            os.sched_setaffinity(0, _CPU)
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         except OSError:
             pass
@@ -249,19 +257,15 @@ class on_lanes_cpu:
         if _CPU is not None:
             try:
                 saved = os.sched_getaffinity(0)
-                if saved != _CPU:
-                    os.sched_setaffinity(0, _CPU)
-                    self.saved = saved
             except OSError:
-                pass
+                return self
+            if saved != _CPU and _place(_CPU):
+                self.saved = saved
         return self
 
     def __exit__(self, *exc):
         if self.saved is not None:
-            try:
-                os.sched_setaffinity(0, self.saved)
-            except OSError:
-                pass
+            _place(self.saved)
 
 
 def _worker() -> _Worker | None:
@@ -288,11 +292,7 @@ class spread:
         if _CPU is not None:
             worker = _worker()
             if worker is not None and not worker.spread:
-                try:
-                    os.sched_setaffinity(0, _ALLOWED)
-                    worker.spread = True
-                except OSError:
-                    pass
+                worker.spread = _place(_ALLOWED)
         return self
 
     def __exit__(self, *exc):
