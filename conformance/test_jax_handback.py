@@ -329,7 +329,7 @@ def test_unreduced_and_reduced_specs_are_refused_with_what_to_do():
     NotImplementedError saying so and how to write the program without them, not JAX's '*pspec is dangerous'."""
     from jax.sharding import PartitionSpec as P
 
-    from spmdsim.jax._shard_map import _spec_dims
+    from spmdsim.jax._specs import _spec_dims
 
     assert _spec_dims(P("x", None), 3) == (("x",), (), ())
     for spec in (P(None, reduced={"seq"}), P("x", unreduced={"seq"})):

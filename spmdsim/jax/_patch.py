@@ -200,7 +200,7 @@ def _global_from_process_local(sharding, local_data, global_shape):
     """
 
     from spmdsim import _hosts, _sharding, multihost
-    from spmdsim.jax._shard_map import _spec_dims
+    from spmdsim.jax._specs import _spec_dims
 
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or not hasattr(sharding, "spec"):
