@@ -102,12 +102,14 @@ class route_execution:
 
     def evaluate(self, closed, args: list) -> list:
         from spmdsim import _primitives
-        from spmdsim.jax import _interpreter
+        from spmdsim.jax import _dtypes, _interpreter
 
+        consts = [self.physical(c) if _dtypes.is_extended(v.aval.dtype) and not _dtypes.is_key(v.aval.dtype) else c
+                  for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=True)]  # a closed-over FooArray
         if self.executor == "threads":
-            return _interpreter.PER_DEVICE.eval_jaxpr(closed.jaxpr, closed.consts, args)
+            return _interpreter.PER_DEVICE.eval_jaxpr(closed.jaxpr, consts, args)
         ex = _interpreter.Vectorized(_primitives.Batch((("device", 1),)))
-        outs = ex.eval_jaxpr(closed.jaxpr, closed.consts, [a[None] for a in args])
+        outs = ex.eval_jaxpr(closed.jaxpr, consts, [a[None] for a in args])
         return [o[0] for o in outs]
 
     def call(self, *args, jaxpr, out_shardings, **params):
@@ -123,7 +125,8 @@ class route_execution:
         self.local.inside = True
         try:
             with jax.transfer_guard("allow"):  # the simulator's own transfers, not the program's
-                values = [to_numpy(a) if _dtypes.is_key(aval.dtype) else np.asarray(a, aval.dtype)
+                values = [to_numpy(a) if _dtypes.is_key(aval.dtype) else self.physical(a) if
+                          _dtypes.is_extended(aval.dtype) else np.asarray(a, aval.dtype)
                           for a, aval in zip(args, jaxpr.in_avals, strict=True)]  # int64 kept if the jaxpr says so
                 outs = self.evaluate(jaxpr, values)
                 committed = [a.sharding for a in args if isinstance(a, jax.Array) and a._committed]
@@ -134,7 +137,9 @@ class route_execution:
                     o = np.asarray(o)
                     if any(np.may_share_memory(o, v) for v in values):  # a result is a new buffer, as XLA's
                         o = o.copy()
-                    if not _dtypes.is_key(aval.dtype) and o.dtype != jax.dtypes.canonicalize_dtype(o.dtype):
+                    if _dtypes.is_extended(aval.dtype) and not _dtypes.is_key(aval.dtype):
+                        out = self.logical(o, aval, s)
+                    elif not _dtypes.is_key(aval.dtype) and o.dtype != jax.dtypes.canonicalize_dtype(o.dtype):
                         out = self.put_as_is(o, aval, s)  # an int64 with x64 off (jnp.array(1, dtype=int64))
                     else:
                         out = to_jax(o, aval, s)
@@ -149,6 +154,28 @@ class route_execution:
             self.local.inside = False
             if _map._fast_put is None:  # to_jax gave up its fast put after a failure: its fallback (jnp.asarray)
                 _map._fast_put = ...    # would dispatch a jitted conversion from inside this call: learn it again
+
+    @staticmethod
+    def physical(x):
+        """A value of a user's extended dtype (lax_test's ``FooArray``) in physical form, as JAX hands it to XLA
+        (the ``pxla.shard_arg_handlers`` entry of its type, on the default device)."""
+        import jax
+        import numpy as np
+        from jax._src.interpreters import pxla
+
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return np.asarray(pxla.shard_args([sharding], [None], [None], [x])[0])
+
+    @staticmethod
+    def logical(arr, aval, sharding):
+        """A result of a user's extended dtype from its physical form, built by the dtype's own result handler
+        (``dtype._rules.global_sharded_result_handler``), as JAX builds it from XLA's buffer."""
+        import jax
+
+        sharding = sharding if sharding is not None else jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        physical = jax.device_put(arr, sharding)
+        handler = aval.dtype._rules.global_sharded_result_handler(aval, sharding, True)
+        return handler([shard.data for shard in physical.addressable_shards])
 
     @staticmethod
     def put_as_is(arr, aval, sharding):

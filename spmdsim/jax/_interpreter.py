@@ -31,6 +31,7 @@ from spmdsim import _primitives
 from spmdsim._values import error_state_switch
 from spmdsim.jax import _dtypes, _registry
 from spmdsim.jax._contraction import contract
+from spmdsim.jax._lowered import lowering_jaxpr
 
 __all__ = ["eval_jaxpr", "eval_closed_jaxpr", "Executor", "PerDevice", "Vectorized", "HIGHER_ORDER",
            "higher_order", "current_site", "site_of", "supported_primitives", "PER_DEVICE", "REFERENCE",
@@ -142,8 +143,13 @@ class Executor:
         return rule(*operands, **eqn.params)
 
     def missing(self, eqn, operands):
-        """The results of ``eqn``, whose primitive has no rule here (the default: NotImplementedError)."""
-        missing_rule(eqn, self)
+        """The results of ``eqn``, whose primitive has no rule here: the JAX program its lowering is made of
+        (:mod:`._lowered`), else NotImplementedError."""
+        closed = lowering_jaxpr(eqn)
+        if closed is None:
+            missing_rule(eqn, self)
+        outs = self.eval_closed(closed, operands)
+        return outs if eqn.primitive.multiple_results else outs[0]
 
     def nullary(self, out, multiple: bool):
         """The result(s) of a rule that took no operands, as this executor's values."""
@@ -271,10 +277,10 @@ class Vectorized(Executor):
     def missing(self, eqn, operands):
         """A per-device side effect (``jax.debug.print``/``callback``: no vectorized form on purpose) runs device
         by device, in device order (a device that raises is named, as in the thread executor); any other
-        primitive without a vectorized rule is reported."""
+        primitive without a vectorized rule as :meth:`Executor.missing` says."""
         rule = _registry.PER_DEVICE.get(eqn.primitive.name)
         if rule is None or eqn.primitive.name not in _PER_DEVICE_SIDE_EFFECTS:
-            missing_rule(eqn, self)
+            return super().missing(eqn, operands)
         outs = self.batch.per_device(lambda d: rule(*(x[d] for x in operands), **eqn.params))
         if eqn.primitive.multiple_results:
             return [np.stack([np.asarray(o[k]) for o in outs]) for k in range(len(eqn.outvars))]

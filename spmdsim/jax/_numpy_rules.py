@@ -720,7 +720,7 @@ def _static_broadcast(eqn):
     expanded = _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"])
     if expanded == shape:  # only unit axes added (pmap's expanded output): a reshape
         return _reshape_to(shape)
-    if math.prod(shape) <= _SMALL_BROADCAST and not _dtypes.is_key(eqn.outvars[0].aval.dtype):
+    if math.prod(shape) <= _SMALL_BROADCAST and not _dtypes.is_extended(eqn.outvars[0].aval.dtype):
         def small(x):  # a copy: cheaper than a view of a few elements (~0.4 against ~1.3 µs)
             out = np.empty(shape, x.dtype)
             out[...] = x.reshape(expanded)
@@ -743,7 +743,7 @@ def _static_broadcast_v(eqn):
     """The vectorized broadcast_in_dim that only adds unit axes (pmap's expanded output): a reshape that keeps
     the device axis."""
     shape = tuple(eqn.params["shape"])
-    if len(eqn.invars) != 1 or _dtypes.is_key(eqn.outvars[0].aval.dtype) or \
+    if len(eqn.invars) != 1 or _dtypes.is_extended(eqn.outvars[0].aval.dtype) or \
             _expanded_shape(eqn.invars[0].aval.shape, shape, eqn.params["broadcast_dimensions"]) != shape:
         return None
     return _reshape_to(shape, vectorized=True)
@@ -770,10 +770,10 @@ def _reshape_v(x, *dyn, new_sizes, dimensions=None, sharding=None):
 
 
 def _static_squeeze(eqn, vectorized: bool = False):
-    """squeeze, its result's shape known from the jaxpr: a reshape (not for PRNG keys, whose NumPy form has a
-    trailing axis more)."""
+    """squeeze, its result's shape known from the jaxpr: a reshape (not for extended dtypes such as PRNG keys,
+    whose NumPy form has trailing axes more)."""
     aval = eqn.outvars[0].aval
-    if _dtypes.is_key(aval.dtype):
+    if _dtypes.is_extended(aval.dtype):
         return None
     return _reshape_to(tuple(aval.shape), vectorized)
 
@@ -1189,8 +1189,12 @@ def _key_params(eqn, ks, vect):
             return (which.reshape(which.shape + (1,) * kn) if vect or which.ndim else which, *xs[1:])
         return operands, p, None
     if name in ("eq", "ne"):
-        axes = tuple(range(-kn, 0))
-        return None, p, (lambda out: out.all(axis=axes)) if name == "eq" else (lambda out: out.any(axis=axes))
+        axes, lead, rank = tuple(range(-kn, 0)), int(vect), max(_rank(v) for v in eqn.invars)
+
+        def operands(xs):  # a rank-0 operand against an array (lax broadcasts it): unit axes before its key data
+            return tuple(x.reshape((*x.shape[:lead], *(1,) * (rank + kn + lead - x.ndim), *x.shape[lead:]))
+                         for x in xs)
+        return operands, p, (lambda out: out.all(axis=axes)) if name == "eq" else (lambda out: out.any(axis=axes))
     raise AssertionError(name)
 
 
@@ -1306,7 +1310,7 @@ def _reduction(ufunc, name):
         """The rule's last case for this equation, its reduced axes known: when they are the trailing ones, a
         contiguous operand is reshaped to ``(kept..., R)`` without :func:`_canonical`'s steps (the same array)."""
         aval, axes = eqn.invars[0].aval, tuple(sorted(eqn.params["axes"]))
-        if _dtypes.is_key(aval.dtype):
+        if _dtypes.is_extended(aval.dtype):
             return None
         dtype, ndim = np.dtype(aval.dtype), len(aval.shape)
         first = ndim - len(axes)

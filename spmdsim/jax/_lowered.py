@@ -1,0 +1,64 @@
+"""Primitives spmdsim has no rule for, whose XLA lowering JAX builds from a JAX function.
+
+A primitive registered with ``mlir.register_lowering(p, mlir.lower_fun(fun, multiple_results))`` (how a user or
+a library defines a primitive by the JAX program that computes it; lax_test's custom element types do) means,
+on XLA, exactly ``fun`` traced on the equation's avals. spmdsim evaluates that same program: ``fun`` traced
+by JAX into a jaxpr (as ``lower_fun`` traces it: ``pe.trace_to_jaxpr_dynamic(..., lower=True)``), its equations
+computed by spmdsim's rules. The lowering for CPU is looked up first, then the platform-independent one.
+
+Values of extended dtypes are in physical form throughout (:mod:`._dtypes`), which is what such a program
+computes with on XLA too: ``lax_test``'s ``make`` lowers to ``jnp.zeros((*shape, 2), 'uint32')``, the physical
+form of a ``foo[*shape]``.
+"""
+from __future__ import annotations
+
+import threading
+
+from jax._src import api_util
+from jax._src import linear_util as lu
+from jax._src.interpreters import mlir
+from jax._src.interpreters import partial_eval as pe
+from jax.extend import core as ext_core
+
+__all__ = ["lowering_jaxpr"]
+
+_cache: dict = {}  # id(eqn) -> (eqn, jaxpr): the equation is held, so its id is not reused while cached
+_lock = threading.Lock()
+_CACHED = 1024
+
+
+def _lowering_function(primitive):
+    """``(fun, multiple_results)`` of ``primitive``'s ``lower_fun`` lowering on CPU, or None."""
+    for table in (mlir._platform_specific_lowerings.get("cpu", {}), mlir._lowerings):
+        entry = table.get(primitive)
+        if entry is None:
+            continue
+        rule = getattr(entry, "rule", entry)
+        code = getattr(rule, "__code__", None)
+        if code is None or not rule.__qualname__.startswith("lower_fun.") or rule.__closure__ is None:
+            return None
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in rule.__closure__)))
+        return (cells["fun"], cells["multiple_results"]) if "fun" in cells else None
+    return None
+
+
+def lowering_jaxpr(eqn):
+    """The program XLA runs for ``eqn`` (a ClosedJaxpr whose results are ``eqn``'s, always a list), or None when
+    its primitive's lowering is not made by ``mlir.lower_fun``."""
+    with _lock:
+        found = _cache.get(id(eqn))
+    if found is not None:
+        return found[1]
+    lowering = _lowering_function(eqn.primitive)
+    if lowering is None:
+        return None
+    fun, multiple = lowering
+    f = fun if multiple else (lambda *args, **kw: (fun(*args, **kw),))
+    traced = lu.wrap_init(f, dict(eqn.params), debug_info=api_util.debug_info("lower_fun", fun, eqn.invars, {}))
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(traced, [v.aval for v in eqn.invars], lower=True)
+    closed = ext_core.ClosedJaxpr(jaxpr, consts)
+    with _lock:
+        if len(_cache) >= _CACHED:
+            _cache.clear()
+        _cache[id(eqn)] = (eqn, closed)
+    return closed
