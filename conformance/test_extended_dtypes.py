@@ -78,3 +78,35 @@ def test_lower_fun_primitive_multiple_results_and_jit():
 def test_hand_written_lowering_is_still_refused(executor):
     with pytest.raises(NotImplementedError, match="spmdsim_test_by_hand"):
         sjax.pmap(lambda v: _by_hand.bind(v), "i", executor=executor)(np.ones((N, 2), np.float32))
+
+
+_LAPACK_FUNCTIONS = {
+    "qr": jnp.linalg.qr, "cholesky": jnp.linalg.cholesky, "eigh": jnp.linalg.eigh, "svd": jnp.linalg.svd,
+    "inv": jnp.linalg.inv, "eig": jnp.linalg.eig, "schur": jax.scipy.linalg.schur,
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(_LAPACK_FUNCTIONS))
+def test_lapack_refuses_low_floats_as_xla_cpu(name, dtype):
+    """linalg_test's testQrInvalidDtypeCPU and its siblings: XLA:CPU has no LAPACK routine for float16/bfloat16,
+    JAX raises NotImplementedError 'Unsupported dtype float16' when it compiles; spmdsim raises the same."""
+    fn = _LAPACK_FUNCTIONS[name]
+    x = (np.eye(3) * 2 + 0.25).astype(jnp.dtype(dtype))
+    with pytest.raises(NotImplementedError, match=f"Unsupported dtype {dtype}"):
+        jax.block_until_ready(jax.jit(fn)(x))
+    closed = jax.make_jaxpr(fn)(x)
+    with pytest.raises(NotImplementedError, match=f"Unsupported dtype {dtype}"):
+        sjax.eval_jaxpr(closed.jaxpr, closed.consts, x)
+    if name == "qr":  # and inside maps, both executors
+        for executor in ("threads", "vectorized"):
+            with pytest.raises(NotImplementedError, match=f"Unsupported dtype {dtype}"):
+                sjax.pmap(fn, "i", executor=executor)(np.stack([x] * N))
+
+
+def test_lapack_free_low_float_primitives_still_computed():
+    """triangular_solve (and det, through lu in float32 by JAX itself) are XLA's own for float16: no refusal."""
+    a = (np.eye(3) * 2 + np.tri(3, k=-1) * 0.25).astype(np.float16)
+    b = np.arange(6, dtype=np.float16).reshape(3, 2)
+    fn = lambda a, b: jax.scipy.linalg.solve_triangular(a, b, lower=True)
+    _against_jit(fn, a, b, allowed=1)

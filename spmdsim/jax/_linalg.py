@@ -58,6 +58,22 @@ def _compute_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32) if np.dtype(dtype) in LOW_FLOATS else np.dtype(dtype)
 
 
+def _lapack_dtype(dtype, primitive: str) -> np.dtype:
+    """The dtype a primitive that XLA:CPU computes with LAPACK is computed in here: its own.
+
+    Raises:
+        NotImplementedError: for float16 and bfloat16, as JAX does when it compiles the program for CPU (LAPACK
+        has no routine for them; ``jnp.linalg.qr(x.astype(jnp.float16))`` raises there, linalg_test's
+        ``testQrInvalidDtypeCPU``).
+    """
+    dtype = np.dtype(dtype)
+    if dtype in LOW_FLOATS:
+        raise NotImplementedError(f"Unsupported dtype {dtype}: XLA:CPU computes {primitive} with LAPACK, which has "
+                                  f"no {dtype} routine (JAX raises this when it compiles the program for CPU). "
+                                  f"Cast the operand to float32 first.")
+    return dtype
+
+
 def _lwork(value) -> int:
     return max(1, int(np.real(np.asarray(value).reshape(-1)[0])))
 
@@ -84,7 +100,7 @@ def _nan_if(failed: bool, *arrays):
 
 @_both("cholesky")
 def _cholesky(x):
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "cholesky")
 
     def one(a):
         potrf = _routine("potrf", compute)
@@ -123,7 +139,7 @@ def _eigh(x, *, lower, sort_eigenvalues=True, subset_by_index=None, algorithm=No
     n = x.shape[-1]
     if subset_by_index is not None and tuple(subset_by_index) != (0, n):
         raise NotImplementedError("eigh with subset_by_index: XLA:CPU does not support it either")
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "eigh")
 
     def one(a):
         w, v, info = _routine("syevd", compute)(np.asfortranarray(a, compute), compute_v=1, lower=int(bool(lower)))
@@ -156,7 +172,7 @@ def _unpack_eigenvectors(wi, packed, dtype):
 @_both("eig")
 def _eig(x, *, compute_left_eigenvectors, compute_right_eigenvectors, enable_eigvec_derivs=False,
          implementation=None):
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "eig")
     complex_dtype = np.result_type(compute, np.complex64)
     out_complex = np.result_type(x.dtype if x.dtype not in LOW_FLOATS else np.float32, np.complex64)
     left, right = int(bool(compute_left_eigenvectors)), int(bool(compute_right_eigenvectors))
@@ -187,7 +203,7 @@ def _eig(x, *, compute_left_eigenvectors, compute_right_eigenvectors, enable_eig
 def _schur(x, *, compute_schur_vectors, sort_eig_vals=False, select_callable=None):
     if sort_eig_vals or select_callable is not None:
         raise NotImplementedError("schur with sorted eigenvalues (select_callable)")
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "schur")
     jobvs = int(bool(compute_schur_vectors))
 
     def one(a):
@@ -205,7 +221,7 @@ def _schur(x, *, compute_schur_vectors, sort_eig_vals=False, select_callable=Non
 
 @_both("hessenberg")
 def _hessenberg(x):
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "hessenberg")
 
     def one(a):
         n = a.shape[0]
@@ -219,7 +235,7 @@ def _hessenberg(x):
 
 @_both("tridiagonal")
 def _tridiagonal(x, *, lower):
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "tridiagonal")
     real = np.dtype(x.dtype).type(0).real.dtype if x.dtype.kind == "c" else x.dtype
 
     def one(a):
@@ -237,7 +253,7 @@ def _tridiagonal(x, *, lower):
 
 @_both("lu")
 def _lu(x):
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "lu")
     m, n = x.shape[-2:]
 
     def one(a):
@@ -290,7 +306,7 @@ def _orgqr(a, tau, compute):
 
 @_both("householder_product")
 def _householder_product(a, taus):
-    compute = _compute_dtype(a.dtype)
+    compute = _lapack_dtype(a.dtype, "householder_product")
 
     def one(x, t):
         return (_orgqr(x, np.asarray(t, compute), compute),)
@@ -300,7 +316,7 @@ def _householder_product(a, taus):
 
 @_both("ormqr")
 def _ormqr(a, taus, c, *, left, transpose):
-    compute = _compute_dtype(a.dtype)
+    compute = _lapack_dtype(a.dtype, "ormqr")
     side = "L" if left else "R"
     trans = ("C" if compute.kind == "c" else "T") if transpose else "N"
 
@@ -319,7 +335,7 @@ def _ormqr(a, taus, c, *, left, transpose):
 def _qr(x, *, pivoting=False, full_matrices=True, use_magma=None):
     """JAX's QR lowering: geqrf (geqp3 with pivoting), then orgqr on R (padded to m x m for full matrices
     with m > n), then the upper triangle of R."""
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "qr")
     m, n = x.shape[-2:]
     k = m if full_matrices else min(m, n)
 
@@ -351,7 +367,7 @@ def _qr(x, *, pivoting=False, full_matrices=True, use_magma=None):
 
 @_both("svd")
 def _svd(x, *, full_matrices, compute_uv, subset_by_index=None, algorithm=None):
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "svd")
     real = np.dtype(x.dtype).type(0).real.dtype if x.dtype.kind == "c" else x.dtype
     m, n = x.shape[-2:]
     if subset_by_index is not None and tuple(subset_by_index) != (0, min(m, n)):
@@ -403,7 +419,7 @@ def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_
 @_both("tridiagonal_solve")
 def _tridiagonal_solve(dl, d, du, b, *, perturb_singular=False):
     """LAPACK gtsv (jaxlib passes dl from its second element: JAX's dl[0] and du[-1] are padding)."""
-    compute = _compute_dtype(b.dtype)
+    compute = _lapack_dtype(b.dtype, "tridiagonal_solve")
     if perturb_singular:
         one = _tridiagonal_solve_perturbed
         one.empty_shapes = lambda a, m, u, r: [r]
@@ -587,7 +603,7 @@ def _custom_linear_solve_v(*args, const_lengths, jaxprs):
 def _geqrf_rule(x):
     """LAPACK ?geqrf with the optimal workspace, as jaxlib's geqrf_ffi calls it: R above the diagonal, the
     Householder reflectors below it and in ``taus``."""
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "geqrf")
 
     def one(a):
         if a.size == 0:
@@ -657,7 +673,7 @@ def _geqp3_one(a: np.ndarray, jpvt: np.ndarray, compute: np.dtype):
 
 @_both("geqp3")
 def _geqp3_rule(x, jpvt, *, use_magma=None):
-    compute = _compute_dtype(x.dtype)
+    compute = _lapack_dtype(x.dtype, "geqp3")
 
     def one(a, p):
         r, p_out, tau = _geqp3_one(a, p, compute)
