@@ -79,3 +79,26 @@ def test_device_put_to_a_device_inside_an_eager_map_raises_as_in_jax():
         with pytest.raises(ValueError, match="got device"):
             placed(x)
         np.testing.assert_array_equal(np.asarray(jit(placed)(x)), np.arange(8.0) + 1)
+
+
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_core_call_inside_a_map(executor):
+    """shard_map_test's ``test_rewrite_process_call``: JAX's generic ``call`` primitive (``core.call_p``, an open
+    sub-jaxpr in ``call_jaxpr``) inside a jitted map."""
+    from jax._src import api_util, core
+    from jax._src import linear_util as lu
+    from spmdsim.jax._shard_map import jit_for  # the jit of `spmdsim run --executor E`
+
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 JAX devices")
+
+    def f(x):
+        sub = lu.wrap_init(lambda x: [2. * x], debug_info=api_util.debug_info("test", lambda x: [2. * x], (x,), {}))
+        return core.call_p.bind(x, subfuns=(sub,))[0] * x
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    x = jnp.arange(4.)
+    expected = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("x"),), out_specs=P("x")))(x)
+    np.testing.assert_array_equal(np.asarray(expected), 2 * np.arange(4.) ** 2)
+    ours = jit_for(executor)(sj.shard_map(f, mesh=mesh, in_specs=(P("x"),), out_specs=P("x"), executor=executor))
+    np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(expected))

@@ -22,7 +22,7 @@ def _pjit(ex: Executor, *args, jaxpr, **_params):
     return ex.eval_closed(jaxpr, args)
 
 
-@higher_order("closed_call", "core_call")
+@higher_order("closed_call", "core_call", "call")
 def _closed_call(ex: Executor, *args, call_jaxpr, **_params):
     return ex.eval_closed(call_jaxpr, args)
 

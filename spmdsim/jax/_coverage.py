@@ -38,7 +38,7 @@ LEAD_OWNED: frozenset[str] = frozenset({
     # tokens (psend's result; lax.create_token): opaque values that order effects
     "create_token", "after_all",
     # control flow and calls
-    "pjit", "jit", "closed_call", "core_call", "cond", "while", "scan", "custom_jvp_call", "custom_vjp_call",
+    "pjit", "jit", "closed_call", "core_call", "call", "cond", "while", "scan", "custom_jvp_call", "custom_vjp_call",
     "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "shard_map", "composite",
 })
 
