@@ -102,3 +102,41 @@ def test_core_call_inside_a_map(executor):
     np.testing.assert_array_equal(np.asarray(expected), 2 * np.arange(4.) ** 2)
     ours = jit_for(executor)(sj.shard_map(f, mesh=mesh, in_specs=(P("x"),), out_specs=P("x"), executor=executor))
     np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(expected))
+
+
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_custom_partitioning_and_dead_primitive_inside_a_map(executor):
+    """shard_map_test's ``test_custom_partitioning`` (the function's own ``call`` jaxpr is what runs on a device's
+    block) and ``test_check_rep_false_doesnt_hit_rep_rules`` (a primitive with no outputs and no effects, which
+    JAX's DCE drops before XLA sees it: no rule needed)."""
+    from jax._src import core
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from spmdsim.jax._shard_map import jit_for
+
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 JAX devices")
+
+    @custom_partitioning
+    def double(x):
+        return x * 2
+
+    double.def_partition(
+        infer_sharding_from_operands=lambda mesh, args, result: args[0].sharding,
+        partition=lambda mesh, args, result: (mesh, lambda x: x * 2, args[0].sharding, (args[0].sharding,)),
+        propagate_user_sharding=lambda mesh, user: user.sharding, sharding_rule="i -> i")
+    nothing = core.Primitive("spmdsim_test_nothing")
+    nothing.multiple_results = True
+    nothing.def_impl(lambda: [])
+    nothing.def_abstract_eval(lambda: [])
+
+    def body(x):
+        nothing.bind()
+        return double(x) + 1
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    x = jnp.arange(8.)
+    expected = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))(x)
+    np.testing.assert_array_equal(np.asarray(expected), np.arange(8.) * 2 + 1)
+    ours = jit_for(executor)(sj.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False,
+                                          executor=executor))
+    np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(expected))

@@ -33,6 +33,14 @@ def _composite(ex: Executor, *args, jaxpr, **_params):
     return ex.eval_closed(jaxpr, args)
 
 
+@higher_order("custom_partitioning")
+def _custom_partitioning(ex: Executor, *args, call, **_params):
+    """``jax.experimental.custom_partitioning``: the function itself (``call``, on the values spmdsim holds: global
+    outside a map, a device's block inside one), which its ``partition`` rule promises to compute by parts; XLA
+    runs ``call`` too where it does not partition (one device, a manual map's body)."""
+    return ex.eval_closed(call, args)
+
+
 @higher_order("remat2", "checkpoint", "remat")
 def _remat(ex: Executor, *args, jaxpr, **_params):
     return ex.eval_closed(jaxpr, args)

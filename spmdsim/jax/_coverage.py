@@ -39,7 +39,7 @@ LEAD_OWNED: frozenset[str] = frozenset({
     "create_token", "after_all",
     # control flow and calls
     "pjit", "jit", "closed_call", "core_call", "call", "cond", "while", "scan", "custom_jvp_call", "custom_vjp_call",
-    "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "shard_map", "composite",
+    "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "shard_map", "composite", "custom_partitioning",
 })
 
 

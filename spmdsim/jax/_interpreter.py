@@ -145,6 +145,8 @@ class Executor:
     def missing(self, eqn, operands):
         """The results of ``eqn``, whose primitive has no rule here: the JAX program its lowering is made of
         (:mod:`._lowered`), else NotImplementedError."""
+        if not eqn.outvars and not eqn.effects:  # nothing to compute: JAX's DCE drops it before XLA sees it
+            return []
         closed = lowering_jaxpr(eqn)
         if closed is None:
             missing_rule(eqn, self)
