@@ -1,4 +1,5 @@
-"""Issue 26: extended dtypes in physical form, and primitives defined by the JAX program of their lowering.
+"""Issue 26: extended dtypes in physical form, primitives defined by the JAX program of their lowering, and what
+XLA:CPU refuses to compile (LAPACK in float16, a platform_dependent without a cpu branch).
 
 - ``key == keys``: ``lax.eq`` of a rank-0 extended value against an array (JAX broadcasts rank 0 in ``eq``); the
   key data's unit axes go before its trailing key axis, in both executors (the vectorized one added them after:
@@ -110,3 +111,13 @@ def test_lapack_free_low_float_primitives_still_computed():
     b = np.arange(6, dtype=np.float16).reshape(3, 2)
     fn = lambda a, b: jax.scipy.linalg.solve_triangular(a, b, lower=True)
     _against_jit(fn, a, b, allowed=1)
+
+
+def test_platform_dependent_without_a_cpu_branch_raises_as_jax():
+    """lax_control_flow_test's ``test_platform_dependent_no_default``: no branch for cpu and no default."""
+    fn = lambda x: jax.lax.platform_dependent(x, tpu=lambda v: v + 2.)
+    with pytest.raises(NotImplementedError, match="translation rule .* not found for platform"):
+        jax.jit(fn)(3.)
+    closed = jax.make_jaxpr(fn)(3.)
+    with pytest.raises(NotImplementedError, match="translation rule .* not found for platform cpu"):
+        sjax.eval_jaxpr(closed.jaxpr, closed.consts, np.float32(3.))

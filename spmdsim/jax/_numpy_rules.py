@@ -666,7 +666,8 @@ def _platform_index(*, platforms):
         elif "cpu" in names:
             return np.int32(i)
     if default is None:
-        raise NotImplementedError(f"platform_index: no branch for cpu in {platforms}")
+        raise NotImplementedError(f"MLIR translation rule for primitive 'platform_index(platforms={platforms})' not "
+                                  f"found for platform cpu")  # JAX's message, raised when it lowers for CPU
     return np.int32(default)
 
 
