@@ -324,14 +324,15 @@ def test_issue_25_reproducers_under_spmdsim_run_print_what_python_prints(reprodu
     assert f"{where / 'handback.py'}:" in "\n".join(error_lines(simulated.stderr))  # the absolute path
 
 
-def test_unreduced_and_reduced_specs_are_refused_with_what_to_do():
-    """JAX 0.10's PartitionSpecs with unreduced/reduced axes (partial sums reduced later) are not simulated: a
-    NotImplementedError saying so and how to write the program without them, not JAX's '*pspec is dangerous'."""
+def test_unreduced_and_reduced_specs_are_read_with_their_axes():
+    """JAX 0.10's PartitionSpecs with unreduced/reduced axes are read (not JAX's '*pspec is dangerous'): the
+    per-dimension tuple, carrying the unreduced and reduced sets (conformance/test_unreduced.py runs them)."""
     from jax.sharding import PartitionSpec as P
 
     from spmdsim.jax._specs import _spec_dims
 
     assert _spec_dims(P("x", None), 3) == (("x",), (), ())
-    for spec in (P(None, reduced={"seq"}), P("x", unreduced={"seq"})):
-        with pytest.raises(NotImplementedError, match=r"unreduced or reduced.*psum over \['seq'\]"):
-            _spec_dims(spec, 2)
+    reduced, unreduced = _spec_dims(P(None, reduced={"seq"}), 2), _spec_dims(P("x", unreduced={"seq"}), 2)
+    assert tuple(reduced) == ((), ()) and reduced.reduced == {"seq"} and not reduced.unreduced
+    assert tuple(unreduced) == (("x",), ()) and unreduced.unreduced == {"seq"} and not unreduced.reduced
+    assert reduced != ((), ())  # equal only with the same unreduced and reduced axes (the map's caches key on it)

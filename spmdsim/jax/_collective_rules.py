@@ -73,6 +73,19 @@ def _invariant(name: str, plain: str):
 per_device("psum_invariant")(vectorized("psum_invariant")(_invariant("psum_invariant", "psum")))
 per_device("all_gather_invariant")(vectorized("all_gather_invariant")(_invariant("all_gather_invariant",
                                                                                  "all_gather")))
+# Unreduced/reduced forms (a PartitionSpec's unreduced/reduced axes): each device's value is its block, so the
+# collective is the plain one (``psum`` of an unreduced value sums the devices' partials in rank order).
+for _name, _plain in (("unreduced_psum", "psum"), ("all_gather_reduced", "all_gather"),
+                      ("unreduced_reduce_scatter", "reduce_scatter")):
+    per_device(_name)(vectorized(_name)(_invariant(_name, _plain)))
+
+
+@per_device("preduced", "vary_unreduced_cast_p", "reduced_vary_cast_p")
+@vectorized("preduced", "vary_unreduced_cast_p", "reduced_vary_cast_p")
+def _retyped(x, **_params):
+    """A change of the value's type only (invariant -> reduced, varying -> unreduced, reduced -> varying): each
+    device keeps its block."""
+    return x
 
 
 @per_device("reshard")

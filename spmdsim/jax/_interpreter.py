@@ -31,6 +31,7 @@ from spmdsim import _primitives
 from spmdsim._values import error_state_switch
 from spmdsim.jax import _dtypes, _registry
 from spmdsim.jax._contraction import contract
+from spmdsim.jax._unreduced import Unreduced
 from spmdsim.jax._lowered import lowering_jaxpr
 
 __all__ = ["eval_jaxpr", "eval_closed_jaxpr", "Executor", "PerDevice", "Vectorized", "HIGHER_ORDER",
@@ -133,6 +134,13 @@ class Executor:
         return self.eval_jaxpr(closed, (), args, consume)
 
     def apply(self, eqn, operands: list):
+        if self is PER_DEVICE or self is REFERENCE:  # values outside maps may be unreduced (see ._unreduced)
+            from spmdsim.jax import _unreduced
+            if _unreduced.involved(eqn, operands):
+                return _unreduced.apply(self, eqn, operands, self._apply)
+        return self._apply(eqn, operands)
+
+    def _apply(self, eqn, operands: list):
         name = eqn.primitive.name
         rule = HIGHER_ORDER.get(name)
         if rule is not None:
@@ -397,7 +405,10 @@ def eval_jaxpr(jaxpr, consts, *args, executor: Executor | None = None) -> list[n
             outs = outs if eqn.primitive.multiple_results else [outs]
             for v, value in zip(eqn.outvars, outs, strict=True):
                 expected = ex.expected(v.aval)
-                if expected is not None:  # None: a token
+                if expected is not None and type(value) is Unreduced:  # partials outside maps
+                    if value.shape != expected[0] or value.dtype != expected[1]:
+                        bad_result(eqn, value.partials[0], *expected)
+                elif expected is not None:  # None: a token
                     if type(value) is not np.ndarray:
                         value = np.asarray(value)
                     if value.shape != expected[0] or value.dtype != expected[1]:

@@ -41,7 +41,7 @@ from jax._src.interpreters import partial_eval as pe
 
 from spmdsim import _hosts, _primitives, _runtime, _sharding, _threads
 from spmdsim._values import broadcast_view, read_only
-from spmdsim.jax import _dtypes
+from spmdsim.jax import _dtypes, _unreduced
 from spmdsim.jax import _compiled  # noqa: F401  (the compiled form of jaxprs installs itself: _registry.COMPILED)
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
 from spmdsim.jax._placement import PMAP_AXIS, local_mesh, map_out_shardings
@@ -58,7 +58,12 @@ spmdsim_map_p.multiple_results = True
 
 def to_numpy(x) -> np.ndarray:
     """A JAX value (or NumPy/Python value) as the NumPy array the simulator computes with: PRNG keys as their
-    uint32 key data, dtypes canonicalised as JAX does on input (float64 -> float32 while x64 is off)."""
+    uint32 key data, dtypes canonicalised as JAX does on input (float64 -> float32 while x64 is off); an array
+    with an unreduced sharding as its partials (:class:`._unreduced.Unreduced`)."""
+    if type(x) is _unreduced.Unreduced:
+        return x
+    if isinstance(x, jax.Array) and _unreduced.has_unreduced(x):
+        return _unreduced.from_jax(x, to_numpy)
     dtype = getattr(x, "dtype", None)
     if dtype is not None and _dtypes.is_key(dtype):
         return np.asarray(jax.random.key_data(x))
@@ -76,6 +81,13 @@ def to_jax(arr: np.ndarray, aval, sharding=None) -> jax.Array:
     placement and shape (~4 µs for one device, ~30 µs for eight, instead of ~17 and ~120); ``jnp.asarray`` and
     ``jax.device_put`` for dtypes JAX converts and after any failure of that internal entry point."""
     global _fast_put
+    if type(arr) is _unreduced.Unreduced:  # partials: JAX's array of them where its sharding is unreduced
+        out = _unreduced.to_jax(arr, aval, sharding)
+        if out is not None:
+            return out
+        arr = _unreduced.total(arr)
+        if _unreduced.has_unreduced(sharding):
+            sharding = None
     key = _dtypes.is_key(aval.dtype)
     if key and sharding is not None and hasattr(sharding, "spec"):  # the key data's trailing axes: not split
         spec = tuple(sharding.spec)
@@ -163,10 +175,30 @@ def simulate(args: list[np.ndarray], **params) -> list[np.ndarray]:
     the evaluating executor when the map is an equation of an outer body (a nested map), None at top level;
     ``check_replicated``: raise ReplicationError when an output replicated along some mesh axes differs between
     the devices along them."""
+    if _unreduced.map_needs_partials(params["in_specs"], params["out_specs"]):
+        return _simulate_partials(args, **params)
     outs = simulate_map(args, **params, observe=False)
     if map_observer is not None and _runtime.current_lane() is None and _primitives.current_batch() is None:
         map_observer(args, params, outs)
     return outs
+
+
+def _simulate_partials(args: list, *, jaxpr, axes, in_specs, out_specs, **params) -> list:
+    """A map with unreduced in_specs or out_specs (see :mod:`._unreduced`): the plain map of a body that takes
+    and returns the partials stacked on a leading dimension split over the unreduced axes."""
+    body, plain_in, plain_out = _partials_body(jaxpr, in_specs, out_specs, axes, params.get("mesh"),
+                                               params.get("check_vma", False))
+    stacked = [_unreduced.promote(x, _unreduced.partials_axes(s, axes)) if _unreduced.spec_unreduced(s)
+               else _unreduced.total(x) for x, s in zip(args, in_specs, strict=True)]
+    outs = simulate(stacked, jaxpr=body, axes=axes, in_specs=plain_in, out_specs=plain_out, **params)
+    return [_unreduced.Unreduced(o, _unreduced.partials_axes(s, axes)) if _unreduced.spec_unreduced(s) else o
+            for o, s in zip(outs, out_specs, strict=True)]
+
+
+@weakref_lru_cache
+def _partials_body(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, mesh, check_vma: bool):
+    return _unreduced.partials_body(jaxpr, in_specs, out_specs, axes, lambda fun, avals: _trace(
+        fun, avals, axes, "a map of unreduced values", mesh, check_vma))
 
 
 def simulate_map(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, executor: str, api: str,
@@ -375,8 +407,9 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
 
 @higher_order("spmdsim_map")
 def _nested(ex: Executor, *args, **params):
-    """A map inside a mapped body, evaluated by spmdsim: a nested mapped call."""
-    return simulate(list(args), ex=ex, **params)
+    """A map inside a mapped body, evaluated by spmdsim: a nested mapped call (at the top level of a program,
+    the map itself, as a ``shard_map`` equation there is)."""
+    return simulate(list(args), ex=None if ex is PER_DEVICE and _runtime.current_lane() is None else ex, **params)
 
 
 # -- the primitive -----------------------------------------------------------------------------------------
@@ -411,7 +444,8 @@ def _global_avals(jaxpr, out_specs: tuple, axes: tuple, mesh=None, check_vma: bo
     out = []
     for aval, dims in zip(jaxpr.out_avals, out_specs, strict=True):
         spec = jax.sharding.PartitionSpec(*(None if not names else names[0] if len(names) == 1 else names
-                                            for names in dims))
+                                            for names in dims), unreduced=_unreduced.spec_unreduced(dims),
+                                          reduced=_unreduced.spec_reduced(dims))
         try:
             typed = core.unshard_aval(mesh, check_vma, spec, aval)
         except Exception:  # noqa: BLE001 - a type JAX's rule does not take: the plain array
@@ -595,7 +629,8 @@ pe.partial_eval_jaxpr_custom_rules[spmdsim_map_p] = _partial_eval_custom
 # -- transpose ---------------------------------------------------------------------------------------------
 
 def _unmentioned(spec, axes) -> tuple:
-    mentioned = {name for names in spec for name in names}
+    """The mesh axes a spec replicates a value over (its unreduced axes are not: JAX's ``_unmentioned2``)."""
+    mentioned = {name for names in spec for name in names} | _unreduced.spec_unreduced(spec)
     return tuple((name, size) for name, size in axes if name not in mentioned)
 
 
@@ -606,14 +641,14 @@ def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tupl
     linear inputs out (psummed over the axes they are replicated along, under pmap's convention). Once per
     body and mask."""
     res_avals = [a for a, u in zip(jaxpr.in_avals, undefined, strict=True) if not u]
-    ct_avals = [a.to_tangent_aval() for a, nz in zip(jaxpr.out_avals, nonzero_cts, strict=True) if nz]
-    linear_avals = [a for a, u in zip(jaxpr.in_avals, undefined, strict=True) if u]
+    ct_avals = [_ct_aval(a) for a, nz in zip(jaxpr.out_avals, nonzero_cts, strict=True) if nz]
+    linear_avals = [_ct_type(a) for a, u in zip(jaxpr.in_avals, undefined, strict=True) if u]
 
     def transposed(*res_and_cts):
         res, ct_blocks = iter(res_and_cts[:len(res_avals)]), iter(res_and_cts[len(res_avals):])
         linear = iter(linear_avals)
         primals = [ad.UndefinedPrimal(next(linear)) if u else next(res) for u in undefined]
-        ct_in = [next(ct_blocks) if nz else ad.Zero(a.to_tangent_aval())
+        ct_in = [next(ct_blocks) if nz else ad.Zero(_ct_aval(a))
                  for a, nz in zip(jaxpr.out_avals, nonzero_cts, strict=True)]
         ct_out = ad.backward_pass(jaxpr.jaxpr, False, jaxpr.consts, primals, ct_in)
         out = []
@@ -622,7 +657,7 @@ def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tupl
                 continue
             if type(ct) is ad.Zero:
                 ct = ad.instantiate_zeros(ct)
-            replicated = [name for name, _ in _unmentioned(spec, axes)]  # an unnamed pmap axis too (bound here)
+            replicated = [name for name, _ in _unmentioned(_unreduced.ct_spec(spec), axes)]  # an unnamed pmap axis too
             if not check_vma and replicated and ct.dtype != jax.dtypes.float0:
                 ct = jax.lax.psum(ct, tuple(replicated))
             out.append(ct)
@@ -631,20 +666,35 @@ def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tupl
     return _trace(transposed, [*res_avals, *ct_avals], axes, "the transpose of spmdsim_map", mesh, check_vma)
 
 
+def _ct_aval(aval):
+    """A cotangent's type: the tangent's, reduced and unreduced axes swapped (JAX's ``to_ct_aval``)."""
+    return aval.to_ct_aval() if hasattr(aval, "to_ct_aval") else aval.to_tangent_aval()
+
+
+def _ct_type(aval):
+    """``aval`` with its reduced and unreduced axes swapped (the type of a linear input's cotangent)."""
+    mat = getattr(aval, "mat", None)
+    if mat is None or not (getattr(mat, "unreduced", None) or getattr(mat, "reduced", None)):
+        return aval
+    return aval.update(manual_axis_type=mat.to_ct_mat())
+
+
 def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params):
     undefined = tuple(ad.is_undefined_primal(x) for x in args)
+    ct_specs = tuple(map(_unreduced.ct_spec, out_specs))  # a cotangent's spec: unreduced and reduced swapped
     if not check_vma:  # pmap's convention: an output replicated along some axes got their devices' cotangents
         cts = [ct if type(ct) is ad.Zero or ct.dtype == jax.dtypes.float0 or not _unmentioned(spec, axes)
                else ct / math.prod(size for _, size in _unmentioned(spec, axes))
-               for ct, spec in zip(cts, out_specs, strict=True)]
+               for ct, spec in zip(cts, ct_specs, strict=True)]
     nonzero_cts = tuple(type(ct) is not ad.Zero for ct in cts)
     body = _transposed_body(jaxpr, undefined, nonzero_cts, in_specs, out_specs, axes, check_vma, params.get("mesh"))
     outs = spmdsim_map_p.bind(
         *(x for x, u in zip(args, undefined, strict=True) if not u),
         *(ct for ct, nz in zip(cts, nonzero_cts, strict=True) if nz), jaxpr=body, axes=axes,
         in_specs=(*(s for s, u in zip(in_specs, undefined, strict=True) if not u),
-                  *(s for s, nz in zip(out_specs, nonzero_cts, strict=True) if nz)),
-        out_specs=tuple(s for s, u in zip(in_specs, undefined, strict=True) if u), check_vma=check_vma, **params)
+                  *(s for s, nz in zip(ct_specs, nonzero_cts, strict=True) if nz)),
+        out_specs=tuple(_unreduced.ct_spec(s) for s, u in zip(in_specs, undefined, strict=True) if u),
+        check_vma=check_vma, **params)
     outs = iter(outs)
     return [next(outs) if u else None for u in undefined]
 
@@ -740,7 +790,8 @@ def _typecheck(_ctx_factory, *in_atoms, jaxpr, axes, in_specs, out_specs, check_
     if check_vma:
         for k, (aval, spec) in enumerate(zip(jaxpr.out_avals, out_specs)):
             varying = getattr(getattr(aval, "mat", None), "vur", frozenset())
-            replicated = [name for name, _ in _unmentioned(spec, axes) if name in varying]
+            replicated = [name for name, _ in _unmentioned(spec, axes) if name in varying
+                          and name not in _unreduced.spec_reduced(spec)]
             if replicated:
                 raise core.JaxprTypeError(f"spmdsim_map output {k} of type {aval.str_short(short_dtypes=True)} "
                                           f"varies along {replicated}, which its out_spec {spec} replicates it over")
@@ -759,11 +810,7 @@ def _shown_name(name):
 def _shown_spec(dims: tuple) -> jax.sharding.PartitionSpec:
     """A spec (a tuple of mesh axis names per dimension) as a PartitionSpec, without trailing unsplit
     dimensions (as jax.pmap writes its specs: ``P()``, ``P('i',)``, ``P(None, 'i')``)."""
-    parts = [None if not names else _shown_name(names[0]) if len(names) == 1 else tuple(map(_shown_name, names))
-             for names in dims]
-    while parts and parts[-1] is None:
-        parts.pop()
-    return jax.sharding.PartitionSpec(*parts)
+    return _unreduced.partition_spec(dims, _shown_name)
 
 
 def _shown_mesh(axes) -> str:

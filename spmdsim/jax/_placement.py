@@ -81,9 +81,9 @@ def _named_shardings(mesh, out_specs: tuple) -> tuple:
     it), or Nones without a mesh."""
     if mesh is None:
         return (None,) * len(out_specs)
-    return tuple(jax.sharding.NamedSharding(mesh, _partition_spec(tuple(
-        tuple(PMAP_AXIS if isinstance(name, Unnamed) else name for name in names) for names in dims)))
-        for dims in out_specs)
+    from spmdsim.jax._unreduced import partition_spec
+    return tuple(jax.sharding.NamedSharding(mesh, partition_spec(
+        dims, lambda name: PMAP_AXIS if isinstance(name, Unnamed) else name)) for dims in out_specs)
 
 
 def _context_mesh():
@@ -136,17 +136,26 @@ def program_shardings(jaxpr, args) -> list:
         return [None] * len(jaxpr.outvars)
     host = _hosts.current()
     context = _context_mesh()
-    rules, unresolved = _placement(jaxpr, context, None if host is None else host.index, None)
+    typed = _jitted(jaxpr)
+    rules, unresolved = _placement(jaxpr, context, None if host is None else host.index, None, typed)
     if unresolved:  # a shard_map over an AbstractMesh that the context does not make concrete
-        rules, _ = _placement(jaxpr, context, None if host is None else host.index, _argument_meshes(args))
+        rules, _ = _placement(jaxpr, context, None if host is None else host.index, _argument_meshes(args), typed)
     return [rule.sharding(args) if isinstance(rule, _Forwarded) else rule for rule in rules]
 
 
+def _jitted(jaxpr) -> bool:
+    """Whether ``jaxpr`` is a jitted function's program (not an eager shard_map's, which ``spmdsim.jax``'s
+    shard_map traces as ``flat_fun``): JAX places a jit's outputs by their types, with every dimension in the
+    spec (``P(None,)``, ``P(None, unreduced={'x'})``), an eager shard_map's by its out_specs as written."""
+    return getattr(getattr(jaxpr, "debug_info", None), "func_name", None) != "flat_fun"
+
+
 @weakref_lru_cache
-def _placement(jaxpr, context, host, argument_meshes) -> tuple[list, bool]:
+def _placement(jaxpr, context, host, argument_meshes, typed: bool = False) -> tuple[list, bool]:
     """Each output's sharding as JAX gives it (or a :class:`_Forwarded`), and whether a map's mesh is unknown
     without the arguments' (``argument_meshes`` None: not looked at). A jitted program runs on the devices of
-    its maps' meshes (the first met): a map's output has the map's out_spec on its mesh (also through a jit),
+    its maps' meshes (the first met): a map's output has the map's out_spec on its mesh (also through a jit;
+    ``typed``: in a jitted program, the sharding its Explicit-axes type names, where it names one),
     an input handed back keeps its placement there, a value whose type names an Explicit sharding has it on
     the concrete mesh of that shape, and anything else is replicated over the mesh (XLA's sharding
     propagation may split some of these in JAX); None where no mesh is known (``jnp.asarray``'s placement)."""
@@ -162,12 +171,25 @@ def _placement(jaxpr, context, host, argument_meshes) -> tuple[list, bool]:
         if isinstance(v, ext_core.Literal):
             rules.append(otherwise)
         elif v in produced:
-            rules.append(produced[v])
+            rules.append((typed and (_typed_sharding(v.aval, known) or _padded(produced[v], v.aval))) or produced[v])
         elif v in inputs:
             rules.append(_Forwarded(inputs[v], mesh, otherwise))
         else:
             rules.append(_typed_sharding(v.aval, known) or otherwise)
     return rules, bool(unresolved) and argument_meshes is None
+
+
+def _padded(sharding, aval):
+    """A map output's sharding in a jitted program over an Explicit mesh, its spec with every dimension (as JAX's
+    jit hands it back: ``P(None, unreduced={'x'})``); None otherwise."""
+    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
+    if spec is None or not any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ())):
+        return None
+    parts = tuple(spec.partitions)
+    if len(parts) >= len(aval.shape):
+        return None
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+        *parts, *(None,) * (len(aval.shape) - len(parts)), unreduced=spec.unreduced, reduced=spec.reduced))
 
 
 def _typed_sharding(aval, meshes: list):
@@ -178,14 +200,6 @@ def _typed_sharding(aval, meshes: list):
         return None
     concrete = next((m for m in meshes if _same_shape(m, mesh)), None)
     return None if concrete is None else jax.sharding.NamedSharding(concrete, spec)
-
-
-def _partition_spec(dims: tuple) -> jax.sharding.PartitionSpec:
-    """Per-dimension tuples of axis names as a PartitionSpec (trailing unsplit dimensions dropped)."""
-    parts = [None if not names else names[0] if len(names) == 1 else names for names in dims]
-    while parts and parts[-1] is None:
-        parts.pop()
-    return jax.sharding.PartitionSpec(*parts)
 
 
 def _map_outputs(jaxpr, meshes: list, context, argument_meshes, unresolved: list) -> dict:

@@ -5,24 +5,22 @@ from __future__ import annotations
 from jax.extend import core as ext_core
 
 from spmdsim.jax._map import map_params
+from spmdsim.jax._unreduced import make_spec
 
 
 def _spec_dims(spec, ndim: int) -> tuple:
     """A ``PartitionSpec`` as one tuple of mesh axis names per dimension (``()``: not split). ValueError for a
-    mesh axis named twice (JAX's ``DuplicateSpecError``, raised only when XLA runs the program);
-    NotImplementedError for a spec with ``unreduced``/``reduced`` axes (partial sums that JAX reduces later)."""
-    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
-        raise NotImplementedError(
-            f"spmdsim does not simulate PartitionSpecs with unreduced or reduced mesh axes yet (got {spec}): each "
-            f"device's block would be a partial sum that JAX reduces later. Reduce inside the body (psum over "
-            f"{sorted(spec.unreduced | spec.reduced)}) and use a plain spec, or run this program on real JAX.")
-    parts = tuple(spec) + (None,) * (ndim - len(tuple(spec)))
+    mesh axis named twice (JAX's ``DuplicateSpecError``, raised only when XLA runs the program). A spec with
+    ``unreduced``/``reduced`` mesh axes is a :class:`._unreduced.Spec` (the same tuple, with those sets)."""
+    parts = tuple(getattr(spec, "partitions", spec))
+    parts = parts + (None,) * (ndim - len(parts))
     dims = tuple(() if p is None else tuple(p) if isinstance(p, tuple) else (p,) for p in parts)
     names = [n for d in dims for n in d]
     if len(set(names)) != len(names):
         raise ValueError(f"A single NamedSharding spec specification can map every mesh axis to at most one "
                          f"positional dimension, but {spec} has duplicate entries.")
-    return dims
+    unreduced, reduced = getattr(spec, "unreduced", frozenset()), getattr(spec, "reduced", frozenset())
+    return make_spec(dims, unreduced, reduced)
 
 
 def shard_map_params(params: dict, executor: str) -> dict:

@@ -1,0 +1,169 @@
+"""PartitionSpecs with ``unreduced`` / ``reduced`` mesh axes (issue 25; spmdsim/jax/_unreduced.py), each program
+run by spmdsim's jit of JAX's shard_map (both executors) and by JAX itself on the same CPU devices: the values
+bit for bit (partial sums reduced in XLA:CPU's rank order), the shardings, and each device's buffer of an
+unreduced result (its partial)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmdsim.jax._shard_map import jit_for
+
+pytestmark = pytest.mark.area("shard_map under transformations")
+
+EXECUTORS = ["threads", "vectorized"]
+
+
+@pytest.fixture
+def mesh():
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 JAX devices")
+    mesh = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])  # Explicit axes
+    with jax.set_mesh(mesh):
+        yield mesh
+
+
+def _values(n=16, seed=0):
+    # values whose float32 sums depend on the order they are added in
+    return (np.random.default_rng(seed).standard_normal(n) * 10.0 ** np.arange(n % 7 - 3, n % 7 - 3 + n) % 1e4
+            ).astype(np.float32)
+
+
+def _buffers(x):
+    return {s.device.id: np.asarray(s.data) for s in x.addressable_shards}
+
+
+def _same(ours, theirs):
+    assert ours.sharding == theirs.sharding
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    mine, jaxs = _buffers(ours), _buffers(theirs)
+    assert mine.keys() == jaxs.keys()
+    for d in mine:
+        np.testing.assert_array_equal(mine[d], jaxs[d])
+
+
+def _both(program, executor, *args):
+    """``program(jit)`` built with spmdsim's jit and with JAX's, called on ``args``; results compared."""
+    ours = program(jit_for(executor))(*args)
+    theirs = program(jax.jit)(*args)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        _same(a, b)
+    return ours
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_unreduced_out_specs_hold_each_devices_partial_and_reduce_in_rank_order(mesh, executor):
+    x = jax.device_put(jnp.asarray(_values(16)), P("x"))
+
+    def program(jit):
+        @jit
+        @jax.shard_map(out_specs=P(unreduced={"x"}))
+        def f(v):
+            return jax.lax.pcast(v * 1.5, "x", to="unreduced")
+
+        return lambda v: (f(v), jit(lambda w: jax.reshard(f(w), P()))(v))
+
+    out, total = _both(program, executor, x)
+    assert out.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+    blocks = (_values(16) * np.float32(1.5)).reshape(4, 4)
+    expected = ((blocks[0] + blocks[1]) + blocks[2]) + blocks[3]  # rank order
+    np.testing.assert_array_equal(np.asarray(total), expected)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_unreduced_in_specs_take_each_devices_partial(mesh, executor):
+    x = jax.device_put(jnp.asarray(_values(16, 1)), P("x"))
+
+    def program(jit):
+        @jit
+        @jax.shard_map(out_specs=P(unreduced={"x"}))
+        def partial_sums(v):
+            return jax.lax.pcast(v, "x", to="unreduced")
+
+        @jit
+        @jax.shard_map(in_specs=P(unreduced={"x"}), out_specs=P("x"))
+        def scatter(u):
+            return jax.lax.psum_scatter(u, "x", tiled=True)
+
+        @jit
+        @jax.shard_map(in_specs=P(unreduced={"x"}), out_specs=P())
+        def summed(u):
+            return jax.lax.psum(u, "x")
+
+        return lambda v: (scatter(partial_sums(v)), summed(partial_sums(v)), partial_sums(v) + partial_sums(v))
+
+    _both(program, executor, x)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_replicated_value_resharded_to_unreduced_is_taken_by_a_map(mesh, executor):
+    x = jnp.asarray(_values(8, 2))
+
+    def program(jit):
+        @jax.shard_map(in_specs=P(unreduced={"x"}), out_specs=P())
+        def summed(u):
+            return jax.lax.psum(u, "x") * 2
+
+        return jit(lambda v: (jax.reshard(v, P(unreduced={"x"})), summed(jax.reshard(v, P(unreduced={"x"})))))
+
+    _both(program, executor, x)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_reduced_in_specs_are_replicated_and_their_cotangents_unreduced(mesh, executor):
+    y = jax.device_put(jnp.asarray(_values(8, 3)), P(None, reduced={"x"}))
+    x = jax.device_put(jnp.asarray(_values(32, 4)), P("x"))
+
+    def program(jit):
+        @jax.shard_map(out_specs=P())
+        def f(a, b):
+            return jax.lax.psum(a.reshape(4, 2)[:, 1] * b.reshape(4, 2)[:, 0], "x")
+
+        loss = lambda a, b: f(a, b).sum()
+        return lambda a, b: (jit(f)(a, b), *jit(jax.grad(loss, argnums=(0, 1)))(a, b))
+
+    out, ga, gb = _both(program, executor, x, y)
+    assert gb.sharding == NamedSharding(mesh, P(None, unreduced={"x"}))
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_all_gather_to_reduced_and_its_transpose(mesh, executor):
+    w = jax.device_put(jnp.asarray(_values(8 * 3, 5).reshape(8, 3)), P("x"))
+    x = jax.device_put(jnp.asarray(_values(4 * 8, 6).reshape(4, 8)), P("x"))
+
+    def program(jit):
+        @jax.shard_map(out_specs=P(reduced={"x"}))
+        def gather(v):
+            return jax.lax.all_gather(v, "x", tiled=True, to="reduced")
+
+        def loss(a, b):
+            return (a @ gather(b)).sum()
+
+        return lambda a, b: (jit(gather)(b), *jit(jax.grad(loss, argnums=(0, 1)))(a, b))
+
+    _both(program, executor, x, w)
+
+
+def test_check_vma_false_unreduced_in_spec_keeps_its_partials(mesh):
+    """With check_vma=False an in_spec unreduced over x hands each device its partial (replicated out_specs then
+    read device 0's block, as spmdsim does for every check_vma=False output: see the README)."""
+    x = jax.device_put(jnp.asarray(_values(16, 7)), P("x"))
+
+    def program(jit):
+        @jit
+        @jax.shard_map(out_specs=P(unreduced={"x"}))
+        def partial_sums(v):
+            return jax.lax.pcast(v, "x", to="unreduced")
+
+        @jit
+        @jax.shard_map(in_specs=P(unreduced={"x"}), out_specs=P("x"), check_vma=False)
+        def scatter(u):
+            return jax.lax.psum_scatter(u, "x", tiled=True)
+
+        return lambda v: scatter(partial_sums(v))
+
+    _both(program, "threads", x)
