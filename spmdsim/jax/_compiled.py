@@ -288,7 +288,9 @@ def _program(jaxpr, executor: Executor) -> Callable:
     if program is None:
         source, ns = program_source(jaxpr, executor)
         exec(compile(source, "<spmdsim: jaxpr>", "exec"), ns)  # noqa: S102 - our own generated code
-        program = programs[executor.program_key] = ns["run"]
+        # taken out of its own globals: a cycle (run -> ns -> run) would outlive the jaxpr until the next garbage
+        # collection, and with it the arrays its equations close over (test_cond_memory_leak in JAX's tests)
+        program = programs[executor.program_key] = ns.pop("run")
     return program
 
 

@@ -102,10 +102,23 @@ def fold_transposed_products(jaxpr):
     return jaxpr.replace(eqns=[e for e in eqns if not (e.primitive.name == "dot_general" and e.outvars[0] in folded)])
 
 
-@weakref_lru_cache
 def contract(jaxpr):
     """``jaxpr`` with XLA:CPU's multiply-add contractions made and transposed products folded (see the module
     docstring and :func:`fold_transposed_products`); ``jaxpr`` itself when there are none."""
+    found = _contracted(jaxpr)
+    return jaxpr if found is None else found
+
+
+@weakref_lru_cache
+def _contracted(jaxpr):
+    """:func:`contract`'s new jaxpr, or None when it is ``jaxpr`` itself: a cached value that is its own weak key
+    would keep the jaxpr, and the arrays its equations close over, alive for good (lax_control_flow_test's
+    ``test_cond_memory_leak``)."""
+    found = _contract(jaxpr)
+    return None if found is jaxpr else found
+
+
+def _contract(jaxpr):
     jaxpr = fold_transposed_products(jaxpr)
     dtypes = _fused_dtypes()
     if not dtypes or not any(e.primitive.name in _PRODUCTS for e in jaxpr.eqns):
