@@ -5,7 +5,11 @@ A call of ``spmdsim.jax.shard_map(f, ...)`` (or of ``jax.shard_map`` under ``spm
 ``check_vma=True``, Explicit mesh axes) and every choice of primitive (``psum_invariant``, ``pvary``,
 ``all_gather_invariant``) is JAX's. The traced program is then run by spmdsim:
 
-- with concrete arguments, the jaxpr is evaluated by spmdsim's interpreter on global NumPy values, and each
+- called outside any JAX transformation (an un-jitted shard_map), it runs eagerly, as JAX 0.10 runs it: the
+  body's Python once per device, each in its own thread, on that device's values, every primitive computed by
+  spmdsim as it is bound (:mod:`._eager`; ``print`` shows each device's block, Python control flow works on
+  values that are the same on every device);
+- with concrete arguments otherwise (a jitted program), the jaxpr is evaluated by spmdsim's interpreter on global NumPy values, and each
   ``shard_map`` equation in it runs per device (:func:`simulate_shard_map`), in threads by default; the
   outputs are placed on JAX's devices as JAX places them (:mod:`._placement`);
 - with JAX tracers as arguments (under ``grad``, ``vmap``, ``jit``, ...), each ``shard_map`` equation is
@@ -29,8 +33,9 @@ from jax._src import mesh as mesh_lib
 from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as ext_core
 
-from spmdsim import _runtime
+from spmdsim import _hosts, _runtime
 
+from spmdsim.jax import _eager
 from spmdsim.jax._api import with_axis_errors
 from spmdsim.jax._interpreter import PER_DEVICE, Executor, eval_jaxpr, higher_order
 from spmdsim.jax._map import simulate, spmdsim_map_p, to_jax, to_numpy
@@ -151,9 +156,13 @@ def _check_eager_device_puts(jaxpr) -> None:
                                          f"functions, but got device {device}")
 
 
+_PYTHON_SCALARS = (bool, int, float, complex)
+
+
 def simulated(fun, executor: str = "threads"):
-    """``fun`` (a JAX function, e.g. one built by ``jax.shard_map``) traced by JAX and run by spmdsim (see the
-    module docstring); traced once per argument structure and avals."""
+    """``fun`` (a JAX function, e.g. one built by ``jax.shard_map``) run by spmdsim (see the module docstring):
+    eagerly outside any transformation (one thread per device whatever the ``executor``: the body is Python; also
+    not in a multi-host run), else traced by JAX once per argument structure and avals."""
     cache: dict = {}
     lock = threading.Lock()
 
@@ -163,13 +172,18 @@ def simulated(fun, executor: str = "threads"):
         if _inside_a_map_trace():  # a shard_map nested in a body JAX is tracing: JAX's own, run by spmdsim later
             return fun(*args, **kwargs)
         flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-        # leaves that are not JAX values (an object passed with in_specs None, as JAX's shard_map allows) reach
-        # ``fun`` as they are: closed over by the traced function, never cached (JAX keeps them by identity)
-        values = [core.valid_jaxtype(x) for x in flat]
+        if _hosts.current() is None and _eager.runs_eagerly(flat):  # JAX runs it op by op: see ._eager
+            return _eager.call(fun, executor, *args, **kwargs)
+        # leaves that are not JAX arrays reach ``fun`` as they are, closed over by the traced function, as JAX's
+        # shard_map passes them: an object with in_specs None (never cached: JAX keeps them by identity), a Python
+        # number (a static shape under jit; cached by its value)
+        values = [core.valid_jaxtype(x) and type(x) not in _PYTHON_SCALARS for x in flat]
         dynamic = [x for x, value in zip(flat, values) if value]
-        key = (in_tree, tuple(core.typeof(x) for x in dynamic))
+        numbers = tuple((type(x), repr(x)) for x in flat if type(x) in _PYTHON_SCALARS)
+        key = (in_tree, tuple(core.typeof(x) for x in dynamic), numbers)
+        cacheable = all(value or type(x) in _PYTHON_SCALARS for x, value in zip(flat, values))
         with lock:
-            found = cache.get(key) if all(values) else None
+            found = cache.get(key) if cacheable else None
         if found is None:
             def flat_fun(*leaves):
                 it = iter(leaves)
@@ -180,7 +194,7 @@ def simulated(fun, executor: str = "threads"):
             if not any(isinstance(x, pe.DynamicJaxprTracer) for x in dynamic):  # eager, not traced by jit
                 _check_eager_device_puts(closed.jaxpr)
             found = (closed, jax.tree_util.tree_structure(shape))
-            if all(values) and not any(isinstance(c, core.Tracer) for c in closed.consts):
+            if cacheable and not any(isinstance(c, core.Tracer) for c in closed.consts):
                 with lock:
                     cache[key] = found
         closed, out_tree = found
