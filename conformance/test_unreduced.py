@@ -167,3 +167,26 @@ def test_check_vma_false_unreduced_in_spec_keeps_its_partials(mesh):
         return lambda v: scatter(partial_sums(v))
 
     _both(program, "threads", x)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_vmap_with_spmd_axis_name_splits_the_batch_over_that_mesh_axis(executor):
+    """``vmap(..., spmd_axis_name='i')`` of a shard_map over a mesh with 'i': each device batches its block of the
+    batch axis (JAX's ``_shard_map_batch``), also for grad's residuals and an unbatched replicated operand."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 JAX devices")
+    from functools import partial
+
+    import spmdsim.jax as sj
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("i", "j"))
+    xs = jnp.asarray(_values(4 * 16, 8).reshape(4, 16))
+    c = jnp.asarray(_values(16, 9))
+    results = []
+    for shard_map in (partial(sj.shard_map, executor=executor), jax.shard_map):
+        f = shard_map(lambda x, y: x * x * y, mesh=mesh, in_specs=(P("j"), P("j")), out_specs=P("j"))
+        loss = lambda x: f(x, c).sum()
+        results.append((jax.vmap(f, in_axes=(0, None), spmd_axis_name="i")(xs, c),
+                        jax.vmap(jax.grad(loss), spmd_axis_name="i")(xs),
+                        jax.vmap(jax.grad(jax.remat(loss, policy=lambda *_, **__: True)), spmd_axis_name="i")(xs)))
+    for ours, theirs in zip(*results, strict=True):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))

@@ -493,9 +493,16 @@ class _axis_env:
         return self.stack.__exit__(*exc)
 
 
-def _stacked_spec(axes, ndim: int) -> tuple:
-    """The spec of a per-device value carried out of a map: a new leading axis split over every mesh axis."""
-    return (tuple(name for name, _ in axes),) + ((),) * ndim
+def _stacked_spec(axes, ndim: int, spmd: tuple = ()) -> tuple:
+    """The spec of a per-device value carried out of a map: a new leading axis split over every mesh axis, less
+    those of an enclosing ``vmap(..., spmd_axis_name=...)`` (which splits the batch axis it adds: JAX's
+    ``_all_mesh_names_except_spmd``)."""
+    return (tuple(name for name, _ in axes if name not in spmd),) + ((),) * ndim
+
+
+def _spmd_names() -> tuple:
+    """The mesh axes that enclosing ``vmap(..., spmd_axis_name=...)``s split their batch axes over."""
+    return tuple(getattr(core.get_axis_env(), "spmd_axis_names", ()) or ())
 
 
 def _trace(fun, avals, axes, debug_name: str = "spmdsim_map", mesh=None, check_vma=False) -> core.ClosedJaxpr:
@@ -551,20 +558,20 @@ def _with_unstacked_residuals(unknown: core.ClosedJaxpr, n_res: int, axes, mesh=
 
 
 @weakref_lru_cache
-def _split_known(jaxpr, unknowns: tuple, axes: tuple, mesh, check_vma: bool):
+def _split_known(jaxpr, unknowns: tuple, axes: tuple, mesh, check_vma: bool, spmd: tuple = ()):
     """The known and unknown halves of a body (residuals stacked per device), once per body and mask."""
     with _axis_env(axes, mesh, check_vma):
         known, unknown, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(jaxpr, unknowns, instantiate=False)
     n_res = len(res_avals)
     return (_with_stacked_residuals(known, n_res, axes, mesh, check_vma),
             _with_unstacked_residuals(unknown, n_res, axes, mesh, check_vma),
-            tuple(out_unknowns), tuple(_stacked_spec(axes, len(a.shape)) for a in res_avals))
+            tuple(out_unknowns), tuple(_stacked_spec(axes, len(a.shape), spmd) for a in res_avals))
 
 
 def _partial_eval(trace, *tracers, jaxpr, in_specs, out_specs, axes, **params):
     unknowns = tuple(not t.pval.is_known() for t in tracers)
     known, unknown, out_unknowns, res_specs = _split_known(jaxpr, unknowns, axes, params.get("mesh"),
-                                                           params["check_vma"])
+                                                           params["check_vma"], _spmd_names())
     known_out_specs = tuple(s for s, u in zip(out_specs, out_unknowns, strict=True) if not u)
     known_outs = spmdsim_map_p.bind(
         *(t.pval.get_known() for t, u in zip(tracers, unknowns, strict=True) if not u), jaxpr=known, axes=axes,
@@ -602,7 +609,7 @@ def _partial_eval_custom(saveable, unks_in, inst_in, eqn):
     res_avals = staged.in_avals[:n_res]
     known = _with_stacked_residuals(known, n_res, axes, mesh, check_vma)
     staged = _with_unstacked_residuals(staged, n_res, axes, mesh, check_vma)
-    res_specs = tuple(_stacked_spec(axes, len(a.shape)) for a in res_avals)
+    res_specs = tuple(_stacked_spec(axes, len(a.shape), _spmd_names()) for a in res_avals)
     ins_known = [v for v, u in zip(eqn.invars, unks_in, strict=True) if not u]
     outs_known = [v for v, u in zip(eqn.outvars, unks_out, strict=True) if not u]
     ins_staged = [v for v, inst in zip(eqn.invars, inst_in, strict=True) if inst]
@@ -705,15 +712,47 @@ ad.primitive_transposes[spmdsim_map_p] = _transpose
 # -- batching (vmap outside the map) -------------------------------------------------------------------------
 
 def _batch(axis_data, args, dims, *, jaxpr, in_specs, out_specs, axes, **params):
+    """JAX's shard_map batching rule (``_shard_map_batch``): the batch axis first and not split, or, under
+    ``vmap(..., spmd_axis_name=...)`` naming axes of this map, split over those mesh axes (each device batches
+    its block of it)."""
     batched = [d is not None for d in dims]
     args = [batching.moveaxis(x, d, 0) if b else x for x, d, b in zip(args, dims, batched, strict=True)]
+    spmd = getattr(axis_data, "spmd_name", None)
+    spmd = tuple(spmd) if spmd is not None else None
+    sizes = dict(axes)
+    if spmd is not None and all(name in sizes for name in spmd):
+        used = {name for spec in in_specs for names in spec for name in names}
+        if set(spmd) & used:
+            raise ValueError("vmap spmd_axis_name cannot appear in shard_map in_specs")
+        inner_data = batching.AxisData(axis_data.name, axis_data.size // math.prod(sizes[n] for n in spmd),
+                                       axis_data.spmd_name, axis_data.explicit_mesh_axis)
+        with _axis_env(axes, params.get("mesh"), params["check_vma"]):  # batched inputs vary along spmd's axes
+            batched_jaxpr, out_dims = batching.batch_jaxpr2(jaxpr, inner_data, tuple(0 if b else None
+                                                                                     for b in batched))
+        used = {name for spec, d in zip(out_specs, out_dims, strict=True) for names in spec for name in names}
+        if set(spmd) & used:
+            raise ValueError("vmap spmd_axis_name cannot appear in shard_map out_specs")
+        out_specs = tuple(s if d is None else _inserted(s, d, spmd) for s, d in zip(out_specs, out_dims, strict=True))
+        outs = spmdsim_map_p.bind(
+            *args, jaxpr=batched_jaxpr, axes=axes,
+            in_specs=tuple((spmd,) + s if b else s for s, b in zip(in_specs, batched, strict=True)),
+            out_specs=out_specs, **params)
+        return outs, list(out_dims)
+    lead = ((),)
     with _axis_env(axes, params.get("mesh"), params["check_vma"]):
         batched_jaxpr, out_batched = batching.batch_jaxpr(jaxpr, axis_data, batched, instantiate=False)
     outs = spmdsim_map_p.bind(
         *args, jaxpr=batched_jaxpr, axes=axes,
-        in_specs=tuple(((),) + s if b else s for s, b in zip(in_specs, batched, strict=True)),
-        out_specs=tuple(((),) + s if b else s for s, b in zip(out_specs, out_batched, strict=True)), **params)
+        in_specs=tuple(lead + s if b else s for s, b in zip(in_specs, batched, strict=True)),
+        out_specs=tuple(lead + s if b else s for s, b in zip(out_specs, out_batched, strict=True)), **params)
     return outs, [0 if b else None for b in out_batched]
+
+
+def _inserted(spec, d: int, names: tuple):
+    """``spec`` with a dimension split over ``names`` inserted at ``d`` (JAX's ``pxla.batch_spec``)."""
+    dims = tuple(spec)
+    out = dims[:d] + (names,) + dims[d:]
+    return _unreduced.make_spec(out, _unreduced.spec_unreduced(spec), _unreduced.spec_reduced(spec))
 
 
 batching.fancy_primitive_batchers[spmdsim_map_p] = _batch
