@@ -190,3 +190,19 @@ def test_vmap_with_spmd_axis_name_splits_the_batch_over_that_mesh_axis(executor)
                         jax.vmap(jax.grad(jax.remat(loss, policy=lambda *_, **__: True)), spmd_axis_name="i")(xs)))
     for ours, theirs in zip(*results, strict=True):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_blocks_of_an_unreduced_spec_are_each_devices_partial():
+    """The helpers an eager map uses: a device's block under P('y', unreduced={'x'}) is its x-partial's y-block;
+    assembling those blocks gives the partials back (NumPy reasoning, 2x2 mesh)."""
+    from spmdsim.jax._unreduced import Spec, Unreduced, assemble_blocks, split_blocks
+    axes = (("x", 2), ("y", 2))
+    spec = Spec((("y",),), unreduced={"x"})
+    partials = np.arange(8.0).reshape(2, 4)
+    blocks = split_blocks(Unreduced(partials, (("x", 2),)), spec, axes)
+    np.testing.assert_array_equal(blocks, [[0, 1], [2, 3], [4, 5], [6, 7]])  # devices (x, y) row-major
+    back = assemble_blocks(blocks, spec, axes)
+    assert back.axes == (("x", 2),)
+    np.testing.assert_array_equal(back.partials, partials)
+    plain = split_blocks(np.arange(4.0), spec, axes)  # a replicated value: its partials are (value, 0)
+    np.testing.assert_array_equal(plain, [[0, 1], [2, 3], [0, 0], [0, 0]])

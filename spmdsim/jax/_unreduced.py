@@ -386,3 +386,27 @@ def _local(eqn, operands, out_u, plain):
         return [Unreduced(np.stack([np.asarray(o[k]) for o in per]), axes) if u else per[0][k]
                 for k, u in enumerate(out_u)]
     return Unreduced(np.stack([np.asarray(o) for o in per]), axes)
+
+
+# -- blocks of a value by a spec with unreduced axes (for an eager map's devices) -------------------------------
+
+def split_blocks(x, spec, axes: tuple) -> np.ndarray:
+    """Every device's block of ``x`` by ``spec`` (stacked, ``(devices, *block)``), as
+    :func:`spmdsim._sharding.split` gives them, where a spec unreduced over some axes gives each device its
+    partial (a plain ``x`` as JAX makes partials of it: see :func:`promote`; an :class:`Unreduced` ``x`` under a
+    spec without unreduced axes: its sum)."""
+    from spmdsim import _sharding
+    if not spec_unreduced(spec):
+        return _sharding.split(np.asarray(total(x)), tuple(spec), axes)
+    stacked = promote(x, partials_axes(spec, axes))
+    return _sharding.split(stacked, partials_spec(spec, axes), axes)[:, 0]
+
+
+def assemble_blocks(stacked: np.ndarray, spec, axes: tuple):
+    """The value of every device's block (``stacked``: ``(devices, *block)``) by ``spec``: an
+    :class:`Unreduced` of the devices' partials where ``spec`` has unreduced axes (the inverse of
+    :func:`split_blocks`)."""
+    from spmdsim import _sharding
+    if not spec_unreduced(spec):
+        return _sharding.assemble(stacked, tuple(spec), axes)
+    return Unreduced(_sharding.assemble(stacked[:, None], partials_spec(spec, axes), axes), partials_axes(spec, axes))
