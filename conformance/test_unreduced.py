@@ -206,3 +206,28 @@ def test_blocks_of_an_unreduced_spec_are_each_devices_partial():
     np.testing.assert_array_equal(back.partials, partials)
     plain = split_blocks(np.arange(4.0), spec, axes)  # a replicated value: its partials are (value, 0)
     np.testing.assert_array_equal(plain, [[0, 1], [2, 3], [0, 0], [0, 0]])
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_unreduced_over_one_axis_of_two_and_a_contraction_into_unreduced_outside_the_map(executor):
+    """P('x', None, unreduced={'y'}) out of a map on a 2x2 mesh; outside it, a dot_general whose out_sharding is
+    unreduced (each device contracts its own shards), their sum, and the reshard that reduces it."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 JAX devices")
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices()[:4])
+    with jax.set_mesh(mesh):
+        a = jax.device_put(jnp.asarray(_values(8 * 6, 10).reshape(8, 6)), P("x", "y"))
+        b = jax.device_put(jnp.asarray(_values(6 * 4, 11).reshape(6, 4)), P("y", None))
+
+        def program(jit):
+            @jax.shard_map(in_specs=(P("x", "y"), P("y", None)), out_specs=P("x", None, unreduced={"y"}))
+            def f(u, v):
+                return jnp.einsum("ab,bc->ac", u, v)
+
+            def g(u, v):
+                local = jnp.dot(u, v, out_sharding=P("x", None, unreduced={"y"}))
+                both = f(u, v) + local
+                return both, jax.reshard(both, P("x", None))
+            return jit(g)
+
+        _both(program, executor, a, b)

@@ -224,7 +224,6 @@ def partials_body(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, trace):
     outs = [bool(spec_unreduced(s)) for s in out_specs]
 
     def fun(*args):
-        from jax.extend import core as ext_core  # noqa: F401
         from jax._src import core
         args = [jax.lax.squeeze(a, (0,)) if u else a for a, u in zip(args, ins, strict=True)]
         results = core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
@@ -292,27 +291,22 @@ def apply(ex, eqn, operands: list, plain):
     """The results of ``eqn`` (outside any map) on operands some of which are :class:`Unreduced`; ``plain(eqn,
     operands)``: the executor's own evaluation of it on plain values."""
     name = eqn.primitive.name
-    if name in _CALLS:
+    sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")) if name in _CALLS else None
+    if sub is not None:  # its equations through this loop too (the compiled form knows no unreduced values)
         from spmdsim.jax._interpreter import eval_jaxpr
-        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr", eqn.params.get("fun_jaxpr")))
-        if sub is not None and name != "custom_vjp_call" and name != "custom_jvp_call":
-            closed = sub if hasattr(sub, "consts") else None
-            inner = closed.jaxpr if closed is not None else sub
-            outs = eval_jaxpr(inner, closed.consts if closed is not None else (), *operands, executor=ex)
-            return outs if eqn.primitive.multiple_results else outs[0]
-        sub = eqn.params.get("call_jaxpr")
-        if sub is not None:
-            outs = eval_jaxpr(sub.jaxpr, sub.consts, *operands[:len(sub.jaxpr.invars)], executor=ex)
-            return outs
+        inner, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
+        outs = eval_jaxpr(inner, consts, *operands[:len(inner.invars)], executor=ex)
+        return outs if eqn.primitive.multiple_results else outs[0]
     if name in ("shard_map", "spmdsim_map"):  # the map takes partials in (see partials_body)
         return plain(eqn, operands)
     out_u = [_aval_unreduced(v.aval) for v in eqn.outvars]
     unreduced = [x for x in operands if type(x) is Unreduced]
     if name in _RESHARD:
-        target = out_u[0] if not eqn.primitive.multiple_results else None
-        if eqn.primitive.multiple_results:
-            return [_reshard(x, u, v.aval) for x, u, v in zip(operands, out_u, eqn.outvars)]
-        return _reshard(operands[0], target, eqn.outvars[0].aval)
+        named = eqn.params.get("dst_sharding", eqn.params.get("sharding"))
+        if eqn.primitive.multiple_results or getattr(named, "spec", None) is None:
+            named = None
+        outs = [_reshard(x, named or v.aval.sharding) for x, v in zip(operands, eqn.outvars)]
+        return outs if eqn.primitive.multiple_results else outs[0]
     if not unreduced:
         if any(out_u):  # a plain computation into an unreduced type: each device's contraction of its shards
             return _local(eqn, operands, out_u, plain)
@@ -325,28 +319,21 @@ def apply(ex, eqn, operands: list, plain):
         per = [plain(eqn, [x.partials[p] if type(x) is Unreduced else x for x in operands])
                for p in range(unreduced[0].partials.shape[0])]
         if eqn.primitive.multiple_results:
-            return [_wrap([o[k] for o in per], axes, u) for k, u in enumerate(out_u)]
-        return _wrap(per, axes, out_u[0])
+            return [Unreduced(np.stack([np.asarray(o[k]) for o in per]), axes) for k in range(len(out_u))]
+        return Unreduced(np.stack([np.asarray(o) for o in per]), axes)
     raise NotImplementedError(
         f"spmdsim does not evaluate {name} on values unreduced over mesh axes {sorted(unreduced[0].names)} outside "
         f"a map (JAX's type rules allow it); reshard the value to a spec without unreduced axes first.")
 
 
-def _wrap(per: list, axes: tuple, unreduced_out: frozenset):
-    stacked = np.stack([np.asarray(o) for o in per])
-    value = Unreduced(stacked, axes)
-    if unreduced_out or not isinstance(unreduced_out, frozenset):
-        return value
-    return value  # the result type names no unreduced axes (an Auto mesh): still partials
-
-
-def _reshard(x, target, aval):
-    """``reshard``/``sharding_constraint`` to a type unreduced over ``target`` (None: unknown, keep)."""
-    if target is None or (not target and not isinstance(x, Unreduced)):
-        return x if not isinstance(x, Unreduced) or target is None else total(x)
-    if not target:
+def _reshard(x, sharding):
+    """``reshard``/``sharding_constraint`` to ``sharding``: summed where it names no unreduced axes, partials
+    over those it names (a plain value's as :func:`promote` makes them)."""
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    target = frozenset(getattr(spec, "unreduced", ()) or ())
+    if not target or mesh is None:
         return total(x)
-    axes = _aval_mesh_axes(aval, target)
+    axes = tuple((name, size) for name, size in zip(mesh.axis_names, mesh.axis_sizes) if name in target)
     if isinstance(x, Unreduced) and x.names != frozenset(target):
         x = total(x)
     return Unreduced(promote(x, axes), axes)
