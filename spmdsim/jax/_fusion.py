@@ -95,7 +95,8 @@ class FusedRun:
                 if isinstance(v, ext_core.Literal):
                     operands.append(("value", read_literal(v)))  # a scalar: the per-device rules broadcast it
                 elif constant:  # a folded constant: of the run's shape, or a single value
-                    operands.append(("block", value) if np.shape(value) == self.shape else ("value", value))
+                    operands.append(("block", value) if np.shape(value) == self.shape
+                                    else ("value", np.reshape(value, ())))
                 elif v in produced:
                     operands.append(("env", v))
                 else:
@@ -115,14 +116,17 @@ class FusedRun:
 
     def __call__(self, stack, *inputs):
         outputs = {v: np.empty(self.shape, self.output_dtypes[v]) for v in self.outputs}
-        whole = [x if np.shape(x) == self.shape else None for x in inputs]  # else a single value: passed whole
+        whole = [x if np.shape(x) == self.shape else None for x in inputs]
+        # else a single value (size 1, of rank up to the run's), passed 0-d: a block may have fewer axes than the run
+        # (an index of its leading axes), and a (1, 1, 1) operand would add axes to a block's result
+        single = [np.reshape(x, ()) if w is None else None for x, w in zip(inputs, whole, strict=True)]
         for block, block_shape in self.blocks:
             env = {}
             for eqn, call, operands, dtype in self.plan:
                 args = []
                 for kind, what in operands:
                     if kind == "in":
-                        args.append(whole[what][block] if whole[what] is not None else inputs[what])
+                        args.append(whole[what][block] if whole[what] is not None else single[what])
                     elif kind == "env":
                         args.append(env[what])
                     elif kind == "block":
