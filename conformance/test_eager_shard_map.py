@@ -114,6 +114,22 @@ def test_values_collectives_jit_and_keys_as_jax(executor):
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
+def test_transformations_and_control_flow_inside_the_body(executor):
+    """custom_jvp functions, cond, fori_loop with a collective, grad, checkpoint and vmap inside an eager body."""
+    def body(b):
+        y = jax.nn.relu(b - 2) + jax.nn.softmax(b)
+        z = jax.lax.cond(jax.lax.psum(1, "x") > 1, lambda v: v * 2, lambda v: v, y)
+        w = jax.lax.fori_loop(0, 3, lambda i, c: c + jax.lax.pmean(c, "x"), z)
+        g = jax.grad(lambda v: jnp.sum(jnp.sin(v)))(b)
+        return w + g + jax.checkpoint(lambda v: jnp.cos(v) * 2)(b) + jax.vmap(lambda r: r * 3)(b)
+
+    x = jnp.arange(8.0).reshape(4, 2)
+    outs = {name: shard_map(body, mesh=mesh_2d(), in_specs=P("x"), out_specs=P("x"))(x)
+            for name, shard_map in both(executor)}
+    np.testing.assert_allclose(np.asarray(outs["spmdsim"]), np.asarray(outs["jax"]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
 def test_nested_eager_maps(executor):
     x = np.arange(16.0, dtype=np.float32).reshape(4, 4)
     outs, printed = {}, {}

@@ -135,6 +135,7 @@ def with_axis_errors(fun: Callable) -> Callable:
 
 
 _JAX_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, __import__("jaxlib")))
+_NOT_USER_DIRS = (*_JAX_DIRS, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # and spmdsim's
 
 
 def _unbound_axis_error(error: Exception, bound: list) -> "errors.UnboundAxisError | None":
@@ -151,7 +152,7 @@ def _unbound_axis_error(error: Exception, bound: list) -> "errors.UnboundAxisErr
         frame = tb.tb_frame
         in_jax = frame.f_code.co_filename.startswith(_JAX_DIRS)
         if in_jax and previous is not None and "axis_name" in frame.f_locals \
-                and not previous.tb_frame.f_code.co_filename.startswith(_JAX_DIRS):
+                and not previous.tb_frame.f_code.co_filename.startswith(_NOT_USER_DIRS):
             call, caller = frame, previous
         previous, tb = tb, tb.tb_next
     if call is None:

@@ -190,6 +190,8 @@ class _DeviceTrace(core.Trace):
         val = to_numpy(x.val if isinstance(x, ShardMapTracer) else x)
         return ShardMapTracer(self, val, self.aval(val.shape, aval.dtype, aval.weak_type, mat.varying & self.manual))
 
+    stage_value = lift
+
     def process_primitive(self, prim, tracers, params, /):
         ins = [self.lift(t) for t in tracers]
         if prim in _JAX_EAGER_CHECKS:
