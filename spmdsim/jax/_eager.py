@@ -104,7 +104,7 @@ class ShardMapTracer(core.Tracer):
 
 
 def _block_str(val: np.ndarray, aval) -> str:
-    if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key):
+    if _dtypes.is_key(aval.dtype):
         return str(jax.random.wrap_key_data(val, impl=aval.dtype))
     return str(val)
 

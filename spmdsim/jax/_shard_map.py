@@ -9,8 +9,8 @@ A call of ``spmdsim.jax.shard_map(f, ...)`` (or of ``jax.shard_map`` under ``spm
   body's Python once per device, each in its own thread, on that device's values, every primitive computed by
   spmdsim as it is bound (:mod:`._eager`; ``print`` shows each device's block, Python control flow works on
   values that are the same on every device);
-- with concrete arguments otherwise (a jitted program), the jaxpr is evaluated by spmdsim's interpreter on global NumPy values, and each
-  ``shard_map`` equation in it runs per device (:func:`simulate_shard_map`), in threads by default; the
+- with concrete arguments otherwise (a jitted program), the jaxpr is evaluated by spmdsim's interpreter on
+  global NumPy values, and each ``shard_map`` equation in it runs per device (:func:`simulate_shard_map`), in threads by default; the
   outputs are placed on JAX's devices as JAX places them (:mod:`._placement`);
 - with JAX tracers as arguments (under ``grad``, ``vmap``, ``jit``, ...), each ``shard_map`` equation is
   re-bound as the ``spmdsim_map`` primitive, whose transformation rules follow JAX's shard_map conventions
@@ -210,9 +210,13 @@ def shard_map(f=None, /, *, out_specs, in_specs=_INFER, mesh=None, axis_names=fr
     Same signature and semantics as ``jax.shard_map`` (JAX 0.10): ``mesh`` a ``jax.sharding.Mesh`` (or
     None: the context mesh of ``jax.set_mesh``), ``in_specs`` (default: inferred from the arguments'
     shardings) and ``out_specs`` trees of ``PartitionSpec``, ``axis_names`` the manual axes, ``check_vma``
-    JAX's varying-manual-axes checks. JAX traces ``f`` (so its errors and checks are JAX's own); each device's
-    block is computed by spmdsim in its own thread (``executor="vectorized"``: all at once). Composes with
-    ``jit``, ``grad``, ``vmap`` and control flow like :func:`spmdsim.jax.pmap`.
+    JAX's varying-manual-axes checks. Called outside any transformation it runs eagerly, as JAX 0.10 does: ``f``
+    runs once per device, each in its own thread, on values that print as JAX's eager values (``On cpu:0 at
+    mesh coordinates (i,) = (0,):`` and the device's block) and that Python control flow can branch on where
+    they are the same on every device (whatever the ``executor``: the body is Python). Under ``jit``, ``grad``,
+    ``vmap`` JAX traces ``f`` (so its errors and checks are JAX's own) and each device's block is computed by
+    spmdsim in its own thread (``executor="vectorized"``: all at once). Composes with ``jit``, ``grad``,
+    ``vmap`` and control flow like :func:`spmdsim.jax.pmap`.
 
     Returns ``jax.Array`` leaves of the global shapes the out_specs give, placed as ``jax.shard_map`` places
     them: committed, ``NamedSharding(mesh, out_spec)`` (without ``mesh``, the concrete mesh of ``jax.set_mesh``
