@@ -134,6 +134,8 @@ class route_execution:
                 for o, aval, s in zip(outs, jaxpr.out_avals, out_shardings, strict=True):
                     if not isinstance(s, jax.sharding.Sharding):
                         s = self.placement(aval, committed)
+                    else:
+                        s = self.typed_as(s, aval)
                     o = np.asarray(o)
                     if any(np.may_share_memory(o, v) for v in values):  # a result is a new buffer, as XLA's
                         o = o.copy()
@@ -183,6 +185,21 @@ class route_execution:
         from spmdsim.jax import _map
 
         return _map._fast_put_like()(arr, aval.weak_type, sharding)
+
+    @staticmethod
+    def typed_as(sharding, aval):
+        """``sharding`` with the mesh axis types of ``aval``'s type, as JAX's result carries them (a jit's
+        ``out_shardings`` may name the mesh with other axis types than the type the program gives its result)."""
+        import jax
+        from jax._src import mesh as mesh_lib
+
+        typed = getattr(aval, "sharding", None)
+        if not isinstance(sharding, jax.sharding.NamedSharding) or typed is None or typed.mesh.empty \
+                or sharding.mesh.axis_types == typed.mesh.axis_types \
+                or sharding.mesh.shape_tuple != typed.mesh.shape_tuple:
+            return sharding
+        mesh = mesh_lib.Mesh(sharding.mesh.devices, sharding.mesh.axis_names, axis_types=typed.mesh.axis_types)
+        return jax.sharding.NamedSharding(mesh, sharding.spec, memory_kind=sharding.memory_kind)
 
     @staticmethod
     def placement(aval, committed: list):

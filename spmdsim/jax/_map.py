@@ -132,8 +132,7 @@ def _fast_put_like():
             context = (default_device.value, device_context.value)
             found = contexts.get(context)
             if found is None:
-                template = jax.numpy.asarray(np.zeros((), np.float32))
-                found = contexts[context] = (template.sharding, template.committed)
+                found = contexts[context] = _context_placement(*context)
             sharding, committed = found
         prepared = placements.get(sharding)
         if prepared is None:
@@ -153,6 +152,18 @@ def _fast_put_like():
         shards = [arr] * len(devices) if indices is None else [arr[index] for index in indices]
         return batched_device_put(shaped, sharding, shards, devices, committed)
     return put
+
+
+def _context_placement(default_device, mesh) -> tuple:
+    """``(sharding, committed)`` of what ``jnp.asarray`` makes in this context, worked out without making one (a
+    jitted conversion dispatched from inside a jitted call of the same signature is refused by JAX as recursive):
+    under ``jax.set_mesh``, the mesh, replicated, committed; else ``jax_default_device`` (a device or a platform)
+    or JAX's first device, uncommitted."""
+    if mesh is not None and not mesh.empty:
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), True
+    if default_device is None or isinstance(default_device, str):
+        default_device = jax.devices(default_device)[0]
+    return jax.sharding.SingleDeviceSharding(default_device), False
 
 
 _fast_put = ...  # not yet known: made at the first result
