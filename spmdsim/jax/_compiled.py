@@ -35,7 +35,8 @@ from spmdsim import _primitives
 from spmdsim.jax._names import user_name
 from spmdsim.jax._contraction import contract
 from spmdsim.jax import _fusion
-from spmdsim.jax._registry import IN_PLACE, compiled_form
+from spmdsim.jax._numpy_rules import elementwise_vectorized, expand_to
+from spmdsim.jax._registry import IN_PLACE, PER_DEVICE, compiled_form
 from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
 
@@ -182,7 +183,8 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
         if k in runs:  # elementwise equations block by block (see ._fusion)
             used_after = {s.eqn.outvars[0] for s in steps[k:runs[k]]
                           if last_use.get(s.eqn.outvars[0], -1) >= runs[k] or s.eqn.outvars[0] in returned}
-            fused = ns[f"F{k}"] = _fusion.FusedRun(steps[k:runs[k]], executor, used_after)
+            dying = {v for v, last in last_use.items() if k <= last < runs[k]}
+            fused = ns[f"F{k}"] = _fusion.FusedRun(steps[k:runs[k]], executor, used_after, dying)
             outs = [local(v) for v in fused.outputs]
             call = f"F{k}(stack, {', '.join(local(v) for v in fused.inputs)})"
             lines.append(f"    {', '.join(outs)}, = {call}" if outs else f"    {call}")
@@ -203,6 +205,10 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
         else:
             dies = bool(step.operands) and not step.operands[0][0] and last_use.get(step.operands[0][1]) == k
             ns[f"C{k}"] = _donating_call(step, executor) if dies else step.call
+            into = None if dies and ns[f"C{k}"] is not step.call else _into_dead_call(step, executor, last_use, k)
+            if into is not None:  # the dying operand first (see _into_dead)
+                ns[f"C{k}"], position = into
+                operands.insert(0, operands.pop(position))
             call = f"C{k}(({', '.join(operands)},))" if step.operands_tuple else \
                 f"C{k}({', '.join(['ex'] * step.higher + operands)})"
             lines.append(f"    {target}{f'ex.nullary({call}, {step.multiple})' if step.nullary else call}")
@@ -252,28 +258,86 @@ def _donating_call(step: _Step, executor: Executor) -> Callable:
 def _donating(copying: Callable, in_place: Callable, operand, *rest):
     """``in_place(operand, ...)`` where nothing but the program's dead local holds ``operand`` (its reference
     count is that of such a local, measured once by :func:`_unshared_count`; a view of it, a caller's list, a
-    user's variable, a trace would each add one), it owns its memory and is writable and C-contiguous; else
-    ``copying(operand, ...)``. The results are the same: only the copy is saved."""
-    if sys.getrefcount(operand) <= _UNSHARED and type(operand) is np.ndarray and operand.flags.owndata \
-            and operand.flags.writeable and operand.flags.c_contiguous:
+    user's variable, a trace would each add one) and it may be written into (:func:`._fusion.writable_alone`);
+    else ``copying(operand, ...)``. The results are the same: only the copy is saved."""
+    if sys.getrefcount(operand) <= _UNSHARED and _fusion.writable_alone(operand):
         return in_place(operand, *rest)
     return copying(operand, *rest)
+
+
+_IN_PLACE_ELEMENTS = 1 << 16  # smaller results: a fresh array costs less than the checks
+
+
+def _into_dead_call(step: _Step, executor: Executor, last_use: dict, k: int) -> tuple[Callable, int] | None:
+    """For an equation computed by one NumPy ufunc (its per-device rule's specialization; the vectorized rule
+    being that rule on the stacked operands), with a result of at least ``_IN_PLACE_ELEMENTS`` elements and an
+    operand that dies at it: the call :func:`_into_dead` and that operand's position, else None."""
+    eqn, expected = step.eqn, step.expected[0]
+    if step.higher or step.operands_tuple or len(step.eqns) > 1 or step.multiple or step.call is None \
+            or expected is None or np.prod(expected[0]) < _IN_PLACE_ELEMENTS:
+        return None
+    rule = PER_DEVICE.get(eqn.primitive.name)
+    specializer = getattr(rule, "specialize", None)
+    ufunc = specializer(eqn) if specializer is not None else None
+    if not isinstance(ufunc, np.ufunc) or ufunc.nout != 1 or ufunc.nin != len(step.operands):
+        return None
+    vectorized = executor.rules is not PER_DEVICE
+    if vectorized and not _stacks(executor.rules.get(eqn.primitive.name), rule):
+        return None
+    position = next((j for j, (constant, v) in enumerate(step.operands) if not constant and last_use.get(v) == k),
+                    None)
+    if position is None:
+        return None
+    plan = (step.call, position, *expected, len(expected[0]) if vectorized else None)
+    return functools.partial(_into_dead, plan, ufunc), position
+
+
+def _stacks(vectorized_rule, rule) -> bool:
+    """Whether ``vectorized_rule`` is ``rule`` on the stacked operands (``_numpy_rules.elementwise_vectorized``)."""
+    return getattr(vectorized_rule, "__code__", None) is _STACKED_CODE and \
+        vectorized_rule.__closure__[0].cell_contents is rule
+
+
+_STACKED_CODE = elementwise_vectorized(None).__code__
+
+
+def _into_dead(plan: tuple, ufunc: np.ufunc, operand, *rest):
+    """The equation's ufunc written into ``operand``, which dies at it, where nothing but the program's dead
+    local holds it (as :func:`_donating` checks) and it has the result's shape and dtype; else the step's call.
+    ``rest``: the other operands in order; ``plan``: the step's call, ``operand``'s position, the result's shape
+    and dtype, and the vectorized executor's rank (its per-device scalars broadcast as ``(n, 1, ...)``) or None.
+    The same values either way: a ufunc computes each element from the operands' elements at its index, and
+    NumPy buffers an operand that overlaps the output otherwise."""
+    call, position, shape, dtype, rank = plan
+    if sys.getrefcount(operand) <= _UNSHARED and type(operand) is np.ndarray and operand.shape == shape \
+            and operand.dtype == dtype and _fusion.writable_alone(operand):
+        if rank is not None:
+            rest = [expand_to(x, rank) for x in rest]
+        return ufunc(*rest[:position], operand, *rest[position:], out=operand)
+    return call(*rest[:position], operand, *rest[position:])
 
 
 def _refcount_probe(copying: Callable, in_place: Callable, operand, *rest) -> int:
     return sys.getrefcount(operand)  # in a frame made as _donating's is
 
 
-def _unshared_count() -> int:
-    """The reference count :func:`_donating` sees for an array held only by a generated program's local that
-    dies at the call: measured on a program of that form (it depends on the Python version)."""
+class _FusedProbe:
+    def __call__(self, stack, *inputs) -> int:
+        return sys.getrefcount(inputs[0])  # in a frame made as _fusion.FusedRun's is
+
+
+def _unshared_count(call: Callable, line: str) -> int:
+    """The reference count ``call`` (a probe of :func:`_donating`'s or ``FusedRun``'s form) sees for an array
+    held only by a generated program's local ``v0`` that dies at ``line``: measured on a program of that form (it
+    depends on the Python version)."""
     ns: dict = {}
-    exec(compile("def probe(make, call):\n    v0 = make()\n    v1 = call(v0, 0)\n    return v1\n",  # noqa: S102
+    exec(compile(f"def probe(make, call):\n    v0 = make()\n    v1 = {line}\n    return v1\n",  # noqa: S102
                  "<spmdsim: probe>", "exec"), ns)
-    return ns["probe"](lambda: np.empty(1), functools.partial(_refcount_probe, None, None))
+    return ns["probe"](lambda: np.empty(1), call)
 
 
-_UNSHARED = _unshared_count()
+_UNSHARED = _unshared_count(functools.partial(_refcount_probe, None, None), "call(v0, 0)")
+_fusion.UNSHARED = _unshared_count(_FusedProbe(), "call(0, v0)")
 
 
 FUSION = os.environ.get("SPMDSIM_FUSION", "1") != "0"  # chains of elementwise equations block by block (._fusion)

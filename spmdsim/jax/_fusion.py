@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import sys
 
 import numpy as np
 from jax import dtypes as jax_dtypes
@@ -26,7 +27,7 @@ from jax.extend import core as ext_core
 
 from spmdsim.jax._interpreter import PER_DEVICE, bad_result, read_literal
 
-__all__ = ["FUSIBLE", "fusible_runs", "FusedRun"]
+__all__ = ["FUSIBLE", "fusible_runs", "FusedRun", "writable_alone"]
 
 # Primitives whose per-device rule is elementwise, one result of the operands' shape: fused where their operands
 # all have the run's shape (or are single values).
@@ -37,6 +38,7 @@ FUSIBLE = frozenset({
     "convert_element_type", "xla_cpu_fma", "floor", "ceil", "round", "is_finite", "clamp", "copy", "copy_p",
     "stop_gradient",
 })
+UNSHARED = 0  # the reference count of an array only a program's dead local holds (set by ._compiled)
 MIN_ELEMENTS = 1 << 18   # a run over fewer elements is left to the unfused program (its Python would dominate)
 BLOCK = 1 << 14          # elements per block: every intermediate of a run stays in a core's cache
 
@@ -81,7 +83,7 @@ class FusedRun:
     ``inputs`` are the values of ``self.inputs`` (variables defined before the run), ``outputs`` the values of
     ``self.outputs`` (variables of the run used after it)."""
 
-    def __init__(self, steps: list, executor, used_after: set):
+    def __init__(self, steps: list, executor, used_after: set, dying: set = frozenset()):
         self.shape = steps[0].expected[0][0]
         produced = {step.eqn.outvars[0] for step in steps}
         self.inputs: list = []
@@ -113,9 +115,21 @@ class FusedRun:
         self.outputs = [step.eqn.outvars[0] for step in steps if step.eqn.outvars[0] in used_after]
         self.output_dtypes = {step.eqn.outvars[0]: step.expected[0][1] for step in steps}
         self.blocks = _blocks(self.shape)
+        # the last output may be written into an input of its dtype that dies in the run (see __call__)
+        last_dtype = self.output_dtypes[self.outputs[-1]] if self.outputs else None
+        self.reusable = [k for k, v in enumerate(self.inputs)
+                         if v in dying and executor.expected(v.aval) == (self.shape, last_dtype)]
 
     def __call__(self, stack, *inputs):
-        outputs = {v: np.empty(self.shape, self.output_dtypes[v]) for v in self.outputs}
+        # An input that dies in the run, held by nothing but the program's dead local (as _compiled._donating
+        # checks), holds the last output: each block of it is written after every equation of that block has read
+        # it (and the other outputs have been written), and no later block reads it. Else a fresh array.
+        reused = next((inputs[k] for k in self.reusable if sys.getrefcount(inputs[k]) <= UNSHARED
+                       and writable_alone(inputs[k])), None)
+        outputs = {v: np.empty(self.shape, self.output_dtypes[v]) for v in self.outputs[:-1 if reused is not None
+                                                                                            else None]}
+        if reused is not None:
+            outputs[self.outputs[-1]] = reused
         whole = [x if np.shape(x) == self.shape else None for x in inputs]
         # else a single value (size 1, of rank up to the run's), passed 0-d: a block may have fewer axes than the run
         # (an index of its leading axes), and a (1, 1, 1) operand would add axes to a block's result
@@ -143,6 +157,17 @@ class FusedRun:
             for v, array in outputs.items():
                 array[block] = env[v]
         return [outputs[v] for v in self.outputs]
+
+
+def writable_alone(x) -> bool:
+    """Whether ``x``, which only a program's dead local holds (the caller checked its reference count), may be
+    written into: a writable C-contiguous NumPy array that owns its memory, or the one view of all of an array
+    that nothing else holds (a product's result reshaped)."""
+    if type(x) is not np.ndarray or not x.flags.writeable or not x.flags.c_contiguous:
+        return False
+    base = x.base
+    return base is None or type(base) is np.ndarray and base.base is None and base.nbytes == x.nbytes \
+        and sys.getrefcount(base) <= 3  # x's reference, this local and the call's
 
 
 def _blocks(shape: tuple) -> list[tuple[tuple, tuple]]:
