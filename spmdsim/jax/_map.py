@@ -81,14 +81,16 @@ def to_jax(arr: np.ndarray, aval, sharding=None) -> jax.Array:
     placement and shape (~4 µs for one device, ~30 µs for eight, instead of ~17 and ~120); ``jnp.asarray`` and
     ``jax.device_put`` for dtypes JAX converts and after any failure of that internal entry point."""
     global _fast_put
-    if type(arr) is _unreduced.Unreduced:  # partials: JAX's array of them where its sharding is unreduced
-        out = _unreduced.to_jax(arr, aval, sharding)
+    if _unreduced.has_unreduced(sharding) and not _dtypes.is_key(aval.dtype):  # each device's partial
+        out = _unreduced.to_jax(_unreduced.Unreduced(
+            _unreduced.promote(arr, _unreduced.sharding_axes(sharding)), _unreduced.sharding_axes(sharding)),
+            aval, sharding)
         if out is not None:
             return out
-        arr = _unreduced.total(arr)
-        if _unreduced.has_unreduced(sharding):
-            sharding = None
+        sharding = None
+    arr = _unreduced.total(arr)
     key = _dtypes.is_key(aval.dtype)
+    key_sharding = sharding
     if key and sharding is not None and hasattr(sharding, "spec"):  # the key data's trailing axes: not split
         spec = tuple(sharding.spec)
         sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(
@@ -104,7 +106,7 @@ def to_jax(arr: np.ndarray, aval, sharding=None) -> jax.Array:
         else:
             return jax.random.wrap_key_data(out, impl=aval.dtype) if key else out
     if key:
-        out = jax.random.wrap_key_data(arr, impl=aval.dtype)
+        out, sharding = jax.random.wrap_key_data(arr, impl=aval.dtype), key_sharding  # (a key array's own rank)
     else:
         out = jax.numpy.asarray(arr)
     return out if sharding is None else jax.device_put(out, sharding)
@@ -646,15 +648,16 @@ pe.partial_eval_jaxpr_custom_rules[spmdsim_map_p] = _partial_eval_custom
 
 # -- transpose ---------------------------------------------------------------------------------------------
 
-def _unmentioned(spec, axes) -> tuple:
-    """The mesh axes a spec replicates a value over (its unreduced axes are not: JAX's ``_unmentioned2``)."""
-    mentioned = {name for names in spec for name in names} | _unreduced.spec_unreduced(spec)
+def _unmentioned(spec, axes, spmd: tuple = ()) -> tuple:
+    """The mesh axes a spec replicates a value over (its unreduced axes are not, nor those an enclosing
+    ``vmap(..., spmd_axis_name=...)`` splits its batch over: JAX's ``_unmentioned2``)."""
+    mentioned = {name for names in spec for name in names} | _unreduced.spec_unreduced(spec) | set(spmd)
     return tuple((name, size) for name, size in axes if name not in mentioned)
 
 
 @weakref_lru_cache
 def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tuple, out_specs: tuple, axes: tuple,
-                     check_vma: bool, mesh):
+                     check_vma: bool, mesh, spmd: tuple = ()):
     """The body of the transposed map: residual blocks and cotangent blocks in, the cotangent blocks of the
     linear inputs out (psummed over the axes they are replicated along, under pmap's convention). Once per
     body and mask."""
@@ -675,7 +678,7 @@ def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tupl
                 continue
             if type(ct) is ad.Zero:
                 ct = ad.instantiate_zeros(ct)
-            replicated = [name for name, _ in _unmentioned(_unreduced.ct_spec(spec), axes)]  # an unnamed pmap axis too
+            replicated = [name for name, _ in _unmentioned(_unreduced.ct_spec(spec), axes, spmd)]  # pmap's axis too
             if not check_vma and replicated and ct.dtype != jax.dtypes.float0:
                 ct = jax.lax.psum(ct, tuple(replicated))
             out.append(ct)
@@ -700,12 +703,14 @@ def _ct_type(aval):
 def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params):
     undefined = tuple(ad.is_undefined_primal(x) for x in args)
     ct_specs = tuple(map(_unreduced.ct_spec, out_specs))  # a cotangent's spec: unreduced and reduced swapped
+    spmd = _spmd_names()
     if not check_vma:  # pmap's convention: an output replicated along some axes got their devices' cotangents
-        cts = [ct if type(ct) is ad.Zero or ct.dtype == jax.dtypes.float0 or not _unmentioned(spec, axes)
-               else ct / math.prod(size for _, size in _unmentioned(spec, axes))
+        cts = [ct if type(ct) is ad.Zero or ct.dtype == jax.dtypes.float0 or not _unmentioned(spec, axes, spmd)
+               else ct / math.prod(size for _, size in _unmentioned(spec, axes, spmd))
                for ct, spec in zip(cts, ct_specs, strict=True)]
     nonzero_cts = tuple(type(ct) is not ad.Zero for ct in cts)
-    body = _transposed_body(jaxpr, undefined, nonzero_cts, in_specs, out_specs, axes, check_vma, params.get("mesh"))
+    body = _transposed_body(jaxpr, undefined, nonzero_cts, in_specs, out_specs, axes, check_vma, params.get("mesh"),
+                            spmd)
     outs = spmdsim_map_p.bind(
         *(x for x, u in zip(args, undefined, strict=True) if not u),
         *(ct for ct, nz in zip(cts, nonzero_cts, strict=True) if nz), jaxpr=body, axes=axes,

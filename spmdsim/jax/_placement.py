@@ -171,12 +171,28 @@ def _placement(jaxpr, context, host, argument_meshes, typed: bool = False) -> tu
         if isinstance(v, ext_core.Literal):
             rules.append(otherwise)
         elif v in produced:
-            rules.append((typed and (_typed_sharding(v.aval, known) or _padded(produced[v], v.aval))) or produced[v])
+            rules.append(_jit_output(produced[v], v.aval, known) if typed else produced[v])
         elif v in inputs:
             rules.append(_Forwarded(inputs[v], mesh, otherwise))
         else:
             rules.append(_typed_sharding(v.aval, known) or otherwise)
     return rules, bool(unresolved) and argument_meshes is None
+
+
+def _jit_output(sharding, aval, meshes: list):
+    """A map's output handed back by a jitted program: the sharding its type names where the map's spec splits
+    it over Explicit axes only (a batch axis of ``vmap`` over an Explicit mesh axis shows there), else the map's
+    spec with every dimension (:func:`_padded`)."""
+    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
+    if spec is not None and mesh is not None:
+        types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
+        named = {n for part in spec.partitions if part is not None
+                 for n in (part if isinstance(part, tuple) else (part,))}
+        if all(types.get(n) == AxisType.Explicit for n in named):
+            typed = _typed_sharding(aval, meshes)
+            if typed is not None:
+                return typed
+    return _padded(sharding, aval) or sharding
 
 
 def _padded(sharding, aval):

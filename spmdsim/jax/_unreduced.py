@@ -161,8 +161,14 @@ def _coordinate(mesh, device, axes: tuple) -> int:
     return int(np.ravel_multi_index([where[names.index(n)] for n, _ in axes], [s for _, s in axes])) if axes else 0
 
 
+def sharding_axes(sharding) -> tuple:
+    """The (name, size) pairs of the mesh axes a NamedSharding is unreduced over, in mesh order."""
+    return _mesh_axes(sharding.mesh, sharding.spec.unreduced)
+
+
 def has_unreduced(x) -> bool:
-    spec = getattr(getattr(x, "sharding", None), "spec", None)
+    """Whether ``x`` (a NamedSharding, or a value with one) names unreduced axes."""
+    spec = getattr(x if hasattr(x, "spec") else getattr(x, "sharding", None), "spec", None)
     return bool(getattr(spec, "unreduced", None))
 
 
