@@ -46,10 +46,11 @@ __all__ = ["call", "runs_eagerly", "ShardMapTracer"]
 # -- JAX's configuration in the device threads ------------------------------------------------------------
 
 def _config_states() -> list:
-    """JAX's thread-local configuration (x64, matmul precision, ``jax.set_mesh``, ...), less the trace state,
-    axis environment and abstract mesh that a device's body gets from its map."""
+    """JAX's thread-local configuration (x64, matmul precision, ...), less the trace state, axis environment and
+    abstract mesh that a device's body gets from its map, and the concrete mesh of ``jax.set_mesh`` (the body's
+    values are spmdsim's; what JAX runs in a device thread, a host callback, runs outside it, as in XLA)."""
     own = {id(core.trace_state), id(core.trace_state_strong_ref), id(core.axis_env_state),
-           id(config.abstract_mesh_context_manager)}
+           id(config.abstract_mesh_context_manager), id(config.device_context), id(config.mesh_context_manager)}
     found = {id(s): s for s in (*config.config_states.values(), *vars(config).values())
              if isinstance(s, config.config_ext.Config) and id(s) not in own}
     return list(found.values())
@@ -275,18 +276,19 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
     values = [x.val if outer is not None else to_numpy(x) for x in args]
     in_dims = [_spec_dims(s, np.ndim(v)) for s, v in zip(in_specs, values, strict=True)]
     blocks = [_sharding.split(v, d, axes) for v, d in zip(values, in_dims, strict=True)]
-    in_varying = [_spec_axes(s) | (frozenset(x.aval.mat.varying) if outer is not None and check else frozenset())
-                  for s, x in zip(in_specs, args, strict=True)]
-    in_types = [core.typeof(x) if outer is None else x.aval for x in args]
     caller = _CallerConfig()
     env = [(name, size) for name, size in mesh.shape.items() if name in manual]
+    if outer is None:  # each block's type as JAX traces the body with it
+        in_types = [core.shard_aval(mesh, newly_manual, check, s, core.typeof(x)) for s, x in zip(in_specs, args)]
+    else:
+        in_types = [outer.aval(b.shape[1:], x.aval.dtype, x.aval.weak_type, _spec_axes(s) | (
+            frozenset(x.aval.mat.varying) if check else frozenset())) for b, s, x in zip(blocks, in_specs, args)]
 
     def device(i: int):
         trace = _DeviceTrace(mesh, manual, check, i, axes, outer, executor)
         with caller, core.set_current_trace(trace), core.extend_axis_env_nd(env), \
                 mesh_lib.use_abstract_mesh(trace.manual_mesh), config._check_vma(check):
-            tracers = [ShardMapTracer(trace, b[i], trace.aval(b.shape[1:], t.dtype, t.weak_type, v))
-                       for b, t, v in zip(blocks, in_types, in_varying, strict=True)]
+            tracers = [ShardMapTracer(trace, b[i], t) for b, t in zip(blocks, in_types, strict=True)]
             ans, out_specs = fun(*tracers).unpack_aux()
             outs = [trace.lift(x) for x in ans.vals]
         return ans, out_specs, [(o.val, o.aval) for o in outs]
@@ -308,6 +310,9 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
             for o, (_, a), s in zip(outs, first, out_specs, strict=True)])
     if set(mesh.axis_names) == manual:  # as JAX places them: by the out_specs as written
         shardings = [NamedSharding(mesh, spec) for spec in out_specs]
+    elif jax.sharding.AxisType.Explicit in mesh.axis_types:  # partial manual: by the type of the output
+        shardings = [NamedSharding(mesh, core.unshard_aval(mesh, check, spec, a).sharding.spec)
+                     for (_, a), spec in zip(first, out_specs, strict=True)]
     else:
         shardings = map_out_shardings(dict(api="shard_map", mesh=mesh, out_specs=out_dims), args)
     return ans.update([to_jax(o, a, s) for o, (_, a), s in zip(outs, first, shardings, strict=True)])
