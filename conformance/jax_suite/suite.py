@@ -410,9 +410,16 @@ OP_CAUSES = [
      "`tridiagonal_solve(perturb_singular=True)`: jaxlib's own kernel (ported in spmdsim/jax/_linalg.py)"),
     (r"DebugInfs|DebugNans|FloatingPointError not raised",
      "`jax_debug_infs`/`jax_debug_nans`: XLA's executable checks its results (plugin.route_execution does too)"),
-    (r"RandomOutShardingTest|should match the aval mesh",
-     "harness: results under an explicit mesh placed with the context mesh's axis types, not their type's "
-     "(plugin.route_execution places them by their type since: the 6 tests pass when run by themselves)"),
+    (r"RandomOutShardingTest|should match the aval mesh|Mesh for all inputs should be equal",
+     "harness: an eager result under an explicit mesh typed with Auto mesh axes (`random.bits(..., out_sharding=s)`"
+     " inside `jax.set_mesh`; 5 of 6 such tests fixed by placing results without dispatching a conversion)"),
+    (r"testBernoulliSmallProbabilty",
+     "time: 2 x 10^8 threefry samples in NumPy take longer than the op harness's 120 s per test on the loaded "
+     "2-core machine (JAX: 39 s); with a longer limit it passes"),
+    (r"testScanGrad_.*unroll0",
+     "numerics: `check_grads`' second-order finite differences in float32 (eps 1e-3) are noise-level; a few-ulp "
+     "difference in `sin` moves the estimate past rtol 0.5 (the first-order comparison and the other 15 scan "
+     "variants pass; JAX passes under every ISA cap)"),
     (r"testArrayCopy|testArrayExplicitDtypes",
      "harness: a result aliasing its operand's buffer (`jit(jnp.asarray)`), int64 under "
      "`explicit_x64_dtypes('allow')` canonicalised (plugin.route_execution copies and keeps them)"),
