@@ -280,15 +280,16 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
     env = [(name, size) for name, size in mesh.shape.items() if name in manual]
     if outer is None:  # each block's type as JAX traces the body with it
         in_types = [core.shard_aval(mesh, newly_manual, check, s, core.typeof(x)) for s, x in zip(in_specs, args)]
-    else:
-        in_types = [outer.aval(b.shape[1:], x.aval.dtype, x.aval.weak_type, _spec_axes(s) | (
-            frozenset(x.aval.mat.varying) if check else frozenset())) for b, s, x in zip(blocks, in_specs, args)]
 
     def device(i: int):
         trace = _DeviceTrace(mesh, manual, check, i, axes, outer, executor)
+        types = in_types if outer is None else [
+            trace.aval(b.shape[1:], x.aval.dtype, x.aval.weak_type,
+                       _spec_axes(s) | (frozenset(x.aval.mat.varying) if check else frozenset()))
+            for b, s, x in zip(blocks, in_specs, args)]
         with caller, core.set_current_trace(trace), core.extend_axis_env_nd(env), \
                 mesh_lib.use_abstract_mesh(trace.manual_mesh), config._check_vma(check):
-            tracers = [ShardMapTracer(trace, b[i], t) for b, t in zip(blocks, in_types, strict=True)]
+            tracers = [ShardMapTracer(trace, b[i], t) for b, t in zip(blocks, types, strict=True)]
             ans, out_specs = fun(*tracers).unpack_aux()
             outs = [trace.lift(x) for x in ans.vals]
         return ans, out_specs, [(o.val, o.aval) for o in outs]
