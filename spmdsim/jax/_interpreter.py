@@ -137,7 +137,7 @@ class Executor:
         if self is PER_DEVICE or self is REFERENCE:  # values outside maps may be unreduced (see ._unreduced)
             from spmdsim.jax import _unreduced
             if _unreduced.involved(eqn, operands):
-                return _unreduced.apply(self, eqn, operands, self._apply)
+                return _unreduced.apply(self, eqn, operands, self._apply, eval_jaxpr)
         return self._apply(eqn, operands)
 
     def _apply(self, eqn, operands: list):

@@ -243,8 +243,8 @@ def partials_body(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, trace):
 
 # -- equations on unreduced values outside maps -------------------------------------------------------------
 
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call",
-          "custom_vjp_call_jaxpr")
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "call", "remat", "checkpoint", "custom_jvp_call",
+          "custom_vjp_call", "custom_vjp_call_jaxpr")
 # Applied to each partial: linear in the one unreduced operand, the others' values the same on every device.
 _PER_PARTIAL = {"neg", "copy", "copy_p", "convert_element_type", "reshape", "broadcast_in_dim", "transpose", "squeeze",
                 "expand_dims", "reduce_sum", "slice", "dynamic_slice", "rev", "pad", "real", "imag", "conj",
@@ -293,13 +293,13 @@ def involved(eqn, operands) -> bool:
     return False
 
 
-def apply(ex, eqn, operands: list, plain):
+def apply(ex, eqn, operands: list, plain, eval_jaxpr):
     """The results of ``eqn`` (outside any map) on operands some of which are :class:`Unreduced`; ``plain(eqn,
-    operands)``: the executor's own evaluation of it on plain values."""
+    operands)``: the executor's own evaluation of it on plain values; ``eval_jaxpr``: the interpreter's reference
+    loop, for the equations of a call (passed in: this module is below the interpreter, which imports it)."""
     name = eqn.primitive.name
     sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")) if name in _CALLS else None
     if sub is not None:  # its equations through this loop too (the compiled form knows no unreduced values)
-        from spmdsim.jax._interpreter import eval_jaxpr
         inner, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
         outs = eval_jaxpr(inner, consts, *operands[:len(inner.invars)], executor=ex)
         return outs if eqn.primitive.multiple_results else outs[0]
