@@ -272,9 +272,12 @@ def _into_dead_call(step: _Step, executor: Executor, last_use: dict, k: int) -> 
     """For an equation computed by one NumPy ufunc (its per-device rule's specialization; the vectorized rule
     being that rule on the stacked operands), with a result of at least ``_IN_PLACE_ELEMENTS`` elements and an
     operand that dies at it: the call :func:`_into_dead` and that operand's position, else None."""
-    eqn, expected = step.eqn, step.expected[0]
+    eqn = step.eqn
     if step.higher or step.operands_tuple or len(step.eqns) > 1 or step.multiple or step.call is None \
-            or expected is None or np.prod(expected[0]) < _IN_PLACE_ELEMENTS:
+            or len(step.expected) != 1 or step.expected[0] is None:
+        return None
+    expected = step.expected[0]
+    if np.prod(expected[0]) < _IN_PLACE_ELEMENTS:
         return None
     rule = PER_DEVICE.get(eqn.primitive.name)
     specializer = getattr(rule, "specialize", None)
