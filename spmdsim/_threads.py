@@ -23,12 +23,15 @@ switch and the call around it cheap:
 - **Freed memory reused.** Each device allocates fresh NumPy results, and returning that memory to the OS
   only to fault it in again costs more than the arithmetic on a VM (1-3 µs per 4 KiB page here): a
   transformer step with threads faulted in ~260 MB per step (13% of its CPU time in the kernel), CNN steps 20%.
-  XLA's allocator keeps its buffers. At import, glibc's malloc is set (:func:`_keep_freed_memory`) to serve
+  XLA's allocator keeps its buffers. Under ``spmdsim run`` (a process spmdsim owns), and in any process with
+  ``SPMDSIM_MALLOC=1``, glibc's malloc is set (:func:`keep_freed_memory`) to serve
   allocations below 32 MiB from its heap (glibc's own ceiling for its adaptive threshold, reached at once), to
   keep up to 256 MiB of freed memory at the top of the heap, and to keep every thread on that one heap (device
   threads run one at a time, holding the GIL while they allocate; glibc gives each thread a heap of its own, of
   at most 64 MiB, unmapped and mapped again as the devices' arrays come and go: with two heaps the transformer
-  still faulted ~30,000 pages per step). Set at import: threads that allocated before keep their heaps. Results
+  still faulted ~30,000 pages per step). Set when ``spmdsim run`` starts, before the script (or at import with
+  ``SPMDSIM_MALLOC=1``): threads that allocated before keep their heaps. A plain ``import spmdsim`` leaves the
+  process's allocator as it is (a library does not change it for everything else in the process). Results
   are unchanged; page faults per step went from ~65,000 to ~0 (the transformer with threads) and from ~20,000
   to ~70 (the CNN; arrays of 32 MiB and more, as the vectorized MLP's, are still mapped afresh). Not where the
   user set malloc's own tunables (``MALLOC_*`` or ``GLIBC_TUNABLES`` in the environment), or with
@@ -73,9 +76,11 @@ def _pinned_cpu() -> set | None:
     return {min(allowed)} if len(allowed) > 1 else None
 
 
-def _keep_freed_memory() -> None:
-    """glibc's malloc tuned as the module docstring says; nothing where it does not apply."""
-    if os.environ.get("SPMDSIM_MALLOC", "1") == "0" or "GLIBC_TUNABLES" in os.environ \
+def keep_freed_memory(default: bool = True) -> None:
+    """glibc's malloc tuned as the module docstring says, where ``default`` (``SPMDSIM_MALLOC=1``/``0`` decide
+    instead when set); nothing where it does not apply."""
+    chosen = os.environ.get("SPMDSIM_MALLOC")
+    if not (default if chosen is None else chosen == "1") or "GLIBC_TUNABLES" in os.environ \
             or any(name.startswith("MALLOC_") for name in os.environ):
         return
     try:
@@ -90,7 +95,7 @@ def _keep_freed_memory() -> None:
         mallopt(parameter, value)
 
 
-_keep_freed_memory()
+keep_freed_memory(default=False)  # in-process: only on request (spmdsim run asks, see jax/_run.py)
 _CPU = _pinned_cpu()
 _ALLOWED = os.sched_getaffinity(0) if _CPU is not None else None
 

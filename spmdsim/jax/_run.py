@@ -16,7 +16,7 @@ import sys
 from typing import Callable
 
 import spmdsim
-from spmdsim import hosts
+from spmdsim import _threads, hosts
 from spmdsim._script import check_program, run_program, split_argv
 from spmdsim.cli import ArgumentParser, UsageError, positive_int
 
@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(host, int):  # this process launched the hosts, or ran one as its child: done
         return host
     from spmdsim.jax._patch import patched_jax
+
+    _threads.keep_freed_memory()  # this process is spmdsim's: freed memory kept for reuse (see spmdsim._threads)
 
     if host is None or host.index == 0:
         as_hosts = "" if host is None else \
