@@ -187,3 +187,22 @@ def test_an_error_names_the_device_and_line_and_leaves_no_device_waiting(executo
     assert any(entry.path.name == "test_eager_shard_map.py" and "raise RuntimeError" in str(entry.statement)
                for entry in info.traceback)
     np.testing.assert_array_equal(np.asarray(f(-jnp.arange(8.0))), -np.array([12.0, 16.0]))
+
+
+@pytest.mark.parametrize("manual", ["x", "y"])
+def test_partial_manual_output_placed_as_jax_places_it(manual):
+    """shard_map_test's ``test_smap_auto_explicit``: an eager partial-manual map on a mesh with an Explicit axis
+    ('x') and an Auto one ('y'): the output is split by its type's Explicit axes and by the manual axis as written
+    (``P('y')`` for a map over the Auto axis 'y')."""
+    from jax.sharding import AxisType, NamedSharding
+
+    mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    results = {}
+    with jax.set_mesh(mesh):
+        arr = jax.device_put(np.arange(4), P(manual))
+        for name, shard_map in both("threads"):
+            f = shard_map(lambda b: b * 2, in_specs=P(manual), out_specs=P(manual), axis_names={manual})
+            results[name] = f(arr)
+    assert results["jax"].sharding == NamedSharding(mesh, P(manual))
+    assert results["spmdsim"].sharding == results["jax"].sharding
+    np.testing.assert_array_equal(np.asarray(results["spmdsim"]), np.arange(4) * 2)

@@ -311,12 +311,27 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
             for o, (_, a), s in zip(outs, first, out_specs, strict=True)])
     if set(mesh.axis_names) == manual:  # as JAX places them: by the out_specs as written
         shardings = [NamedSharding(mesh, spec) for spec in out_specs]
-    elif jax.sharding.AxisType.Explicit in mesh.axis_types:  # partial manual: by the type of the output
-        shardings = [NamedSharding(mesh, core.unshard_aval(mesh, check, spec, a).sharding.spec)
-                     for (_, a), spec in zip(first, out_specs, strict=True)]
+    elif jax.sharding.AxisType.Explicit in mesh.axis_types:  # partial manual: the output's type's Explicit axes,
+        shardings = [NamedSharding(mesh, _merged(core.unshard_aval(mesh, check, spec, a).sharding.spec, spec))
+                     for (_, a), spec in zip(first, out_specs, strict=True)]  # and the manual axes as written
     else:
         shardings = map_out_shardings(dict(api="shard_map", mesh=mesh, out_specs=out_dims), args)
     return ans.update([to_jax(o, a, s) for o, (_, a), s in zip(outs, first, shardings, strict=True)])
+
+
+def _merged(typed, written) -> PartitionSpec:
+    """Per dimension, the mesh axes of ``typed`` then those of ``written`` not among them (a partial-manual map
+    over an Auto axis of a mesh with Explicit ones: JAX's result is split by both, ``P('y')`` for a map over
+    ``'y'``)."""
+    def names(part) -> tuple:
+        return () if part is None else part if isinstance(part, tuple) else (part,)
+    dims = max(len(typed), len(written))
+    parts = []
+    for d in range(dims):
+        both = tuple(dict.fromkeys((*names(typed[d] if d < len(typed) else None),
+                                    *names(written[d] if d < len(written) else None))))
+        parts.append(None if not both else both[0] if len(both) == 1 else both)
+    return PartitionSpec(*parts)
 
 
 def _spec_axes(spec) -> frozenset:
