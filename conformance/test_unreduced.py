@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import spmdsim.jax as sj
 from spmdsim.jax._shard_map import jit_for
 
 pytestmark = pytest.mark.area("shard_map under transformations")
@@ -231,3 +232,27 @@ def test_unreduced_over_one_axis_of_two_and_a_contraction_into_unreduced_outside
             return jit(g)
 
         _both(program, executor, a, b)
+
+
+def test_eager_maps_with_unreduced_and_reduced_specs(mesh):
+    """shard_map_test's ``test_eager_unreduced_in/out`` and ``test_eager_reduced_in``: an un-jitted map (spmdsim's
+    eager path) splits an unreduced input into its partials and hands an unreduced output back with JAX's buffers;
+    a reduced input's cotangent is unreduced (JAX writes its spec out in full in its own test, ``P(None,
+    unreduced={'x'})``, as spmdsim does; here JAX gives the equivalent ``P(unreduced={'x'})``)."""
+    x = jax.device_put(jnp.asarray(_values(16, 3)), P("x"))
+    results = {}
+    for name, shard_map in (("jax", jax.shard_map), ("spmdsim", sj.shard_map)):
+        to_partials = shard_map(lambda v: jax.lax.pcast(v, "x", to="unreduced"), out_specs=P(unreduced={"x"}))
+        scatter = shard_map(lambda u: jax.lax.psum_scatter(u, "x", tiled=True), in_specs=P(unreduced={"x"}),
+                            out_specs=P("x"))
+        vary = shard_map(lambda r: jax.lax.pcast(r, "x", to="varying"), in_specs=P(reduced={"x"}),
+                         out_specs=P("x"))
+        u = to_partials(x)
+        r = jax.device_put(jnp.asarray(_values(8, 4)), P(reduced={"x"}))
+        grad = jax.grad(lambda a: vary(a).sum())(r)
+        results[name] = (u, scatter(u), grad)
+    for ours, theirs in zip(results["spmdsim"][:2], results["jax"][:2], strict=True):
+        _same(ours, theirs)
+    ours, theirs = results["spmdsim"][2], results["jax"][2]  # the cotangent: its spec is written out in full by
+    assert ours.sharding.is_equivalent_to(theirs.sharding, 1)  # JAX here (P(None, unreduced=...)), not always
+    np.testing.assert_array_equal(np.asarray(jax.reshard(ours, P())), np.asarray(jax.reshard(theirs, P())))

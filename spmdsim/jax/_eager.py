@@ -34,7 +34,7 @@ from jax._src import shard_map as jax_shard_map
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spmdsim import _runtime, _sharding
-from spmdsim.jax import _dtypes
+from spmdsim.jax import _dtypes, _unreduced
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, eval_jaxpr
 from spmdsim.jax._map import _numpy_spec, to_jax, to_numpy
 from spmdsim.jax._placement import map_out_shardings
@@ -275,7 +275,7 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
     manual = newly_manual | (outer.manual if outer is not None else frozenset())
     values = [x.val if outer is not None else to_numpy(x) for x in args]
     in_dims = [_spec_dims(s, np.ndim(v)) for s, v in zip(in_specs, values, strict=True)]
-    blocks = [_sharding.split(v, d, axes) for v, d in zip(values, in_dims, strict=True)]
+    blocks = [_unreduced.split_blocks(v, d, axes) for v, d in zip(values, in_dims, strict=True)]
     caller = _CallerConfig()
     env = [(name, size) for name, size in mesh.shape.items() if name in manual]
     if outer is None:  # each block's type as JAX traces the body with it
@@ -302,7 +302,7 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
     if check:  # (a nested map is checked on the mesh as JAX sees it there: the outer map's axes manual)
         jax_shard_map._check_mats(mesh if outer is None else outer.manual_mesh, out_specs, out_avals)
     out_dims = tuple(_spec_dims(s, len(a.shape)) for s, a in zip(out_specs, out_avals.vals, strict=True))
-    outs = [_sharding.assemble(np.stack([d[2][k][0] for d in per_device]), _numpy_spec(dims, a), axes)
+    outs = [_unreduced.assemble_blocks(np.stack([d[2][k][0] for d in per_device]), _numpy_spec(dims, a), axes)
             for k, (dims, a) in enumerate(zip(out_dims, out_avals.vals, strict=True))]
     if outer is not None:
         return ans.update([
@@ -335,7 +335,7 @@ def _merged(typed, written) -> PartitionSpec:
 
 
 def _spec_axes(spec) -> frozenset:
-    return frozenset(name for part in spec if part is not None
+    return frozenset(name for part in getattr(spec, "partitions", spec) if part is not None
                      for name in (part if isinstance(part, tuple) else (part,)))
 
 

@@ -86,12 +86,13 @@ def ct_spec(spec):
 
 
 def partition_spec(dims, name=lambda n: n):
-    """A spec as JAX's ``PartitionSpec`` (trailing unsplit dimensions dropped), with its unreduced and reduced
-    axes."""
+    """A spec as JAX's ``PartitionSpec``, with its unreduced and reduced axes: trailing unsplit dimensions dropped,
+    except in a spec with unreduced or reduced axes, which JAX writes out in full (``P(None, unreduced={'x'})``,
+    as JAX derives it from the value's type)."""
     import jax
     parts = [None if not names else name(names[0]) if len(names) == 1 else tuple(map(name, names))
              for names in dims]
-    while parts and parts[-1] is None:
+    while parts and parts[-1] is None and not (spec_unreduced(dims) or spec_reduced(dims)):
         parts.pop()
     return jax.sharding.PartitionSpec(*parts, unreduced=frozenset(map(name, spec_unreduced(dims))),
                                       reduced=frozenset(map(name, spec_reduced(dims))))
