@@ -109,6 +109,9 @@ def to_jax(arr: np.ndarray, aval, sharding=None) -> jax.Array:
         out, sharding = jax.random.wrap_key_data(arr, impl=aval.dtype), key_sharding  # (a key array's own rank)
     else:
         out = jax.numpy.asarray(arr)
+        if aval.weak_type:  # as the fast put makes it (jnp.asarray of an array makes no weak type)
+            from jax._src.lax import lax as lax_internal
+            out = lax_internal._convert_element_type(out, weak_type=True)
     return out if sharding is None else jax.device_put(out, sharding)
 
 
