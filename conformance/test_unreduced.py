@@ -38,6 +38,15 @@ def _buffers(x):
     return {s.device.id: np.asarray(s.data) for s in x.addressable_shards}
 
 
+def _partials_then_scatter(jit, shard_map=jax.shard_map, check_vma=True):
+    """``(partial_sums, scatter)``: a map making each device's block its partial (``out_specs`` unreduced over x),
+    and one taking such partials in and scattering their sum (``psum_scatter``), each wrapped in ``jit``."""
+    partial_sums = jit(shard_map(lambda v: jax.lax.pcast(v, "x", to="unreduced"), out_specs=P(unreduced={"x"})))
+    scatter = jit(shard_map(lambda u: jax.lax.psum_scatter(u, "x", tiled=True), in_specs=P(unreduced={"x"}),
+                            out_specs=P("x"), check_vma=check_vma))
+    return partial_sums, scatter
+
+
 def _same(ours, theirs):
     assert ours.sharding == theirs.sharding
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
@@ -80,15 +89,7 @@ def test_unreduced_in_specs_take_each_devices_partial(mesh, executor):
     x = jax.device_put(jnp.asarray(_values(16, 1)), P("x"))
 
     def program(jit):
-        @jit
-        @jax.shard_map(out_specs=P(unreduced={"x"}))
-        def partial_sums(v):
-            return jax.lax.pcast(v, "x", to="unreduced")
-
-        @jit
-        @jax.shard_map(in_specs=P(unreduced={"x"}), out_specs=P("x"))
-        def scatter(u):
-            return jax.lax.psum_scatter(u, "x", tiled=True)
+        partial_sums, scatter = _partials_then_scatter(jit)
 
         @jit
         @jax.shard_map(in_specs=P(unreduced={"x"}), out_specs=P())
@@ -155,15 +156,7 @@ def test_check_vma_false_unreduced_in_spec_keeps_its_partials(mesh):
     x = jax.device_put(jnp.asarray(_values(16, 7)), P("x"))
 
     def program(jit):
-        @jit
-        @jax.shard_map(out_specs=P(unreduced={"x"}))
-        def partial_sums(v):
-            return jax.lax.pcast(v, "x", to="unreduced")
-
-        @jit
-        @jax.shard_map(in_specs=P(unreduced={"x"}), out_specs=P("x"), check_vma=False)
-        def scatter(u):
-            return jax.lax.psum_scatter(u, "x", tiled=True)
+        partial_sums, scatter = _partials_then_scatter(jit, check_vma=False)
 
         return lambda v: scatter(partial_sums(v))
 
@@ -242,9 +235,7 @@ def test_eager_maps_with_unreduced_and_reduced_specs(mesh):
     x = jax.device_put(jnp.asarray(_values(16, 3)), P("x"))
     results = {}
     for name, shard_map in (("jax", jax.shard_map), ("spmdsim", sj.shard_map)):
-        to_partials = shard_map(lambda v: jax.lax.pcast(v, "x", to="unreduced"), out_specs=P(unreduced={"x"}))
-        scatter = shard_map(lambda u: jax.lax.psum_scatter(u, "x", tiled=True), in_specs=P(unreduced={"x"}),
-                            out_specs=P("x"))
+        to_partials, scatter = _partials_then_scatter(lambda f: f, shard_map)  # eager: not jitted
         vary = shard_map(lambda r: jax.lax.pcast(r, "x", to="varying"), in_specs=P(reduced={"x"}),
                          out_specs=P("x"))
         u = to_partials(x)
