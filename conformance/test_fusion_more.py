@@ -111,3 +111,37 @@ def test_a_shared_operand_is_not_written_into():
     out = np.asarray(sj.pmap(lambda a: (a + 3.0) * 2.0, executor="vectorized")(x))
     np.testing.assert_array_equal(out, (kept + np.float32(3.0)) * np.float32(2.0))
     assert x.tobytes() == kept.tobytes()
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_fused_multiply_add_writes_into_an_operand_that_dies(executor, monkeypatch):
+    """XLA:CPU's contracted ``a * 0.5 + y`` (``xla_cpu_fma``) writes into the product ``a``, which dies there and
+    only the program holds; the caller's ``y`` is never written. Bit for bit the reference loop's result."""
+    from spmdsim.jax import _xla_cpu_math
+    into = []
+    rounded_once = _xla_cpu_math.rounded_once
+
+    def counted(*args, out=None, **kwargs):
+        into.append(out is not None and any(np.shares_memory(out, a) for a in args))
+        return rounded_once(*args, out=out, **kwargs)
+    monkeypatch.setattr(_xla_cpu_math, "rounded_once", counted)
+
+    def program(x, y):  # products between the multiply-adds: each its own equation, not a fused run
+        eye = jnp.eye(1024, dtype=x.dtype)
+        b = jnp.dot(x, eye) * 0.5 + y
+        return jnp.dot(b, eye), y * 0.25 + x
+
+    x, y = _data(3)
+    x0, y0 = x.copy(), y.copy()
+    got = [np.asarray(o) for o in sj.pmap(program, executor=executor)(x, y)]
+    assert any(into) and not all(into)  # the product was written into; the caller's x and y were not
+    assert x.tobytes() == x0.tobytes() and y.tobytes() == y0.tobytes()
+    monkeypatch.setattr(_xla_cpu_math, "rounded_once", rounded_once)
+    saved, Vectorized.compiled = Vectorized.compiled, False
+    try:
+        reference = [np.asarray(o) for o in sj.pmap(program, executor="reference" if executor == "threads"
+                                                     else "vectorized")(x, y)]
+    finally:
+        Vectorized.compiled = saved
+    for g, r in zip(got, reference, strict=True):
+        assert g.tobytes() == r.tobytes()

@@ -90,3 +90,77 @@ def test_kernel_parts_raise_the_first_error_and_keep_the_callers_error_state():
             _threads.in_parallel(overflowing, 4, cpus=2)  # no warning in any part
         with np.errstate(over="raise"), pytest.raises(FloatingPointError):
             _threads.in_parallel(overflowing, 4, cpus=2)
+
+
+@pytest.mark.parametrize("shapes", [((9, 1024, 128), (), (9, 1024, 128)), ((8, 300, 300), (), (8, 1, 1)),
+                                    ((3, 1, 70000), (70000,), (3, 5, 70000)), ((5,), (), (5,))], ids=str)
+def test_rounded_once_into_an_operand_and_from_broadcast_views(shapes):
+    """``out=`` one of the operands (each block read before it is written) and operands that are broadcast views
+    of a replicated value (read as the one array they are) give float64 arithmetic rounded once, as above."""
+    rng = np.random.default_rng(7)
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    shape = np.broadcast_shapes(*shapes)
+    expected = (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+    if c.shape == shape:
+        into = c.copy()
+        got = _xla_cpu_math.rounded_once(a, b, into, out=into)
+        assert got is into
+        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    replicated = [np.broadcast_to(x[:1], x.shape) if x.ndim and x.shape[0] > 1 else x for x in (a, b, c)]
+    expected = np.broadcast_to(
+        replicated[0].astype(np.float64) * replicated[1].astype(np.float64) + replicated[2].astype(np.float64),
+        shape).astype(np.float32)
+    got = _xla_cpu_math.rounded_once(*replicated)
+    assert got.shape == shape
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    with pytest.raises(ValueError, match="out must be a C-contiguous float32"):
+        _xla_cpu_math.rounded_once(a, b, c, out=np.empty(shape, np.float16))
+
+
+def _xla_max(row: np.ndarray, largest: bool):
+    """One row's max (min) as XLA orders floats: the first NaN if there is one, else the extremum with -0.0 below
+    +0.0 (Python's sort key, element by element)."""
+    for v in row:
+        if np.isnan(v):
+            return v
+    def key(v):
+        return float(v), not np.signbit(v)
+    return max(row, key=key) if largest else min(row, key=key)
+
+
+@pytest.mark.parametrize("name", ["reduce_max", "reduce_min"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float_max_and_min_reductions_order_signed_zeros_and_keep_the_first_nan(name, dtype):
+    from spmdsim.jax._numpy_rules import PER_DEVICE
+    rng = np.random.default_rng(3)
+    special = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 2.5], dtype)
+    nans = np.array([0x7FC00001, 0xFFC00002, 0x7FC00003], np.uint32).view(np.float32).astype(dtype)
+    x = rng.choice(np.concatenate([special, nans]), (6, 40, 17)).astype(dtype)
+    x[:, :20] = rng.choice(special[:2], (6, 20, 17))  # rows of zeros of both signs
+    x[0, 20:] = -0.0
+    x[1, 20:] = rng.choice(special[:2], (20, 17))
+    rule = PER_DEVICE[name]
+    for axes in [(1,), (0, 1), (2,), (0, 2)]:
+        with np.errstate(invalid="ignore"):  # NaN + NaN in the fold of the NaN rows (the executors ignore it)
+            got = rule(x, axes=axes)
+        kept = [d for d in range(3) if d not in axes]
+        rows = np.transpose(x, kept + list(axes)).reshape(*(x.shape[d] for d in kept), -1)
+        expected = np.array([_xla_max(r, name == "reduce_max") for r in rows.reshape(-1, rows.shape[-1])],
+                            dtype).reshape(rows.shape[:-1])
+        assert got.dtype == dtype and got.shape == expected.shape
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+
+
+@pytest.mark.parametrize("shape,axes", [((8, 1024, 256), (0, 1)), ((4, 8, 128, 256), (1, 2)),
+                                        ((3, 70, 129, 65), (1, 2)), ((2, 200, 300), (1,))], ids=str)
+def test_sums_over_leading_axes_transpose_by_tiles(shape, axes):
+    """The operand of a sum over consecutive axes is moved to ``(kept..., R)`` tile by tile: the same array as
+    NumPy's transposed copy, so every sum adds the same values in the same order."""
+    from spmdsim.jax._numpy_rules import PER_DEVICE, _canonical
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    kept = [d for d in range(len(shape)) if d not in axes]
+    moved = np.ascontiguousarray(np.transpose(x, kept + list(axes))).reshape(*(shape[d] for d in kept), -1)
+    got = _canonical(x, axes)
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, moved)
+    np.testing.assert_array_equal(PER_DEVICE["reduce_sum"](x, axes=axes), np.add.reduce(moved, axis=-1))

@@ -270,8 +270,9 @@ _IN_PLACE_ELEMENTS = 1 << 16  # smaller results: a fresh array costs less than t
 
 def _into_dead_call(step: _Step, executor: Executor, last_use: dict, k: int) -> tuple[Callable, int] | None:
     """For an equation computed by one NumPy ufunc (its per-device rule's specialization; the vectorized rule
-    being that rule on the stacked operands), with a result of at least ``_IN_PLACE_ELEMENTS`` elements and an
-    operand that dies at it: the call :func:`_into_dead` and that operand's position, else None."""
+    being that rule on the stacked operands) or by a rule of ``_WRITES_OUT``, with a result of at least
+    ``_IN_PLACE_ELEMENTS`` elements and an operand that dies at it: the call :func:`_into_dead` and that operand's
+    position, else None."""
     eqn = step.eqn
     if step.higher or step.operands_tuple or len(step.eqns) > 1 or step.multiple or step.call is None \
             or len(step.expected) != 1 or step.expected[0] is None:
@@ -279,20 +280,28 @@ def _into_dead_call(step: _Step, executor: Executor, last_use: dict, k: int) -> 
     expected = step.expected[0]
     if np.prod(expected[0]) < _IN_PLACE_ELEMENTS:
         return None
-    rule = PER_DEVICE.get(eqn.primitive.name)
-    specializer = getattr(rule, "specialize", None)
-    ufunc = specializer(eqn) if specializer is not None else None
-    if not isinstance(ufunc, np.ufunc) or ufunc.nout != 1 or ufunc.nin != len(step.operands):
-        return None
     vectorized = executor.rules is not PER_DEVICE
-    if vectorized and not _stacks(executor.rules.get(eqn.primitive.name), rule):
-        return None
+    if eqn.primitive.name in _WRITES_OUT:
+        ufunc = None  # the rule itself, given out=
+    else:
+        rule = PER_DEVICE.get(eqn.primitive.name)
+        specializer = getattr(rule, "specialize", None)
+        ufunc = specializer(eqn) if specializer is not None else None
+        if not isinstance(ufunc, np.ufunc) or ufunc.nout != 1 or ufunc.nin != len(step.operands):
+            return None
+        if vectorized and not _stacks(executor.rules.get(eqn.primitive.name), rule):
+            return None
     position = next((j for j, (constant, v) in enumerate(step.operands) if not constant and last_use.get(v) == k),
                     None)
     if position is None:
         return None
     plan = (step.call, position, *expected, len(expected[0]) if vectorized else None)
     return functools.partial(_into_dead, plan, ufunc), position
+
+
+# Primitives whose rules (both executors') take ``out=``, an array of the result's shape and dtype that may be one
+# of the operands: each element (or block) of it is read before it is written.
+_WRITES_OUT = {"xla_cpu_fma"}
 
 
 def _stacks(vectorized_rule, rule) -> bool:
@@ -304,16 +313,19 @@ def _stacks(vectorized_rule, rule) -> bool:
 _STACKED_CODE = elementwise_vectorized(None).__code__
 
 
-def _into_dead(plan: tuple, ufunc: np.ufunc, operand, *rest):
+def _into_dead(plan: tuple, ufunc: np.ufunc | None, operand, *rest):
     """The equation's ufunc written into ``operand``, which dies at it, where nothing but the program's dead
     local holds it (as :func:`_donating` checks) and it has the result's shape and dtype; else the step's call.
     ``rest``: the other operands in order; ``plan``: the step's call, ``operand``'s position, the result's shape
-    and dtype, and the vectorized executor's rank (its per-device scalars broadcast as ``(n, 1, ...)``) or None.
-    The same values either way: a ufunc computes each element from the operands' elements at its index, and
-    NumPy buffers an operand that overlaps the output otherwise."""
+    and dtype, and the vectorized executor's rank (its per-device scalars broadcast as ``(n, 1, ...)``) or None;
+    ``ufunc`` None: the step's call given ``out=operand`` (a rule of ``_WRITES_OUT``). The same values either way:
+    a ufunc computes each element from the operands' elements at its index, and NumPy buffers an operand that
+    overlaps the output otherwise."""
     call, position, shape, dtype, rank = plan
     if sys.getrefcount(operand) <= _UNSHARED and type(operand) is np.ndarray and operand.shape == shape \
             and operand.dtype == dtype and _fusion.writable_alone(operand):
+        if ufunc is None:  # a rule of _WRITES_OUT
+            return call(*rest[:position], operand, *rest[position:], out=operand)
         if rank is not None:
             rest = [expand_to(x, rank) for x in rest]
         return ufunc(*rest[:position], operand, *rest[position:], out=operand)

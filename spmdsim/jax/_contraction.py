@@ -153,12 +153,13 @@ def _contract(jaxpr):
 
 
 @per_device("xla_cpu_fma")
-def _fma(a, b, c, *, negate_product: bool, negate_addend: bool):
+def _fma(a, b, c, *, negate_product: bool, negate_addend: bool, out=None):
     """``±a * b ± c`` rounded once, in the operands' dtype (float32 or float16): the product of two such values
     is exact in float64, and so is the sum of float16 values; a float32 sum is rounded to float64 first, which
-    differs from one rounding in about one case in 2**29 (as :func:`._xla_cpu_math.fma`)."""
+    differs from one rounding in about one case in 2**29 (as :func:`._xla_cpu_math.fma`). ``out``: an array of
+    the result's shape and dtype to write into, possibly an operand (``_compiled`` gives one that dies here)."""
     return _xla_cpu_math.rounded_once(a, b, c, np.result_type(a, b, c), negate_product=negate_product,
-                                      negate_addend=negate_addend)
+                                      negate_addend=negate_addend, out=out)
 
 
 @vectorized("xla_cpu_fma")

@@ -41,14 +41,23 @@ _CHUNK = 1 << 15  # elements of a float64 temporary that stay in a core's cache
 _PARALLEL = 1 << 20  # a fused multiply-add this large uses every CPU (see spmdsim._threads.in_parallel)
 
 
-def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_addend: bool = False) -> np.ndarray:
+def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_addend: bool = False,
+                 out: np.ndarray | None = None) -> np.ndarray:
     """``±a * b ± c`` computed in float64 and rounded to ``dtype`` (float32 or float16) once: a fused multiply-add
     (the product of two float32 or float16 values is exact in float64; a float32 sum is rounded to float64 first,
     which differs from one rounding in about one case in 2**29). Operands broadcast. The float64 product lives in
-    a cache-sized temporary, a block at a time: 3-5x faster than float64 copies of large operands."""
+    a cache-sized temporary, a block at a time: 3-5x faster than float64 copies of large operands. ``out``: a
+    C-contiguous array of the result's shape and ``dtype`` to write into; it may be one of the operands (each
+    block of it is read before it is written)."""
     ops = [np.asarray(x) for x in (a, b, c)]
-    shape = np.broadcast_shapes(*(x.shape for x in ops))
-    out = np.empty(shape, dtype)
+    shapes = {x.shape for x in ops if x.ndim}
+    shape = next(iter(shapes)) if len(shapes) == 1 else np.broadcast_shapes(*(x.shape for x in ops))
+    ops = [_unbroadcast(x) for x in ops]
+    if out is None:
+        out = _threads.touched(shape, dtype) if math.prod(shape) >= _PARALLEL else np.empty(shape, dtype)
+    elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"rounded_once: out must be a C-contiguous {np.dtype(dtype)}{list(shape)} array, got "
+                         f"{out.dtype}{list(out.shape)}")
     combine = np.subtract if negate_addend else np.add
 
     def compute(x, y, z, temp, target) -> None:  # target = ±x * y ± z, through the float64 temp
@@ -94,6 +103,15 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
     else:
         work(0, count)
     return out
+
+
+def _unbroadcast(x: np.ndarray) -> np.ndarray:
+    """``x`` with each axis it repeats (stride 0: a broadcast view, as a replicated value stacked over the devices)
+    cut to length 1: the same values once broadcast again, and read as the one array they are (a reshape of the
+    broadcast view would copy it)."""
+    if 0 in x.strides and x.size > 1:
+        return x[tuple(slice(0, 1) if stride == 0 and n > 1 else slice(None) for n, stride in zip(x.shape, x.strides))]
+    return x
 
 
 def _flat_split(ops: list, shape: tuple) -> int | None:
@@ -165,9 +183,10 @@ _BLOCK = 1 << 14  # elements per block of a function below: its temporaries stay
 
 
 def _blockwise(fn):
-    """``fn`` (elementwise, one operand) on a large array a block of ``_BLOCK`` elements at a time, the blocks
-    spread over the CPUs (:func:`spmdsim._threads.in_parallel`): each of its dozen or more steps then reads and
-    writes cache instead of memory. Every element's result is the same."""
+    """``fn`` (elementwise, one operand) on a large array a block of ``_BLOCK`` elements at a time, in the calling
+    thread: each of its dozen or more steps then reads and writes cache instead of memory. Every element's
+    result is the same. (Not spread over the CPUs: a block's steps are NumPy calls of a few microseconds each, and
+    two threads trading the GIL around each of them took 1.4-1.7x the time of one thread here.)"""
     @functools.wraps(fn)
     def blockwise(x):
         x = np.asarray(x)
@@ -177,20 +196,29 @@ def _blockwise(fn):
         first = fn(flat[:_BLOCK])
         out = np.empty(x.size, first.dtype)
         out[:_BLOCK] = first
-
-        def work(lo: int, hi: int) -> None:
-            for start in range(lo * _BLOCK, min(hi * _BLOCK, x.size), _BLOCK):
-                out[start:start + _BLOCK] = fn(flat[start:start + _BLOCK])
-        _threads.in_parallel(lambda lo, hi: work(lo + 1, hi + 1), -(-x.size // _BLOCK) - 1, cpus=_blas.cpus())
+        for start in range(_BLOCK, x.size, _BLOCK):
+            out[start:start + _BLOCK] = fn(flat[start:start + _BLOCK])
         return out.reshape(x.shape)
     return blockwise
 
 
 def _horner_fma(x: np.ndarray, coefficients) -> np.ndarray:
-    """``((c0 * x + c1) * x + c2) ...`` with fused multiply-adds, highest degree first."""
-    p = np.full(x.shape, f32(coefficients[0]), f32)
-    for c in coefficients[1:]:
-        p = fma(p, x, f32(c))
+    """``((c0 * x + c1) * x + c2) ...`` with fused multiply-adds, highest degree first: each step
+    ``float32(float64(p) * float64(x) + c)``, as :func:`fma` computes it, with ``x`` converted once."""
+    if fma is _unfused:  # no FMA on this ISA: each step rounded twice
+        p = np.full(x.shape, f32(coefficients[0]), f32)
+        for c in coefficients[1:]:
+            p = fma(p, x, f32(c))
+        return p
+    wide = np.asarray(x, f64)
+    temp, p = np.empty(wide.shape, f64), np.empty(wide.shape, f32)
+    np.multiply(wide, f64(f32(coefficients[0])), out=temp)
+    for k, c in enumerate(coefficients[1:]):
+        if k:
+            np.multiply(p, wide, out=temp)
+        np.add(temp, f64(f32(c)), out=p, casting="unsafe")
+    if len(coefficients) == 1:
+        p[...] = f32(coefficients[0])
     return p
 
 
