@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import spmdsim.jax as sj
+from spmdsim import _buffers
 from spmdsim.jax import _compiled, _fusion
 from spmdsim.jax._interpreter import Vectorized
 
@@ -40,17 +41,17 @@ def _program(x, y):
 
 
 class _CountingEmpty:
-    """NumPy, counting the arrays ``np.empty`` makes (a fused run's outputs)."""
+    """``spmdsim._buffers``, counting the arrays its ``empty`` makes (a fused run's outputs)."""
 
     def __init__(self):
         self.count = 0
 
     def __getattr__(self, name):
-        return getattr(np, name)
+        return getattr(_buffers, name)
 
     def empty(self, *args, **kwargs):
         self.count += 1
-        return np.empty(*args, **kwargs)
+        return _buffers.empty(*args, **kwargs)
 
 
 def _reference(executor: str, x, y) -> list[np.ndarray]:
@@ -82,7 +83,7 @@ def test_results_equal_the_reference_loops_and_inputs_are_kept(executor, monkeyp
         return functools.partial(call.func, call.args[0], counting), position
     monkeypatch.setattr(_compiled, "_into_dead_call", counted)
     empties = _CountingEmpty()
-    monkeypatch.setattr(_fusion, "np", empties)
+    monkeypatch.setattr(_fusion, "_buffers", empties)
 
     x, y = _data()
     x0, y0 = x.copy(), y.copy()

@@ -164,3 +164,31 @@ def test_sums_over_leading_axes_transpose_by_tiles(shape, axes):
     assert got.flags.c_contiguous
     np.testing.assert_array_equal(got, moved)
     np.testing.assert_array_equal(PER_DEVICE["reduce_sum"](x, axes=axes), np.add.reduce(moved, axis=-1))
+
+
+def test_fresh_buffers_are_aligned_as_xla_aligns_its_own():
+    from spmdsim import _buffers
+    for shape, dtype in [((8, 1024, 1024), np.float32), (70000, np.float16), ((3, 5000), np.complex64),
+                         ((2, 3), np.float32)]:
+        x = _buffers.empty(shape, dtype, faulted=True)
+        assert x.shape == (shape if isinstance(shape, tuple) else (shape,)) and x.dtype == dtype
+        assert x.flags.c_contiguous and x.flags.writeable
+        if x.nbytes >= 1 << 14:
+            assert x.ctypes.data % _buffers.ALIGNMENT == 0
+
+
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_results_handed_to_jax_stay_the_callers(executor):
+    """Large results become ``jax.Array``s without a copy (aligned buffers): a later call, fed the earlier
+    result, must neither change it nor share its memory with its own result."""
+    import spmdsim.jax as sj
+    f = sj.pmap(lambda x: x * 2.0 + 1.0, executor=executor)
+    x = np.ones((8, 300, 300), np.float32)
+    first = f(x)
+    kept = np.asarray(first).copy()
+    second = f(first)
+    third = f(np.zeros_like(x))
+    np.testing.assert_array_equal(np.asarray(first), kept)
+    np.testing.assert_array_equal(np.asarray(second), 2 * kept + 1)
+    np.testing.assert_array_equal(np.asarray(third), np.ones_like(x))
+    assert not np.shares_memory(np.asarray(first), np.asarray(second))

@@ -335,20 +335,6 @@ class spread:
         pass
 
 
-_PAGE = 4096
-
-
-def touched(shape: tuple, dtype) -> np.ndarray:
-    """``np.empty(shape, dtype)`` with one byte of each page written now, in this thread: for an output that
-    :func:`in_parallel`'s parts then write. A large fresh array is a new mapping, and its pages faulted in by two
-    threads at once cost 3-5x what one thread takes to fault them all (the kernel serialises them: measured on a
-    32 MiB result here, 48 ms against 2-3)."""
-    out = np.empty(shape, dtype)
-    if out.nbytes >= 1 << 20:
-        out.reshape(-1).view(np.uint8)[::_PAGE] = 0
-    return out
-
-
 def in_parallel(work: Callable[[int, int], None], size: int, *, cpus: int) -> None:
     """``work(lo, hi)`` over ``range(size)`` cut in one part per CPU (at most ``cpus``): the first part in the
     calling thread, the others in parked device threads spread over the CPUs (:class:`spread`). For a long

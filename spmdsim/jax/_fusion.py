@@ -25,6 +25,7 @@ import numpy as np
 from jax import dtypes as jax_dtypes
 from jax.extend import core as ext_core
 
+from spmdsim import _buffers
 from spmdsim.jax._interpreter import PER_DEVICE, bad_result, read_literal
 
 __all__ = ["FUSIBLE", "fusible_runs", "FusedRun", "writable_alone"]
@@ -126,7 +127,7 @@ class FusedRun:
         # it (and the other outputs have been written), and no later block reads it. Else a fresh array.
         reused = next((inputs[k] for k in self.reusable if sys.getrefcount(inputs[k]) <= UNSHARED
                        and writable_alone(inputs[k])), None)
-        outputs = {v: np.empty(self.shape, self.output_dtypes[v]) for v in self.outputs[:-1 if reused is not None
+        outputs = {v: _buffers.empty(self.shape, self.output_dtypes[v]) for v in self.outputs[:-1 if reused is not None
                                                                                             else None]}
         if reused is not None:
             outputs[self.outputs[-1]] = reused
@@ -162,11 +163,12 @@ class FusedRun:
 def writable_alone(x) -> bool:
     """Whether ``x``, which only a program's dead local holds (the caller checked its reference count), may be
     written into: a writable C-contiguous NumPy array that owns its memory, or the one view of all of an array
-    that nothing else holds (a product's result reshaped)."""
+    that nothing else holds (a product's result reshaped; an aligned array of :func:`spmdsim._buffers.empty`)."""
     if type(x) is not np.ndarray or not x.flags.writeable or not x.flags.c_contiguous:
         return False
     base = x.base
-    return base is None or type(base) is np.ndarray and base.base is None and base.nbytes == x.nbytes \
+    return base is None or type(base) is np.ndarray and base.base is None \
+        and base.nbytes in (x.nbytes, x.nbytes + _buffers.ALIGNMENT) \
         and sys.getrefcount(base) <= 3  # x's reference, this local and the call's
 
 

@@ -39,7 +39,7 @@ from jax._src.util import weakref_lru_cache
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 
-from spmdsim import _hosts, _primitives, _runtime, _sharding, _threads
+from spmdsim import _buffers, _hosts, _primitives, _runtime, _sharding, _threads
 from spmdsim._values import broadcast_view, read_only
 from spmdsim.jax import _dtypes, _unreduced
 from spmdsim.jax import _compiled  # noqa: F401  (the compiled form of jaxprs installs itself: _registry.COMPILED)
@@ -293,7 +293,7 @@ class _ThreadsRun:
         blocks = [_split(x, spec, local) for x, spec in zip(args, self.in_specs, strict=True)]
         device_args = list(zip(*blocks)) if blocks else [()] * self.count  # views, made in C
         evaluate, consts = self.evaluate, self.consts
-        stacked = [(k, np.empty((self.count, *shape), dtype)) for k, (shape, dtype) in self.stacked_outputs]
+        stacked = [(k, _buffers.empty((self.count, *shape), dtype)) for k, (shape, dtype) in self.stacked_outputs]
 
         def device(i: int) -> list:
             outs = evaluate(consts, device_args[i])

@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 import scipy.special
 
-from spmdsim import _blas, _threads
+from spmdsim import _blas, _buffers, _threads
 from spmdsim._primitives import Batch
 from spmdsim._values import broadcast_view
 from spmdsim.jax import _dtypes, _libm, _xla_cpu_isa, _xla_cpu_math
@@ -1598,7 +1598,7 @@ def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if 2 * math.prod(batch) * a.shape[-2] * a.shape[-1] * b.shape[-1] < SPREAD_FLOPS:
         return np.matmul(a, b)
-    out = _threads.touched((*batch, a.shape[-2], b.shape[-1]), np.result_type(a, b))
+    out = _buffers.empty((*batch, a.shape[-2], b.shape[-1]), np.result_type(a, b), faulted=True)
     cut = [x.ndim == len(batch) + 2 and x.shape[0] > 1 for x in (a, b)]
 
     def part(lo: int, hi: int) -> None:

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from spmdsim import _blas, _threads
+from spmdsim import _blas, _buffers, _threads
 from spmdsim.jax import _xla_cpu_isa
 
 __all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "digamma", "fma", "multiply_add",
@@ -54,7 +54,7 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
     shape = next(iter(shapes)) if len(shapes) == 1 else np.broadcast_shapes(*(x.shape for x in ops))
     ops = [_unbroadcast(x) for x in ops]
     if out is None:
-        out = _threads.touched(shape, dtype) if math.prod(shape) >= _PARALLEL else np.empty(shape, dtype)
+        out = _buffers.empty(shape, dtype, faulted=math.prod(shape) >= _PARALLEL)
     elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
         raise ValueError(f"rounded_once: out must be a C-contiguous {np.dtype(dtype)}{list(shape)} array, got "
                          f"{out.dtype}{list(out.shape)}")
@@ -194,7 +194,7 @@ def _blockwise(fn):
             return fn(x)
         flat = x.reshape(-1)
         first = fn(flat[:_BLOCK])
-        out = np.empty(x.size, first.dtype)
+        out = _buffers.empty(x.size, first.dtype)
         out[:_BLOCK] = first
         for start in range(_BLOCK, x.size, _BLOCK):
             out[start:start + _BLOCK] = fn(flat[start:start + _BLOCK])
