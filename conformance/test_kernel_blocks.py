@@ -173,7 +173,7 @@ def test_fresh_buffers_are_aligned_as_xla_aligns_its_own():
         x = _buffers.empty(shape, dtype, faulted=True)
         assert x.shape == (shape if isinstance(shape, tuple) else (shape,)) and x.dtype == dtype
         assert x.flags.c_contiguous and x.flags.writeable
-        if x.nbytes >= 1 << 14:
+        if x.nbytes >= 1 << 18:
             assert x.ctypes.data % _buffers.ALIGNMENT == 0
 
 

@@ -19,7 +19,7 @@ import numpy as np
 __all__ = ["ALIGNMENT", "empty"]
 
 ALIGNMENT = 64
-_SMALL = 1 << 14  # bytes: smaller arrays are NumPy's own (XLA's copy of them costs less than the alignment)
+_SMALL = 1 << 18  # bytes: smaller arrays are NumPy's own (XLA's copy of them costs little more than aligning)
 _PAGE = 4096
 
 

@@ -49,16 +49,20 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
     a cache-sized temporary, a block at a time: 3-5x faster than float64 copies of large operands. ``out``: a
     C-contiguous array of the result's shape and ``dtype`` to write into; it may be one of the operands (each
     block of it is read before it is written)."""
+    combine = np.subtract if negate_addend else np.add
+    if out is None and np.size(a) <= _CHUNK and np.size(b) <= _CHUNK and np.size(c) <= _CHUNK:
+        # a block of a port or of a fused run: three NumPy calls, the same operations as below
+        product = np.multiply(a, b, dtype=f64)
+        return np.asarray(combine(-product if negate_product else product, c, dtype=f64).astype(dtype))
     ops = [np.asarray(x) for x in (a, b, c)]
     shapes = {x.shape for x in ops if x.ndim}
     shape = next(iter(shapes)) if len(shapes) == 1 else np.broadcast_shapes(*(x.shape for x in ops))
     ops = [_unbroadcast(x) for x in ops]
     if out is None:
-        out = _buffers.empty(shape, dtype, faulted=math.prod(shape) >= _PARALLEL)
+        out = _buffers.empty(shape, dtype, faulted=True) if math.prod(shape) >= _PARALLEL else np.empty(shape, dtype)
     elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
         raise ValueError(f"rounded_once: out must be a C-contiguous {np.dtype(dtype)}{list(shape)} array, got "
                          f"{out.dtype}{list(out.shape)}")
-    combine = np.subtract if negate_addend else np.add
 
     def compute(x, y, z, temp, target) -> None:  # target = ±x * y ± z, through the float64 temp
         np.multiply(x, y, out=temp, dtype=f64)
@@ -166,9 +170,19 @@ def multiply_add(a, b, c, dtype) -> np.ndarray:
 
 def flush_subnormals(x: np.ndarray, dtype=None) -> np.ndarray:
     """``x`` in ``dtype`` (default: its own), values below the dtype's smallest normal as zeros of their sign
-    (XLA:CPU's FTZ/DAZ)."""
-    dtype = np.dtype(x.dtype if dtype is None else dtype)
-    return np.where(np.abs(x) < np.finfo(dtype).tiny, np.copysign(np.zeros((), dtype), x), x).astype(dtype)
+    (XLA:CPU's FTZ/DAZ). ``x`` itself where it has ``dtype`` and holds no such value."""
+    x = np.asarray(x)
+    dtype = x.dtype if dtype is None else np.dtype(dtype)
+    tiny = _TINIES.get(dtype)
+    if tiny is None:
+        tiny = _TINIES[dtype] = np.finfo(dtype).tiny
+    small = np.abs(x) < tiny
+    if not small.any() or not x[small].any():  # the common case: zeros, but no subnormal (then x itself where it
+        return x if x.dtype == dtype else x.astype(dtype)  # has the dtype: nothing writes into it)
+    return np.where(small, np.copysign(np.zeros((), dtype), x), x).astype(dtype)
+
+
+_TINIES: dict = {}  # dtype -> its smallest normal
 
 
 def _daz(x: np.ndarray) -> np.ndarray:
