@@ -21,7 +21,8 @@ SHAPES = [((), (), ()), ((5,), (), (3, 5)), ((70000,), (70000,), ()), ((3, 40000
           ((9, 1024, 128), (), (9, 1024, 128)), ((1,), (100000,), (1,)), ((0, 4), (4,), ()),
           ((8, 1, 1), (8, 300, 300), (1, 300, 300)), ((3, 1, 70000), (70000,), (3, 5, 1)),
           ((8, 1, 1), (8, 1024, 160), (8, 1024, 160)), ((1100000,), (), ()), ((5, 70000), (1, 70000), (5, 1)),
-          ((8, 1), (8, 70000), (70000,)), ((32, 28, 28, 8), (8,), (32, 28, 28, 8))]
+          ((8, 1), (8, 70000), (70000,)), ((32, 28, 28, 8), (8,), (32, 28, 28, 8)),
+          ((1, 1024, 160), (), (8, 1024, 160)), ((1, 70000), (1, 70000), (5, 70000)), ((1, 70000), (), (5, 1))]
 
 
 @pytest.mark.parametrize("shapes", SHAPES, ids=str)
@@ -29,6 +30,8 @@ SHAPES = [((), (), ()), ((5,), (), (3, 5)), ((70000,), (70000,), ()), ((3, 40000
 def test_rounded_once_is_float64_arithmetic_rounded_once(shapes, dtype):
     rng = np.random.default_rng(len(str(shapes)))
     a, b, c = (rng.standard_normal(s).astype(dtype) for s in shapes)
+    for x, zeros in zip((a, b, c), ([0.0, -0.0, 0.0, -0.0], [-0.0, 1.0, 0.0, -0.0], [-0.0, -0.0, 0.0, 0.0])):
+        x.reshape(-1)[:min(4, x.size)] = zeros[:min(4, x.size)]  # signed zeros' sums
     for negate_product in (False, True):
         for negate_addend in (False, True):
             got = _xla_cpu_math.rounded_once(a, b, c, dtype, negate_product=negate_product,

@@ -64,10 +64,13 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
         raise ValueError(f"rounded_once: out must be a C-contiguous {np.dtype(dtype)}{list(shape)} array, got "
                          f"{out.dtype}{list(out.shape)}")
 
-    def compute(x, y, z, temp, target) -> None:  # target = ±x * y ± z, through the float64 temp
+    def product(x, y, temp) -> None:  # temp = ±x * y, exact
         np.multiply(x, y, out=temp, dtype=f64)
         if negate_product:
             np.negative(temp, out=temp)
+
+    def compute(x, y, z, temp, target) -> None:  # target = ±x * y ± z, through the float64 temp
+        product(x, y, temp)
         combine(temp, z, out=target, dtype=f64, casting="unsafe")
 
     if out.size <= _CHUNK:
@@ -91,6 +94,22 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
                            v[r if v.shape[0] > 1 else 0, start:start + width] for v in flat)
                 compute(x, y, z, temp[:min(width, inner - start)], target[r, start:start + width])
         count = rows * per_row
+        if rows > 1 and all(v.ndim == 0 or v.shape == (1, inner) for v in flat[:2]):
+            # the same product in every row (a replicated gradient times a scalar, added to each device's
+            # parameters): each block of it computed once, then added to the block of every row
+
+            def work(lo: int, hi: int) -> None:  # noqa: F811 - blocks lo..hi-1 of the columns
+                temp = np.empty(width, f64)
+                z = flat[2]
+                for block in range(lo, hi):
+                    start = block * width
+                    t = temp[:min(width, inner - start)]
+                    product(*(v if v.ndim == 0 else v[0, start:start + width] for v in flat[:2]), t)
+                    for r in range(rows):
+                        addend = z if z.ndim == 0 else z[r if z.shape[0] > 1 else 0, 0] if z.shape[1] == 1 else \
+                            z[r if z.shape[0] > 1 else 0, start:start + width]
+                        combine(t, addend, out=target[r, start:start + width], dtype=f64, casting="unsafe")
+            count = per_row
     else:  # blocks of rows; an operand with one row (or fewer axes) broadcasts whole
         rows, inner = shape[0], out.size // shape[0]
         step = max(1, _CHUNK // inner)
