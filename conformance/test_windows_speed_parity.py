@@ -105,11 +105,13 @@ def _conv_case(rng):
     return params, tuple(lhs_shape), tuple(rhs_shape), kernel
 
 
-@pytest.mark.parametrize("block", [1 << 19, 64])
-def test_conv_patches_are_the_kernel_offset_loops(monkeypatch, block):
+@pytest.mark.parametrize("block,parallel", [(1 << 19, 1 << 22), (64, 1 << 22), (64, 0)])
+def test_conv_patches_are_the_kernel_offset_loops(monkeypatch, block, parallel):
     """The patches (per device and with a leading device axis) equal the loop's bit for bit and are C-order (the
-    layout BLAS reads, which picks its kernel); blocks of rows copied separately change nothing."""
+    layout BLAS reads, which picks its kernel); blocks of rows copied separately, and by several threads, change
+    nothing."""
     monkeypatch.setattr(_windows, "_GATHER_BLOCK", block)
+    monkeypatch.setattr(_windows, "_PARALLEL_BYTES", parallel)
     rng = np.random.default_rng(block)
     for _ in range(150):
         params, lhs_shape, rhs_shape, kernel = _conv_case(rng)

@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from spmdsim import _blas, _buffers, _threads
 from spmdsim.jax._numpy_rules import LOW_FLOATS, PER_DEVICE, eval_elementwise_jaxpr, is_float, matmul_slices, \
     pad_array, per_device, product_dtypes, vectorized
 
@@ -397,6 +398,7 @@ def _zero_padded(x: np.ndarray, config) -> np.ndarray:
 _GATHER_BLOCK = 1 << 19  # bytes of patches written per block: the block stays in the CPU's cache
 _GATHER_COPIES = 1024  # at most this many NumPy copies per gather
 _SMALL_KERNEL = 64  # kernels of at most this many positions are gathered one position at a time
+_PARALLEL_BYTES = 1 << 22  # patches this large are copied by every CPU (see spmdsim._threads.in_parallel)
 
 
 def _gather(windows: np.ndarray, dtype, kernel: tuple) -> np.ndarray:
@@ -404,7 +406,7 @@ def _gather(windows: np.ndarray, dtype, kernel: tuple) -> np.ndarray:
     copy of the whole view runs NumPy's inner loop along the last kernel dimension (a few elements for small
     kernels); small kernels are therefore copied one kernel position at a time (the inner loop along depth, or
     along out[-1] where depth is 1), over blocks of rows whose patches fit in the cache."""
-    patches = np.empty(windows.shape, dtype)
+    patches = _buffers.empty(windows.shape, dtype, faulted=True)
     kernel_size = math.prod(kernel)
     if not patches.size or kernel_size <= 1 or kernel_size > _SMALL_KERNEL:
         np.copyto(patches, windows)
@@ -421,12 +423,18 @@ def _gather(windows: np.ndarray, dtype, kernel: tuple) -> np.ndarray:
             np.copyto(patches, windows)
             return patches
         blocks, block = 1, rows
-    for index in np.ndindex(windows.shape[:lead]) if blocks > 1 else [(Ellipsis,)]:
-        for start in range(0, rows, block) if blocks > 1 else [None]:
-            at = index + (slice(start, start + block),) if blocks > 1 else index
-            dst, src = patches[at], windows[at]
+    at = [index + (slice(start, start + block),) for index in np.ndindex(windows.shape[:lead])
+          for start in range(0, rows, block)] if blocks > 1 else [(Ellipsis,)]
+
+    def copy(lo: int, hi: int) -> None:  # blocks lo..hi-1: NumPy's copies release the GIL
+        for where in at[lo:hi]:
+            dst, src = patches[where], windows[where]
             for offset in offsets:
                 dst[(Ellipsis,) + offset] = src[(Ellipsis,) + offset]
+    if patches.nbytes >= _PARALLEL_BYTES:
+        _threads.in_parallel(copy, len(at), cpus=_blas.cpus())
+    else:
+        copy(0, len(at))
     return patches
 
 
