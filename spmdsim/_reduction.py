@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from spmdsim import _blas, _buffers, _threads
 from spmdsim._values import error_state_switch
 
 try:  # bfloat16 comes with jax (ml_dtypes); without it there are no bfloat16 arrays to sum
@@ -69,9 +70,7 @@ class ReductionOrder:
                 total = total + b[()]
             out = np.asarray(total)
         elif ufunc is not np.add or self.order == "sequential" or len(blocks) < 3:
-            out = np.asarray(ufunc(blocks[0], blocks[1]))  # then in place: the same left-to-right fold
-            for b in blocks[2:]:
-                ufunc(out, b, out=out)
+            out = _left_to_right(ufunc, blocks)
         elif self.order == "pairwise":
             level = list(blocks)
             while len(level) > 1:
@@ -90,6 +89,36 @@ class ReductionOrder:
                 out[..., lo:hi] = functools.reduce(ufunc, [flat[(c + 1 + k) % n][..., lo:hi] for k in range(n)])
             out = out.reshape(shape)
         return np.asarray(out).astype(dtype, copy=False)
+
+
+_FOLD_CHUNK = 1 << 15  # elements of every block folded together: the partial result stays in cache
+_FOLD_LARGE = 1 << 20  # blocks this large are folded chunk by chunk, the chunks spread over the CPUs
+
+
+def _left_to_right(ufunc: np.ufunc, blocks: Sequence[np.ndarray]) -> np.ndarray:
+    """``ufunc(ufunc(b0, b1), b2) ...``. Large C-contiguous blocks of one shape are folded ``_FOLD_CHUNK``
+    elements at a time (every block's chunk into the result's chunk while it is in cache), the chunks split over
+    the CPUs (:func:`spmdsim._threads.in_parallel`): the same operations on every element, in the same order,
+    where a whole-array fold reads the partial result back from memory for every block."""
+    first = blocks[0]
+    if first.size < _FOLD_LARGE or len(blocks) < 3 or \
+            not all(b.flags.c_contiguous and b.shape == first.shape for b in blocks):
+        out = np.asarray(ufunc(blocks[0], blocks[1]))  # then in place: the same left-to-right fold
+        for b in blocks[2:]:
+            ufunc(out, b, out=out)
+        return out
+    flat = [b.reshape(-1) for b in blocks]
+    out = _buffers.empty(first.shape, ufunc(flat[0][:1], flat[1][:1]).dtype, faulted=True)
+    result = out.reshape(-1)
+
+    def work(lo: int, hi: int) -> None:
+        for start in range(lo * _FOLD_CHUNK, min(hi * _FOLD_CHUNK, first.size), _FOLD_CHUNK):
+            chunk = result[start:start + _FOLD_CHUNK]
+            ufunc(flat[0][start:start + _FOLD_CHUNK], flat[1][start:start + _FOLD_CHUNK], out=chunk)
+            for b in flat[2:]:
+                ufunc(chunk, b[start:start + _FOLD_CHUNK], out=chunk)
+    _threads.in_parallel(work, -(-first.size // _FOLD_CHUNK), cpus=_blas.cpus())
+    return out
 
 
 _reduction_order = ReductionOrder()

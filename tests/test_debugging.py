@@ -212,6 +212,28 @@ def test_the_stacked_fold_keeps_the_dtype_wraps_and_propagates_nan(dtype):
     assert fold_stacked(np.add, wide)[0, 0] == np.int8(-112)   # 400 wraps to 400 - 512
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int16, np.complex64])
+def test_large_blocks_fold_chunk_by_chunk_as_the_whole_arrays_fold(dtype):
+    """Blocks of a million elements and more are folded a cache-sized chunk at a time, the chunks spread over
+    the CPUs: every element gets the same additions in the same order (overflow wraps, NaN and inf stay), bit
+    for bit the fold of the whole arrays; a strided block takes the plain path."""
+    from spmdsim import _reduction
+    rng = np.random.default_rng(5)
+    blocks = [(rng.standard_normal((3, 400_001)) * 3e4).astype(dtype) for _ in range(5)]
+    if np.dtype(dtype).kind in "fc":
+        blocks[1][0, :3] = [np.nan, np.inf, -np.inf]
+        blocks[3][2, -1] = -0.0
+    assert blocks[0].size >= _reduction._FOLD_LARGE
+    for ufunc in (np.add, np.maximum):
+        expected = blocks[0]
+        for b in blocks[1:]:
+            expected = ufunc(expected, b)
+        got = _reduction.fold(ufunc, blocks)
+        assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes() and not got.flags.writeable
+        strided = _reduction.fold(ufunc, [b[:, ::2] for b in blocks])
+        assert strided.tobytes() == np.ascontiguousarray(expected[:, ::2]).tobytes()
+
+
 def test_stacked_fold_of_bfloat16_accumulates_in_float32_unless_told():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     from spmdsim._reduction import fold_stacked
