@@ -146,3 +146,38 @@ def test_a_fused_multiply_add_writes_into_an_operand_that_dies(executor, monkeyp
         Vectorized.compiled = saved
     for g, r in zip(got, reference, strict=True):
         assert g.tobytes() == r.tobytes()
+
+
+def test_large_vectorized_ufuncs_split_over_the_cpus(monkeypatch):
+    """A vectorized equation computed by one ufunc over a million elements or more is cut along the device axis,
+    one part per CPU (``_compiled._split``), with per-device scalars, a replicated operand and a result written
+    into a dying operand among them: bit for bit the reference loop's results, the caller's arrays unchanged."""
+    split = []
+    original = _compiled._split
+
+    def counted(ufunc, shape, dtype, *operands, out=None):
+        split.append((ufunc.__name__, out is not None))
+        return original(ufunc, shape, dtype, *operands, out=out)
+    monkeypatch.setattr(_compiled, "_split", counted)
+
+    def program(x, y, s):
+        a = jnp.dot(x, jnp.eye(1024, dtype=x.dtype))  # fresh: the next multiply writes into it
+        b = a * y
+        c = jnp.dot(b, jnp.eye(1024, dtype=x.dtype)) / s  # s: a per-device scalar
+        return c > x, jnp.maximum(c, 1.0) - jnp.ones(1024, x.dtype), y * 1.0
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((4, 320, 1024)).astype(np.float32)
+    x.reshape(-1)[:5] = [np.nan, np.inf, -np.inf, -0.0, 1e-40]
+    y, s = rng.standard_normal((4, 320, 1024)).astype(np.float32), np.float32([1.0, -2.0, 0.0, 3.0])
+    kept = [v.copy() for v in (x, y, s)]
+    got = [np.asarray(o) for o in sj.pmap(program, executor="vectorized")(x, y, s)]
+    assert {name for name, _ in split} >= {"multiply", "subtract"} and any(into for _, into in split)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip((x, y, s), kept))
+    saved, Vectorized.compiled = Vectorized.compiled, False
+    try:
+        reference = [np.asarray(o) for o in sj.pmap(program, executor="vectorized")(x, y, s)]
+    finally:
+        Vectorized.compiled = saved
+    for g, r in zip(got, reference, strict=True):
+        assert g.dtype == r.dtype and g.tobytes() == r.tobytes()

@@ -22,6 +22,7 @@ together, in one rendezvous, as the NumPy front end does. Results are the same; 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import weakref
@@ -31,7 +32,7 @@ import numpy as np
 from jax import dtypes as jax_dtypes
 from jax.extend import core as ext_core
 
-from spmdsim import _primitives
+from spmdsim import _blas, _buffers, _primitives, _threads
 from spmdsim.jax._names import user_name
 from spmdsim.jax._contraction import contract
 from spmdsim.jax import _fusion
@@ -209,6 +210,8 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
             if into is not None:  # the dying operand first (see _into_dead)
                 ns[f"C{k}"], position = into
                 operands.insert(0, operands.pop(position))
+            elif ns[f"C{k}"] is step.call:
+                ns[f"C{k}"] = _split_call(step, executor) or step.call
             call = f"C{k}(({', '.join(operands)},))" if step.operands_tuple else \
                 f"C{k}({', '.join(['ex'] * step.higher + operands)})"
             lines.append(f"    {target}{f'ex.nullary({call}, {step.multiple})' if step.nullary else call}")
@@ -284,12 +287,8 @@ def _into_dead_call(step: _Step, executor: Executor, last_use: dict, k: int) -> 
     if eqn.primitive.name in _WRITES_OUT:
         ufunc = None  # the rule itself, given out=
     else:
-        rule = PER_DEVICE.get(eqn.primitive.name)
-        specializer = getattr(rule, "specialize", None)
-        ufunc = specializer(eqn) if specializer is not None else None
-        if not isinstance(ufunc, np.ufunc) or ufunc.nout != 1 or ufunc.nin != len(step.operands):
-            return None
-        if vectorized and not _stacks(executor.rules.get(eqn.primitive.name), rule):
+        ufunc = _ufunc_of(step, executor)
+        if ufunc is None:
             return None
     position = next((j for j, (constant, v) in enumerate(step.operands) if not constant and last_use.get(v) == k),
                     None)
@@ -302,6 +301,58 @@ def _into_dead_call(step: _Step, executor: Executor, last_use: dict, k: int) -> 
 # Primitives whose rules (both executors') take ``out=``, an array of the result's shape and dtype that may be one
 # of the operands: each element (or block) of it is read before it is written.
 _WRITES_OUT = {"xla_cpu_fma"}
+
+
+def _ufunc_of(step: _Step, executor: Executor) -> np.ufunc | None:
+    """The NumPy ufunc computing ``step`` (its per-device rule's specialization, one result; in the vectorized
+    executor only where its rule is that rule on the stacked operands), or None."""
+    eqn = step.eqn
+    rule = PER_DEVICE.get(eqn.primitive.name)
+    specializer = getattr(rule, "specialize", None)
+    ufunc = specializer(eqn) if specializer is not None else None
+    if not isinstance(ufunc, np.ufunc) or ufunc.nout != 1 or ufunc.nin != len(step.operands):
+        return None
+    if executor.rules is not PER_DEVICE and not _stacks(executor.rules.get(eqn.primitive.name), rule):
+        return None
+    return ufunc
+
+
+_SPLIT_ELEMENTS = 1 << 20  # a vectorized ufunc over this many elements runs on every CPU (see _split)
+
+
+def _split_call(step: _Step, executor: Executor) -> Callable | None:
+    """For an equation of the vectorized executor computed by one NumPy ufunc over at least ``_SPLIT_ELEMENTS``
+    elements: the call :func:`_split`, else None."""
+    if executor.rules is PER_DEVICE or step.higher or step.operands_tuple or len(step.eqns) > 1 \
+            or step.multiple or step.call is None or len(step.expected) != 1 or step.expected[0] is None:
+        return None
+    shape, dtype = step.expected[0]
+    if math.prod(shape) < _SPLIT_ELEMENTS or len(shape) < 2 or shape[0] < 2:
+        return None
+    ufunc = _ufunc_of(step, executor)
+    if ufunc is None:
+        return None
+    try:  # the result NumPy gives these operands is the equation's (else its check reports the rule's own)
+        natural = ufunc.resolve_dtypes(tuple(np.dtype(v.aval.dtype) for v in step.eqn.invars) + (None,))[-1]
+    except (TypeError, ValueError):
+        return None
+    return functools.partial(_split, ufunc, shape, dtype) if natural == dtype else None
+
+
+def _split(ufunc: np.ufunc, shape: tuple, dtype, *operands, out: np.ndarray | None = None) -> np.ndarray:
+    """``ufunc`` over stacked operands (per-device scalars ``(n,)`` broadcast as ``(n, 1, ...)``), its result
+    (``shape``, ``dtype``: the equation's) cut along the device axis into one part per CPU
+    (:func:`spmdsim._threads.in_parallel`): NumPy releases the GIL in the ufunc's loop, so the parts run side by
+    side. Each element computed from the operands' elements at its index, as in one call: the same values."""
+    xs = [expand_to(np.asarray(x), len(shape)) for x in operands]
+    if out is None:
+        out = _buffers.empty(shape, dtype, faulted=True)
+    n = shape[0]
+
+    def part(lo: int, hi: int) -> None:
+        ufunc(*(x[lo:hi] if x.ndim and x.shape[0] == n else x for x in xs), out=out[lo:hi])
+    _threads.in_parallel(part, n, cpus=_blas.cpus())
+    return out
 
 
 def _stacks(vectorized_rule, rule) -> bool:
@@ -327,6 +378,8 @@ def _into_dead(plan: tuple, ufunc: np.ufunc | None, operand, *rest):
         if ufunc is None:  # a rule of _WRITES_OUT
             return call(*rest[:position], operand, *rest[position:], out=operand)
         if rank is not None:
+            if operand.size >= _SPLIT_ELEMENTS and rank >= 2 and shape[0] >= 2:
+                return _split(ufunc, shape, dtype, *rest[:position], operand, *rest[position:], out=operand)
             rest = [expand_to(x, rank) for x in rest]
         return ufunc(*rest[:position], operand, *rest[position:], out=operand)
     return call(*rest[:position], operand, *rest[position:])
