@@ -195,3 +195,32 @@ def test_results_handed_to_jax_stay_the_callers(executor):
     np.testing.assert_array_equal(np.asarray(second), 2 * kept + 1)
     np.testing.assert_array_equal(np.asarray(third), np.ones_like(x))
     assert not np.shares_memory(np.asarray(first), np.asarray(second))
+
+
+@pytest.mark.parametrize("name", ["reduce_sum", "reduce_max", "reduce_min"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_large_vectorized_reductions_split_over_the_devices_as_each_device_reduces(name, dtype):
+    """A vectorized reduction of a million elements or more runs one part of the devices per CPU: each device's
+    result is, bit for bit, its own block reduced by the per-device rule."""
+    from spmdsim.jax._numpy_rules import _SPLIT_ELEMENTS, PER_DEVICE, VECTORIZED
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((5, 40, 90, 70)) * 100).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[1, 0, 0, :4] = [np.nan, -0.0, np.inf, -np.inf]
+        x[2, :, 3, :] = -0.0
+    assert x.size >= _SPLIT_ELEMENTS
+    with np.errstate(all="ignore"):
+        for axes in [(0,), (0, 1), (2,), (1, 2)]:  # per-device axes
+            got = VECTORIZED[name](x, axes=axes)
+            expected = np.stack([PER_DEVICE[name](x[d], axes=axes) for d in range(5)])
+            assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes(), axes
+
+
+def test_select_n_reads_a_boolean_predicate_as_it_is():
+    from spmdsim.jax._numpy_rules import PER_DEVICE
+    which = np.array([[True], [False]])
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), -np.ones(3, np.float32)
+    got = PER_DEVICE["select_n"](which, a, b)
+    np.testing.assert_array_equal(got, [[-1, -1, -1], [3, 4, 5]])
+    got = PER_DEVICE["select_n"](np.array([0, 1, 1], np.int32), a, b)
+    np.testing.assert_array_equal(got, [[0, -1, -1], [3, -1, -1]])

@@ -521,9 +521,9 @@ def _complex(x, y):
 def _select_n(which, *cases):
     if len(cases) == 1:
         return cases[0]
+    if len(cases) == 2:  # np.where broadcasts the three itself; a boolean predicate is read as it is
+        return np.where(which.astype(bool, copy=False), cases[1], cases[0])
     shape = np.broadcast_shapes(which.shape, *(c.shape for c in cases))
-    if len(cases) == 2:
-        return np.where(np.broadcast_to(which, shape).astype(bool), cases[1], cases[0])
     return np.choose(np.broadcast_to(which, shape).astype(np.intp), [np.broadcast_to(c, shape) for c in cases])
 
 
@@ -1278,6 +1278,7 @@ def _transposed(x: np.ndarray) -> np.ndarray:
 
 
 _TREE_WINDOW = 32  # XLA:CPU's TreeReductionRewriter window
+_SPLIT_ELEMENTS = 1 << 20  # a vectorized reduction of this many elements runs on every CPU
 
 
 def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
@@ -1353,7 +1354,20 @@ def _reduction(ufunc, name):
 
     rule.specialize = specialized
     per_device(name)(rule)
-    vectorized(name)(lambda x, *, axes, out_sharding=None: rule(x, axes=shift(axes)))
+
+    @vectorized(name)
+    def stacked(x, *, axes, out_sharding=None):
+        """The rule on the stacked blocks; a large operand in one part per CPU along the device axis (each
+        device's reduction is its own: the same values), the parts' small results joined."""
+        axes = shift(axes)
+        if x.size < _SPLIT_ELEMENTS or x.ndim < 2 or x.shape[0] < 2:
+            return rule(x, axes=axes)
+        parts: dict = {}
+
+        def part(lo: int, hi: int) -> None:
+            parts[lo] = rule(x[lo:hi], axes=axes)
+        _threads.in_parallel(part, x.shape[0], cpus=_blas.cpus())
+        return np.concatenate([parts[lo] for lo in sorted(parts)])
 
 
 def _reduction_identity(ufunc, dtype):
