@@ -268,3 +268,26 @@ def test_select_and_scatter_add_is_the_window_by_window_scatter():
             for d in range(2):
                 assert _same(stacked[d], PER_DEVICE["select_and_scatter_add"](sources[d], operands[d],
                                                                                 select_prim=prim, **params))
+
+
+def test_large_stacked_windows_split_over_the_devices_as_each_device_computes():
+    """Max pooling, sum pooling and the max pooling's gradient of more than a million stacked elements run one
+    part of the devices per CPU (``_numpy_rules.by_devices``); each device's result is the per-device rule's on
+    its own blocks, bit for bit, also where a NaN in one device's block sends only that part down the slow
+    path."""
+    rng = np.random.default_rng(8)
+    operand = _random(rng, (6, 32, 28, 28, 8), np.float32)
+    operand[4, 3, 5, 7, 1] = np.nan
+    window = dict(window_dimensions=(1, 2, 2, 1), window_strides=(1, 2, 2, 1))
+    padded = dict(window, padding=((0, 0),) * 4)
+    for name in ("reduce_window_max", "reduce_window_sum"):
+        params = dict(padded, base_dilation=(1,) * 4, window_dilation=(1,) * 4)
+        stacked = VECTORIZED[name](operand, **params)
+        for d in range(6):
+            assert _same(stacked[d], PER_DEVICE[name](operand[d], **params)), (name, d)
+    source = _random(rng, (6, 32, 14, 14, 8), np.float32)
+    prim = types.SimpleNamespace(name="ge")
+    stacked = VECTORIZED["select_and_scatter_add"](source, operand, select_prim=prim, **padded)
+    for d in range(6):
+        assert _same(stacked[d], PER_DEVICE["select_and_scatter_add"](source[d], operand[d], select_prim=prim,
+                                                                        **padded)), d

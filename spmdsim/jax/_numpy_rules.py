@@ -1278,7 +1278,24 @@ def _transposed(x: np.ndarray) -> np.ndarray:
 
 
 _TREE_WINDOW = 32  # XLA:CPU's TreeReductionRewriter window
-_SPLIT_ELEMENTS = 1 << 20  # a vectorized reduction of this many elements runs on every CPU
+_SPLIT_ELEMENTS = 1 << 20  # a vectorized rule over this many elements runs on every CPU (see by_devices)
+
+
+def by_devices(fn: Callable, *stacked: np.ndarray) -> np.ndarray:
+    """``fn(*stacked)`` for operands stacked on a device axis of one length, where each device's result depends
+    on its own blocks alone (a reduction, a window's pooling or its gradient): from ``_SPLIT_ELEMENTS`` elements
+    on, one part of the devices per CPU (:func:`spmdsim._threads.in_parallel`: NumPy releases the GIL in its
+    loops), the parts' results joined along the device axis. The same values."""
+    n = stacked[0].shape[0] if stacked[0].ndim else 0
+    if n < 2 or sum(x.size for x in stacked) < _SPLIT_ELEMENTS or any(x.ndim == 0 or x.shape[0] != n
+                                                                      for x in stacked):
+        return fn(*stacked)
+    parts: dict = {}
+
+    def part(lo: int, hi: int) -> None:
+        parts[lo] = fn(*(x[lo:hi] for x in stacked))
+    _threads.in_parallel(part, n, cpus=_blas.cpus())
+    return np.concatenate([parts[lo] for lo in sorted(parts)])
 
 
 def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
@@ -1355,19 +1372,7 @@ def _reduction(ufunc, name):
     rule.specialize = specialized
     per_device(name)(rule)
 
-    @vectorized(name)
-    def stacked(x, *, axes, out_sharding=None):
-        """The rule on the stacked blocks; a large operand in one part per CPU along the device axis (each
-        device's reduction is its own: the same values), the parts' small results joined."""
-        axes = shift(axes)
-        if x.size < _SPLIT_ELEMENTS or x.ndim < 2 or x.shape[0] < 2:
-            return rule(x, axes=axes)
-        parts: dict = {}
-
-        def part(lo: int, hi: int) -> None:
-            parts[lo] = rule(x[lo:hi], axes=axes)
-        _threads.in_parallel(part, x.shape[0], cpus=_blas.cpus())
-        return np.concatenate([parts[lo] for lo in sorted(parts)])
+    vectorized(name)(lambda x, *, axes, out_sharding=None: by_devices(functools.partial(rule, axes=shift(axes)), x))
 
 
 def _reduction_identity(ufunc, dtype):

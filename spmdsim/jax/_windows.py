@@ -18,14 +18,15 @@ XLA:CPU convolves with Eigen, in another summation order: float results agree wi
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import numpy as np
 
 from spmdsim import _blas, _buffers, _threads
-from spmdsim.jax._numpy_rules import LOW_FLOATS, PER_DEVICE, eval_elementwise_jaxpr, is_float, matmul_slices, \
-    pad_array, per_device, product_dtypes, vectorized
+from spmdsim.jax._numpy_rules import LOW_FLOATS, PER_DEVICE, by_devices, eval_elementwise_jaxpr, is_float, \
+    matmul_slices, pad_array, per_device, product_dtypes, vectorized
 
 
 def _padded(x: np.ndarray, fill, padding, base_dilation) -> tuple[np.ndarray, np.ndarray]:
@@ -152,7 +153,7 @@ def _reduce_window_monoid(ufunc, name, identity):
         return out.astype(x.dtype)
 
     per_device(name)(rule)
-    vectorized(name)(lambda x, **params: rule(x, **_device_window(params)))
+    vectorized(name)(lambda x, **params: by_devices(functools.partial(rule, **_device_window(params)), x))
 
 
 def _lowest(dtype):
@@ -321,7 +322,7 @@ def _select_and_scatter_add(source, operand, *, select_prim, window_dimensions, 
 
 @vectorized("select_and_scatter_add")
 def _select_and_scatter_add_v(source, operand, **params):
-    return _select_and_scatter_add(source, operand, **_device_window(params))
+    return by_devices(functools.partial(_select_and_scatter_add, **_device_window(params)), source, operand)
 
 
 @per_device("select_and_scatter")
