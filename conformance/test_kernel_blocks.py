@@ -202,13 +202,13 @@ def test_results_handed_to_jax_stay_the_callers(executor):
 def test_large_vectorized_reductions_split_over_the_devices_as_each_device_reduces(name, dtype):
     """A vectorized reduction of a million elements or more runs one part of the devices per CPU: each device's
     result is, bit for bit, its own block reduced by the per-device rule."""
-    from spmdsim.jax._numpy_rules import _SPLIT_ELEMENTS, PER_DEVICE, VECTORIZED
+    from spmdsim.jax._numpy_rules import PER_DEVICE, SPLIT_ELEMENTS, VECTORIZED
     rng = np.random.default_rng(11)
     x = (rng.standard_normal((5, 40, 90, 70)) * 100).astype(dtype)
     if np.dtype(dtype).kind == "f":
         x[1, 0, 0, :4] = [np.nan, -0.0, np.inf, -np.inf]
         x[2, :, 3, :] = -0.0
-    assert x.size >= _SPLIT_ELEMENTS
+    assert x.size >= SPLIT_ELEMENTS
     with np.errstate(all="ignore"):
         for axes in [(0,), (0, 1), (2,), (1, 2)]:  # per-device axes
             got = VECTORIZED[name](x, axes=axes)

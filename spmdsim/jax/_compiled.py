@@ -22,7 +22,6 @@ together, in one rendezvous, as the NumPy front end does. Results are the same; 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import sys
 import weakref
@@ -36,7 +35,7 @@ from spmdsim import _blas, _buffers, _primitives, _threads
 from spmdsim.jax._names import user_name
 from spmdsim.jax._contraction import contract
 from spmdsim.jax import _fusion
-from spmdsim.jax._numpy_rules import elementwise_vectorized, expand_to
+from spmdsim.jax._numpy_rules import elementwise_vectorized, expand_to, splits
 from spmdsim.jax._registry import IN_PLACE, PER_DEVICE, compiled_form
 from spmdsim.jax._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
@@ -317,17 +316,14 @@ def _ufunc_of(step: _Step, executor: Executor) -> np.ufunc | None:
     return ufunc
 
 
-_SPLIT_ELEMENTS = 1 << 20  # a vectorized ufunc over this many elements runs on every CPU (see _split)
-
-
 def _split_call(step: _Step, executor: Executor) -> Callable | None:
-    """For an equation of the vectorized executor computed by one NumPy ufunc over at least ``_SPLIT_ELEMENTS``
-    elements: the call :func:`_split`, else None."""
+    """For an equation of the vectorized executor computed by one NumPy ufunc whose result is cut by devices
+    (``_numpy_rules.splits``): the call :func:`_split`, else None."""
     if executor.rules is PER_DEVICE or step.higher or step.operands_tuple or len(step.eqns) > 1 \
             or step.multiple or step.call is None or len(step.expected) != 1 or step.expected[0] is None:
         return None
     shape, dtype = step.expected[0]
-    if math.prod(shape) < _SPLIT_ELEMENTS or len(shape) < 2 or shape[0] < 2:
+    if not splits(shape):
         return None
     ufunc = _ufunc_of(step, executor)
     if ufunc is None:
@@ -378,7 +374,7 @@ def _into_dead(plan: tuple, ufunc: np.ufunc | None, operand, *rest):
         if ufunc is None:  # a rule of _WRITES_OUT
             return call(*rest[:position], operand, *rest[position:], out=operand)
         if rank is not None:
-            if operand.size >= _SPLIT_ELEMENTS and rank >= 2 and shape[0] >= 2:
+            if splits(shape):
                 return _split(ufunc, shape, dtype, *rest[:position], operand, *rest[position:], out=operand)
             rest = [expand_to(x, rank) for x in rest]
         return ufunc(*rest[:position], operand, *rest[position:], out=operand)

@@ -323,15 +323,9 @@ def _merged(typed, written) -> PartitionSpec:
     """Per dimension, the mesh axes of ``typed`` then those of ``written`` not among them (a partial-manual map
     over an Auto axis of a mesh with Explicit ones: JAX's result is split by both, ``P('y')`` for a map over
     ``'y'``)."""
-    def names(part) -> tuple:
-        return () if part is None else part if isinstance(part, tuple) else (part,)
-    dims = max(len(typed), len(written))
-    parts = []
-    for d in range(dims):
-        both = tuple(dict.fromkeys((*names(typed[d] if d < len(typed) else None),
-                                    *names(written[d] if d < len(written) else None))))
-        parts.append(None if not both else both[0] if len(both) == 1 else both)
-    return PartitionSpec(*parts)
+    ndim = max(len(typed), len(written))
+    both = [tuple(dict.fromkeys((*t, *w))) for t, w in zip(_spec_dims(typed, ndim), _spec_dims(written, ndim))]
+    return PartitionSpec(*(None if not names else names[0] if len(names) == 1 else names for names in both))
 
 
 def _spec_axes(spec) -> frozenset:

@@ -1278,16 +1278,22 @@ def _transposed(x: np.ndarray) -> np.ndarray:
 
 
 _TREE_WINDOW = 32  # XLA:CPU's TreeReductionRewriter window
-_SPLIT_ELEMENTS = 1 << 20  # a vectorized rule over this many elements runs on every CPU (see by_devices)
+SPLIT_ELEMENTS = 1 << 20  # a vectorized rule over this many elements runs on every CPU (by_devices, _compiled._split)
+
+
+def splits(shape: tuple) -> bool:
+    """Whether a vectorized result of ``shape`` (the device axis first) is cut into one part of the devices per
+    CPU: at least ``SPLIT_ELEMENTS`` elements, over two devices or more."""
+    return len(shape) >= 2 and shape[0] >= 2 and math.prod(shape) >= SPLIT_ELEMENTS
 
 
 def by_devices(fn: Callable, *stacked: np.ndarray) -> np.ndarray:
     """``fn(*stacked)`` for operands stacked on a device axis of one length, where each device's result depends
-    on its own blocks alone (a reduction, a window's pooling or its gradient): from ``_SPLIT_ELEMENTS`` elements
+    on its own blocks alone (a reduction, a window's pooling or its gradient): from ``SPLIT_ELEMENTS`` elements
     on, one part of the devices per CPU (:func:`spmdsim._threads.in_parallel`: NumPy releases the GIL in its
     loops), the parts' results joined along the device axis. The same values."""
     n = stacked[0].shape[0] if stacked[0].ndim else 0
-    if n < 2 or sum(x.size for x in stacked) < _SPLIT_ELEMENTS or any(x.ndim == 0 or x.shape[0] != n
+    if n < 2 or sum(x.size for x in stacked) < SPLIT_ELEMENTS or any(x.ndim == 0 or x.shape[0] != n
                                                                       for x in stacked):
         return fn(*stacked)
     parts: dict = {}

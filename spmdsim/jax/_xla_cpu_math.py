@@ -59,7 +59,7 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
     shape = next(iter(shapes)) if len(shapes) == 1 else np.broadcast_shapes(*(x.shape for x in ops))
     ops = [_unbroadcast(x) for x in ops]
     if out is None:
-        out = _buffers.empty(shape, dtype, faulted=True) if math.prod(shape) >= _PARALLEL else np.empty(shape, dtype)
+        out = _buffers.empty(shape, dtype, faulted=True)
     elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
         raise ValueError(f"rounded_once: out must be a C-contiguous {np.dtype(dtype)}{list(shape)} array, got "
                          f"{out.dtype}{list(out.shape)}")
@@ -85,31 +85,32 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
         width = min(inner, _CHUNK)
         per_row = -(-inner // width)
 
-        def work(lo: int, hi: int) -> None:  # blocks lo..hi-1, row-major over (rows, per_row)
-            temp = np.empty(width, f64)
-            for block in range(lo, hi):
-                r, start = divmod(block, per_row)
-                start *= width
-                x, y, z = (v if v.ndim == 0 else v[r, 0] if v.shape[1] == 1 else
-                           v[r if v.shape[0] > 1 else 0, start:start + width] for v in flat)
-                compute(x, y, z, temp[:min(width, inner - start)], target[r, start:start + width])
-        count = rows * per_row
+        def block_of(v, r: int, start: int):  # operand v's part of row r, columns start..start + width
+            return v if v.ndim == 0 else v[r, 0] if v.shape[1] == 1 else \
+                v[r if v.shape[0] > 1 else 0, start:start + width]
+
         if rows > 1 and all(v.ndim == 0 or v.shape == (1, inner) for v in flat[:2]):
             # the same product in every row (a replicated gradient times a scalar, added to each device's
             # parameters): each block of it computed once, then added to the block of every row
-
-            def work(lo: int, hi: int) -> None:  # noqa: F811 - blocks lo..hi-1 of the columns
+            def work(lo: int, hi: int) -> None:  # blocks lo..hi-1 of the columns
                 temp = np.empty(width, f64)
-                z = flat[2]
                 for block in range(lo, hi):
                     start = block * width
                     t = temp[:min(width, inner - start)]
-                    product(*(v if v.ndim == 0 else v[0, start:start + width] for v in flat[:2]), t)
+                    product(*(block_of(v, 0, start) for v in flat[:2]), t)
                     for r in range(rows):
-                        addend = z if z.ndim == 0 else z[r if z.shape[0] > 1 else 0, 0] if z.shape[1] == 1 else \
-                            z[r if z.shape[0] > 1 else 0, start:start + width]
-                        combine(t, addend, out=target[r, start:start + width], dtype=f64, casting="unsafe")
+                        combine(t, block_of(flat[2], r, start), out=target[r, start:start + width], dtype=f64,
+                                casting="unsafe")
             count = per_row
+        else:
+            def work(lo: int, hi: int) -> None:  # blocks lo..hi-1, row-major over (rows, per_row)
+                temp = np.empty(width, f64)
+                for block in range(lo, hi):
+                    r, start = divmod(block, per_row)
+                    start *= width
+                    compute(*(block_of(v, r, start) for v in flat), temp[:min(width, inner - start)],
+                            target[r, start:start + width])
+            count = rows * per_row
     else:  # blocks of rows; an operand with one row (or fewer axes) broadcasts whole
         rows, inner = shape[0], out.size // shape[0]
         step = max(1, _CHUNK // inner)
@@ -244,14 +245,10 @@ def _horner_fma(x: np.ndarray, coefficients) -> np.ndarray:
             p = fma(p, x, f32(c))
         return p
     wide = np.asarray(x, f64)
-    temp, p = np.empty(wide.shape, f64), np.empty(wide.shape, f32)
-    np.multiply(wide, f64(f32(coefficients[0])), out=temp)
-    for k, c in enumerate(coefficients[1:]):
-        if k:
-            np.multiply(p, wide, out=temp)
+    temp, p = np.empty(wide.shape, f64), np.full(wide.shape, f32(coefficients[0]), f32)
+    for c in coefficients[1:]:
+        np.multiply(p, wide, out=temp)
         np.add(temp, f64(f32(c)), out=p, casting="unsafe")
-    if len(coefficients) == 1:
-        p[...] = f32(coefficients[0])
     return p
 
 
