@@ -3,6 +3,9 @@ reference loop gives, bit for bit: in both executors, on arrays large enough to 
 signed zeros and subnormals among the values, single values and broadcasts mixed in, float16 and float32."""
 from __future__ import annotations
 
+import threading
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,3 +60,38 @@ def test_fused_chains_equal_the_reference_loop(executor, dtype):
         assert g.dtype == e.dtype and g.shape == e.shape
         np.testing.assert_array_equal(g.view(np.uint8), e.view(np.uint8))
 
+
+
+
+@pytest.mark.parametrize("kernel", ["fused run", "port"])
+def test_devices_compute_their_fused_runs_and_ports_one_at_a_time(kernel):
+    """With the thread executor, a device computes a fused run, or a transcendental port over many blocks, start
+    to end before another device starts one (``spmdsim._threads.one_at_a_time``). Each block sleeps here, which
+    lets the other device run in between: its blocks must still come after all of the first device's."""
+    from spmdsim.jax import _xla_cpu_math
+    from spmdsim.jax._interpreter import PER_DEVICE
+
+    seen: list = []
+
+    def recording(fn):
+        def call(*args, **params):
+            seen.append(threading.get_ident())
+            time.sleep(0.001)  # releases the GIL
+            return fn(*args, **params)
+        return call
+
+    def f(x):
+        return jnp.tanh(x * 2 + 1) * 3 if kernel == "fused run" else jnp.tanh(x)
+    x = _values((2, 256, 1100), np.float32, 2)  # each device's block above _fusion.MIN_ELEMENTS
+    with pytest.MonkeyPatch.context() as patch:
+        if kernel == "fused run":  # each block of the run calls the rule
+            patch.setitem(PER_DEVICE.rules, "tanh", recording(PER_DEVICE.rules["tanh"]))
+        else:  # each block of the port flushes its operand's subnormals first
+            patch.setattr(_xla_cpu_math, "_daz", recording(_xla_cpu_math._daz))
+        got = sj.pmap(f, executor="threads")(x)
+    expected = sj.pmap(f, executor="reference")(x)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), np.asarray(expected).view(np.uint32))
+    assert len(seen) >= 2 * (256 * 1100 // _fusion.BLOCK)  # every block of both devices
+    assert len(set(seen)) == 2
+    switches = sum(a != b for a, b in zip(seen, seen[1:]))
+    assert switches == 1, f"the devices' blocks interleaved: {switches} switches between them"

@@ -25,7 +25,7 @@ import numpy as np
 from jax import dtypes as jax_dtypes
 from jax.extend import core as ext_core
 
-from spmdsim import _buffers
+from spmdsim import _buffers, _threads
 from spmdsim.jax._interpreter import PER_DEVICE, bad_result, read_literal
 
 __all__ = ["FUSIBLE", "fusible_runs", "FusedRun", "writable_alone"]
@@ -135,28 +135,29 @@ class FusedRun:
         # else a single value (size 1, of rank up to the run's), passed 0-d: a block may have fewer axes than the run
         # (an index of its leading axes), and a (1, 1, 1) operand would add axes to a block's result
         single = [np.reshape(x, ()) if w is None else None for x, w in zip(inputs, whole, strict=True)]
-        for block, block_shape in self.blocks:
-            env = {}
-            for eqn, call, operands, dtype in self.plan:
-                args = []
-                for kind, what in operands:
-                    if kind == "in":
-                        args.append(whole[what][block] if whole[what] is not None else single[what])
-                    elif kind == "env":
-                        args.append(env[what])
-                    elif kind == "block":
-                        args.append(what[block])
-                    else:
-                        args.append(what)
-                stack[-1] = eqn
-                out = call(*args)
-                if type(out) is not np.ndarray:
-                    out = np.asarray(out)
-                if out.dtype != dtype or out.shape != block_shape:
-                    bad_result(eqn, out, block_shape, dtype)
-                env[eqn.outvars[0]] = out
-            for v, array in outputs.items():
-                array[block] = env[v]
+        with _threads.one_at_a_time():  # (in a device thread)
+            for block, block_shape in self.blocks:
+                env = {}
+                for eqn, call, operands, dtype in self.plan:
+                    args = []
+                    for kind, what in operands:
+                        if kind == "in":
+                            args.append(whole[what][block] if whole[what] is not None else single[what])
+                        elif kind == "env":
+                            args.append(env[what])
+                        elif kind == "block":
+                            args.append(what[block])
+                        else:
+                            args.append(what)
+                    stack[-1] = eqn
+                    out = call(*args)
+                    if type(out) is not np.ndarray:
+                        out = np.asarray(out)
+                    if out.dtype != dtype or out.shape != block_shape:
+                        bad_result(eqn, out, block_shape, dtype)
+                    env[eqn.outvars[0]] = out
+                for v, array in outputs.items():
+                    array[block] = env[v]
         return [outputs[v] for v in self.outputs]
 
 

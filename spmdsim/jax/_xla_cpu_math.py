@@ -220,18 +220,20 @@ def _blockwise(fn):
     """``fn`` (elementwise, one operand) on a large array a block of ``_BLOCK`` elements at a time, in the calling
     thread: each of its dozen or more steps then reads and writes cache instead of memory. Every element's
     result is the same. (Not spread over the CPUs: a block's steps are NumPy calls of a few microseconds each, and
-    two threads trading the GIL around each of them took 1.4-1.7x the time of one thread here.)"""
+    two threads trading the GIL around each of them took 1.4-1.7x the time of one thread here; for the same reason
+    one device thread at a time computes a large port, :func:`spmdsim._threads.one_at_a_time`.)"""
     @functools.wraps(fn)
     def blockwise(x):
         x = np.asarray(x)
         if x.size <= 2 * _BLOCK:
             return fn(x)
         flat = x.reshape(-1)
-        first = fn(flat[:_BLOCK])
-        out = _buffers.empty(x.size, first.dtype)
-        out[:_BLOCK] = first
-        for start in range(_BLOCK, x.size, _BLOCK):
-            out[start:start + _BLOCK] = fn(flat[start:start + _BLOCK])
+        with _threads.one_at_a_time():  # (in a device thread)
+            first = fn(flat[:_BLOCK])
+            out = _buffers.empty(x.size, first.dtype)
+            out[:_BLOCK] = first
+            for start in range(_BLOCK, x.size, _BLOCK):
+                out[start:start + _BLOCK] = fn(flat[start:start + _BLOCK])
         return out.reshape(x.shape)
     return blockwise
 
