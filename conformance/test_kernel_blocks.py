@@ -4,8 +4,10 @@ port on the whole array), products whatever the batch and the operands' layout (
 slice), and kernels split over the CPUs (errors and NumPy's error state as in the caller)."""
 from __future__ import annotations
 
+import gc
 import warnings
 
+import jax
 import numpy as np
 import pytest
 
@@ -180,13 +182,46 @@ def test_fresh_buffers_are_aligned_as_xla_aligns_its_own():
             assert x.ctypes.data % _buffers.ALIGNMENT == 0
 
 
+def test_large_buffers_are_reused_only_once_nothing_refers_to_them(monkeypatch):
+    from spmdsim import _buffers
+    monkeypatch.setattr(_buffers, "_pool", [])
+    monkeypatch.setattr(_buffers, "_pool_ids", set())
+    monkeypatch.setattr(_buffers, "_POOL_BYTES", 3 * (_buffers._KEPT + _buffers.ALIGNMENT))
+    shape = (_buffers._KEPT // 4,)
+    x = _buffers.empty(shape, np.float32)
+    x[:] = 1
+    view = x[10:]
+    address = x.ctypes.data
+    del x
+    y = _buffers.empty(shape, np.float32)  # x's buffer is still used by its view
+    assert y.ctypes.data != address and view[0] == 1
+    del view
+    z = _buffers.empty(shape, np.float32)
+    assert z.ctypes.data == address  # nothing refers to x's buffer any more
+    jax_array = jax.device_put(z)  # without a copy: JAX refers to z's buffer
+    assert jax_array.unsafe_buffer_pointer() == address
+    del z
+    assert _buffers.empty(shape, np.float32).ctypes.data not in (address, y.ctypes.data)
+    del jax_array
+    gc.collect()  # (a jax.Array lets go of its host buffer at a collection)
+    assert _buffers.empty(shape, np.float32).ctypes.data == address
+    assert _buffers.empty((_buffers._KEPT // 2 - 1,), np.uint16).ctypes.data != address  # another size
+    # at most _POOL_BYTES kept, the oldest let go first
+    kept = [_buffers.empty(shape, np.float32) for _ in range(5)]
+    assert sum(b.nbytes for b in _buffers._pool) <= _buffers._POOL_BYTES
+    assert all(_buffers.kept_by_pool(k.base) for k in kept[-3:]) and not _buffers.kept_by_pool(kept[0].base)
+    from spmdsim.jax._fusion import writable_alone
+    assert writable_alone(kept.pop())  # in place: the pool's reference is not a user's
+
+
+@pytest.mark.parametrize("shape", [(8, 300, 300), (8, 400, 400)])  # below and above _buffers._KEPT
 @pytest.mark.parametrize("executor", ["threads", "vectorized"])
-def test_results_handed_to_jax_stay_the_callers(executor):
-    """Large results become ``jax.Array``s without a copy (aligned buffers): a later call, fed the earlier
-    result, must neither change it nor share its memory with its own result."""
+def test_results_handed_to_jax_stay_the_callers(executor, shape):
+    """Large results become ``jax.Array``s without a copy (aligned buffers, kept for reuse from 4 MiB on): a
+    later call, fed the earlier result, must neither change it nor share its memory with its own result."""
     import spmdsim.jax as sj
     f = sj.pmap(lambda x: x * 2.0 + 1.0, executor=executor)
-    x = np.ones((8, 300, 300), np.float32)
+    x = np.ones(shape, np.float32)
     first = f(x)
     kept = np.asarray(first).copy()
     second = f(first)

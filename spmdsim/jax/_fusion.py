@@ -170,7 +170,7 @@ def writable_alone(x) -> bool:
     base = x.base
     return base is None or type(base) is np.ndarray and base.base is None \
         and base.nbytes in (x.nbytes, x.nbytes + _buffers.ALIGNMENT) \
-        and sys.getrefcount(base) <= 3  # x's reference, this local and the call's
+        and sys.getrefcount(base) <= 3 + _buffers.kept_by_pool(base)  # x's, this local's, the call's, the pool's
 
 
 def _blocks(shape: tuple) -> list[tuple[tuple, tuple]]:
