@@ -86,6 +86,15 @@ def _keep(raw: np.ndarray) -> None:
         _pool_ids.add(id(raw))
 
 
+def _after_fork() -> None:  # in a forked child: a thread of the parent may have held the lock
+    global _pool_lock
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def kept_by_pool(base: np.ndarray) -> bool:
     """Whether the pool holds a reference to ``base`` (an array of :func:`empty`'s), besides its users'."""
     return id(base) in _pool_ids

@@ -319,6 +319,15 @@ _ONE_AT_A_TIME = threading.RLock()
 _NOTHING = contextlib.nullcontext()
 
 
+def _one_at_a_time_after_fork() -> None:  # a device thread of the parent may have held it
+    global _ONE_AT_A_TIME
+    _ONE_AT_A_TIME = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_one_at_a_time_after_fork)
+
+
 def one_at_a_time():
     """``with one_at_a_time():`` around a run of many short NumPy calls in a device thread (a fused run of
     elementwise equations, a transcendental port over many blocks): one device at a time computes such a run,

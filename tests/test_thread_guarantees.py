@@ -126,6 +126,39 @@ def test_a_forked_child_starts_with_no_parked_thread_and_its_calls_work():
     assert proc.stdout.splitlines() == ["child 0 True 8", "parent 8 8"], proc.stdout + proc.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_is_not_blocked_by_locks_its_parents_threads_held():
+    """A thread of the parent inside a fused run (``one_at_a_time``) or taking a kept buffer (the buffer pool's
+    lock) while another forks: the child has no such thread, and must still compute."""
+    program = (
+        "import os, threading, numpy as np\n"
+        "from spmdsim import _buffers, _threads\n"
+        "held, done = threading.Event(), threading.Event()\n"
+        "def holder():\n"
+        "    with _threads._ONE_AT_A_TIME, _buffers._pool_lock:\n"
+        "        held.set()\n"
+        "        done.wait()\n"
+        "t = threading.Thread(target=holder)\n"
+        "t.start()\n"
+        "held.wait()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    one = _threads._ONE_AT_A_TIME.acquire(timeout=10)\n"
+        "    pool = _buffers._pool_lock.acquire(timeout=10)\n"
+        "    if pool:\n"
+        "        _buffers._pool_lock.release()\n"
+        "    x = _buffers.empty((1 << 21,), np.float32)\n"
+        "    print('child', one, pool, x.shape, flush=True)\n"
+        "    os._exit(0)\n"
+        "done.set()\n"
+        "t.join()\n"
+        "os.waitpid(pid, 0)\n")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child True True (2097152,)"], proc.stdout + proc.stderr
+
+
 def assert_calls_keep_nothing(call, monkeypatch) -> None:
     """``call()`` (a mapped call over 8 devices) 10,000 times after 200 warm-up calls: Python objects and threads
     counted over all of them; bytes held by spmdsim's code (tracemalloc) over the last 1,000, after 500 more that
