@@ -98,10 +98,7 @@ def test_parked_threads_end_at_interpreter_exit():
         "f = spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), axis_name='i')\n"
         "for _ in range(3): f(np.ones(8))\n"
         "print('parked:', spmdsim._threads.idle_thread_count())\n")
-    env = {**os.environ, "PYTHONPATH": ROOT, "SPMDSIM_IDLE_THREAD_SECONDS": "60"}
-    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["parked: 8", "left at exit: []"], proc.stdout + proc.stderr
+    assert_prints(program, ["parked: 8", "left at exit: []"], SPMDSIM_IDLE_THREAD_SECONDS="60")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
@@ -120,10 +117,7 @@ def test_a_forked_child_starts_with_no_parked_thread_and_its_calls_work():
         "    os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
         "print('parent', parked, spmdsim._threads.idle_thread_count())\n")
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["child 0 True 8", "parent 8 8"], proc.stdout + proc.stderr
+    assert_prints(program, ["child 0 True 8", "parent 8 8"])
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
@@ -153,10 +147,15 @@ def test_a_forked_child_is_not_blocked_by_locks_its_parents_threads_held():
         "done.set()\n"
         "t.join()\n"
         "os.waitpid(pid, 0)\n")
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    assert_prints(program, ["child True True (2097152,)"])
+
+
+def assert_prints(program: str, lines: list, **environment) -> None:
+    """``program`` run by a fresh interpreter (spmdsim importable) succeeds and prints ``lines``."""
+    env = {**os.environ, "PYTHONPATH": ROOT, **environment}
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["child True True (2097152,)"], proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == lines, proc.stdout + proc.stderr
 
 
 def assert_calls_keep_nothing(call, monkeypatch) -> None:
