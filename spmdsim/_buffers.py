@@ -41,23 +41,25 @@ _pool_lock = threading.Lock()
 
 
 def empty(shape, dtype, *, faulted: bool = False) -> np.ndarray:
-    """``np.empty(shape, dtype)``, its data aligned to :data:`ALIGNMENT` bytes (from ``_SMALL`` bytes on);
-    ``faulted``: with one byte of each page written now, in the calling thread (from 1 MiB on)."""
+    """``np.empty(shape, dtype)``, its data aligned to :data:`ALIGNMENT` bytes (from ``_SMALL`` bytes on), a kept
+    buffer where one of its size is free (from ``_KEPT`` bytes on); ``faulted``: with one byte of each page written
+    now, in the calling thread (from 1 MiB on)."""
     dtype = np.dtype(dtype)
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _SMALL or dtype.hasobject:
         return np.empty(shape, dtype)
     raw = _reused(nbytes + ALIGNMENT) if nbytes >= _KEPT else None
-    start = -raw.ctypes.data % ALIGNMENT if raw is not None else 0
-    if raw is None:
+    fresh = raw is None
+    if fresh:
         raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-        start = -raw.ctypes.data % ALIGNMENT
-        if faulted and nbytes >= 1 << 20:
-            raw[start::_PAGE] = 0
         if nbytes >= _KEPT:
             _keep(raw)
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    start = -raw.ctypes.data % ALIGNMENT
+    data = raw[start:start + nbytes]
+    if faulted and fresh and nbytes >= 1 << 20:  # (a kept buffer's pages are in already)
+        data[::_PAGE] = 0
+    return data.view(dtype).reshape(shape)
 
 
 def _reused(size: int) -> np.ndarray | None:
