@@ -201,6 +201,7 @@ class _Pool:
         self.lock = threading.Lock()
         self.scopes = 0      # open reuse_threads() blocks
         self.idle: list[_Worker] = []
+        self.one_at_a_time = threading.RLock()  # see one_at_a_time()
 
     def serve(self, worker: _Worker) -> None:
         try:
@@ -272,9 +273,10 @@ class _Pool:
             worker.thread.join()
 
     def after_fork(self) -> None:
-        """In a forked child the parent's threads do not exist: forget them."""
+        """In a forked child the parent's threads do not exist: forget them (and the locks they may have held)."""
         self.lock = threading.Lock()
         self.idle = []
+        self.one_at_a_time = threading.RLock()
 
 
 _pool = _Pool()
@@ -315,17 +317,7 @@ def in_lane() -> bool:
     return _worker() is not None
 
 
-_ONE_AT_A_TIME = threading.RLock()
 _NOTHING = contextlib.nullcontext()
-
-
-def _one_at_a_time_after_fork() -> None:  # a device thread of the parent may have held it
-    global _ONE_AT_A_TIME
-    _ONE_AT_A_TIME = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_one_at_a_time_after_fork)
 
 
 def one_at_a_time():
@@ -336,7 +328,7 @@ def one_at_a_time():
     runs 1.65x slower than one thread computing them all (issue 27). The others wait once, or run meanwhile
     what does not take it (BLAS products, collectives). Nothing outside device threads. The holder waits for
     nothing but the GIL, so no device waits for it longer than one run."""
-    return _ONE_AT_A_TIME if _worker() is not None else _NOTHING
+    return _pool.one_at_a_time if _worker() is not None else _NOTHING
 
 
 class spread:

@@ -136,29 +136,33 @@ class FusedRun:
         # (an index of its leading axes), and a (1, 1, 1) operand would add axes to a block's result
         single = [np.reshape(x, ()) if w is None else None for x, w in zip(inputs, whole, strict=True)]
         with _threads.one_at_a_time():  # (in a device thread)
-            for block, block_shape in self.blocks:
-                env = {}
-                for eqn, call, operands, dtype in self.plan:
-                    args = []
-                    for kind, what in operands:
-                        if kind == "in":
-                            args.append(whole[what][block] if whole[what] is not None else single[what])
-                        elif kind == "env":
-                            args.append(env[what])
-                        elif kind == "block":
-                            args.append(what[block])
-                        else:
-                            args.append(what)
-                    stack[-1] = eqn
-                    out = call(*args)
-                    if type(out) is not np.ndarray:
-                        out = np.asarray(out)
-                    if out.dtype != dtype or out.shape != block_shape:
-                        bad_result(eqn, out, block_shape, dtype)
-                    env[eqn.outvars[0]] = out
-                for v, array in outputs.items():
-                    array[block] = env[v]
+            self._blocks_into(outputs, stack, whole, single)
         return [outputs[v] for v in self.outputs]
+
+    def _blocks_into(self, outputs: dict, stack, whole: list, single: list) -> None:
+        """Every equation of the run on each block, the run's outputs written into ``outputs``' arrays."""
+        for block, block_shape in self.blocks:
+            env = {}
+            for eqn, call, operands, dtype in self.plan:
+                args = []
+                for kind, what in operands:
+                    if kind == "in":
+                        args.append(whole[what][block] if whole[what] is not None else single[what])
+                    elif kind == "env":
+                        args.append(env[what])
+                    elif kind == "block":
+                        args.append(what[block])
+                    else:
+                        args.append(what)
+                stack[-1] = eqn
+                out = call(*args)
+                if type(out) is not np.ndarray:
+                    out = np.asarray(out)
+                if out.dtype != dtype or out.shape != block_shape:
+                    bad_result(eqn, out, block_shape, dtype)
+                env[eqn.outvars[0]] = out
+            for v, array in outputs.items():
+                array[block] = env[v]
 
 
 def writable_alone(x) -> bool:
