@@ -86,6 +86,11 @@ class Stop:
         op: the collective's name in the rendezvous (``psum``, ``reduce_scatter``, ...), or the error's class.
         axis_name: the axis names of the collective (empty for an error stop).
         error: the CollectiveDeadlockError or CollectiveMismatchError that stopped the program, else None.
+        breakpoints: the breakpoints this stop was hit at (empty when it stopped for ``next`` or an error).
+
+    Methods that take a device (:func:`evaluate`, :meth:`Session.eval`, the prompt's ``p`` and ``s``) take its
+    device id (5 for ``device 5 [x=2, y=1]``), as ``b device=D`` and the rest of spmdsim do;
+    :meth:`row` gives the index of a device's row in these lists.
     """
 
     number: int
@@ -103,6 +108,25 @@ class Stop:
     _frames: dict | None = dataclasses.field(default=None, repr=False)
     held: bool = dataclasses.field(default=True, repr=False)
     _calling: dict = dataclasses.field(default_factory=dict, repr=False)  # row -> the failed call it is in
+    breakpoints: list = dataclasses.field(default_factory=list)
+
+    def row(self, device: int) -> int:
+        """The index in this stop's lists (``devices``, ``operands``, ...) of the device with id ``device``.
+
+        Under ``vmap`` the lanes of a stop may share a device (or have none): there ``device`` is a row.
+
+        Raises:
+            ValueError: no such device at this stop.
+        """
+        numbers = [_device_number(d) for d in self.devices]
+        if None in numbers or len(set(numbers)) != len(numbers):  # vmap lanes: rows
+            if not 0 <= device < len(self.devices):
+                raise ValueError(f"this stop's lanes share devices (vmap): DEVICE is a row, 0..{len(self.devices) - 1}"
+                                 f", got {device}")
+            return device
+        if device not in numbers:
+            raise ValueError(f"no device {device} at this stop: its devices are {_id_list(numbers)}")
+        return numbers.index(device)
 
     def table(self, width: int = 100) -> str:
         """The stop as text: a header line, then one row per device (source line, operand, result).
@@ -123,7 +147,7 @@ class Stop:
             return f"stop {self.number}: {type(self.error).__name__}: {self.error}"
         same_site = len(set(self.sites)) == 1
         head = f"stop {self.number}: {self.description} (step {self.step})" + (
-            f" at {self.sites[0]}" if same_site else "")
+            f" at {self.sites[0]}" if same_site else "") + _hit_text(self.breakpoints)
         n_leaves = max((len(ops) for ops in self.operands), default=0)
         label_w = max(len(d) for d in self.devices)
         site_w = 0 if same_site else max(len(s) for s in self.sites)
@@ -146,6 +170,19 @@ class Stop:
 
     def _repr_pretty_(self, printer, cycle) -> None:  # IPython and Jupyter show the table
         printer.text(self.table())
+
+
+def _hit_text(breakpoints: Sequence) -> str:
+    """`` [breakpoint 2: psum step=3]``: the breakpoints a stop was hit at, as gdb's "Breakpoint 2, ..."."""
+    if not breakpoints:
+        return ""
+    return " [" + ", ".join(f"breakpoint {bp.number}: {bp}" for bp in breakpoints) + "]"
+
+
+def _id_list(numbers: Sequence[int]) -> str:
+    """``0, 1, 2, 3`` or, for many, ``0, 1, 2, ..., 63``."""
+    shown = list(numbers) if len(numbers) <= 8 else [*numbers[:3], "...", numbers[-1]]
+    return ", ".join(map(str, shown))
 
 
 def brief(value, width: int = 40) -> str:
@@ -171,8 +208,9 @@ def _item(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _collective_stop(number: int, rv) -> Stop:
-    """A Stop from a completed rendezvous; its devices are shown as held there."""
+def _collective_stop(number: int, rv, hit: Sequence = ()) -> Stop:
+    """A Stop from a completed rendezvous; its devices are shown as held there; ``hit``: the breakpoints it was
+    hit at."""
     api = next((a for a in rv.apis if a), None)  # the public function called (pmean binds psum)
     where = _runtime.describe(rv.signature, api)
     lanes, sites = list(rv.lanes), list(rv.sites)
@@ -184,7 +222,8 @@ def _collective_stop(number: int, rv) -> Stop:
     if api == "pmean" and rv.signature.op == "psum":
         results = _means(rv, results)
     stop = Stop(number, where, rv.seq, [lane.label for lane in lanes], sites, [list(b) for b in rv.blocks], results,
-                [], op=api or rv.signature.op, axis_name=tuple(rv.signature.names), _lanes=lanes, _frames=frames)
+                [], op=api or rv.signature.op, axis_name=tuple(rv.signature.names), _lanes=lanes, _frames=frames,
+                breakpoints=list(hit))
     stop.state = _states(stop)
     return stop
 
@@ -284,21 +323,22 @@ def _device_frames(lanes: Sequence) -> dict[int, Any]:
 
 
 def evaluate(stop: Stop, device: int, expression: str) -> Any:
-    """Evaluate ``expression`` in the frame of ``stop``'s device number ``device`` (its rank in the stop).
+    """Evaluate ``expression`` in the frame of ``stop``'s device ``device`` (its device id, as in ``device 5
+    [x=2, y=1]``; see :meth:`Stop.row`).
 
     The expression sees the device's local and global variables where it called the collective. It runs in
     a thread of its own, outside every mapped call, so calling a collective in it raises NameError.
 
     Args:
         stop: a stop whose devices are still held.
-        device: an index into ``stop.devices``.
+        device: the device's id (one of the stop's devices).
         expression: Python source of an expression.
 
     Returns:
         The expression's value.
 
     Raises:
-        ValueError: the stop was released, ``device`` is out of range, or that device has no Python frame
+        ValueError: the stop was released, ``device`` is not at the stop, or that device has no Python frame
             held here (it is computing, finished, or runs a jaxpr).
         Exception: whatever the expression raises.
     """
@@ -310,16 +350,15 @@ def _held_frame(stop: Stop, device: int):
     if not stop.held:
         raise ValueError(f"stop {stop.number} was released: the devices have moved on. Evaluate at the current "
                          f"stop.")
-    if not 0 <= device < len(stop.devices):
-        raise ValueError(f"device must be in 0..{len(stop.devices) - 1} (a row of the stop), got {device}")
-    if not _held(stop, device):  # running, returned or raised: the same state as 'where' gives
-        raise ValueError(f"{stop.devices[device]} is not held at a collective ({_state(stop, device)}): only a "
+    row = stop.row(device)
+    if not _held(stop, row):  # running, returned or raised: the same state as 'where' gives
+        raise ValueError(f"{stop.devices[row]} is not held at a collective ({_state(stop, row)}): only a "
                          f"held device's variables can be read; see 'where'.")
     if stop._frames is None:
         stop._frames = _device_frames(stop._lanes)
-    frame = stop._frames.get(device)
+    frame = stop._frames.get(row)
     if frame is None:
-        raise ValueError(f"{stop.devices[device]} runs a jaxpr (a JAX program): it has no Python variables to "
+        raise ValueError(f"{stop.devices[row]} runs a jaxpr (a JAX program): it has no Python variables to "
                          f"read. 's {device}' shows its operand" + (f" and 's {device} r' its result."
                                                                     if stop.error is None else "."))
     return frame
@@ -363,6 +402,7 @@ class Breakpoint:
     device: int | None = None
     number: int = 0
     hits: int = 0
+    ignore: int = 0  # hits still to pass over (gdb's ignore count; ``continue N`` at this breakpoint sets N - 1)
 
     @classmethod
     def parse(cls, text: str, number: int = 0) -> "Breakpoint":
@@ -417,9 +457,9 @@ class Breakpoint:
 
 
 def _device_number(label: str) -> int | None:
-    """5 from ``device 5 [i=1, j=1]``."""
-    head = label.split(" [", 1)[0].split()
-    return int(head[1]) if len(head) == 2 and head[1].isdigit() else None
+    """5 from ``device 5 [i=1, j=1]`` (or ``host 1 device 5 [i=5]``); None for a vmap lane."""
+    match = re.match(r"(?:host \d+ )?device (\d+)(?: \[|$)", label)
+    return int(match.group(1)) if match else None
 
 
 def _same_line(site: str, spec: str) -> bool:
@@ -452,8 +492,9 @@ def _check_line(text: str, spec: str, program: str | None) -> None:
 
 class _Controller:
     """When to stop, shared by the terminal and :class:`Session`: ``next N`` (the N-th next collective) or
-    ``continue N`` (the N-th next breakpoint hit; any collective when there is no breakpoint and N is
-    given; never otherwise). A would-hang or mismatch always stops."""
+    ``continue`` (the next hit of a breakpoint whose ignore count is 0; never without breakpoints). ``continue N``
+    at a breakpoint's stop first sets that breakpoint's ignore count to N - 1, as gdb's ``continue N`` does. A
+    would-hang or mismatch always stops."""
 
     def __init__(self, breakpoints: Sequence[str] = (), program: str | None = None):
         self.breakpoints: list[Breakpoint] = []
@@ -461,8 +502,9 @@ class _Controller:
         self.program = program  # the program's file, which a breakpoint's bare LINE names
         for text in breakpoints:
             self.add(text)
-        self.mode, self.remaining = ("continue", 1) if self.breakpoints else ("next", 1)
+        self.mode, self.remaining = ("continue", None) if self.breakpoints else ("next", 1)
         self.count = 0
+        self.hit: list[Breakpoint] = []  # the breakpoints the stop wanted last was hit at
         self.lock = threading.Lock()  # one stop at a time, whichever device thread completes a rendezvous
 
     def add(self, text: str) -> Breakpoint:
@@ -487,23 +529,39 @@ class _Controller:
     def go(self, mode: str, n: int | None) -> None:
         self.mode, self.remaining = mode, n
 
+    def ignore_at(self, stop: "Stop", n: int) -> str:
+        """``continue N`` at ``stop``, as gdb's: each breakpoint the stop was hit at passes over its next N - 1
+        hits. Returns what was done, to be said."""
+        if not stop.breakpoints:
+            return f"not stopped at a breakpoint; {n} ignored (continue N passes over the next N - 1 hits of the " \
+                   f"breakpoint stopped at, as gdb's)"
+        for bp in stop.breakpoints:
+            bp.ignore = n - 1
+        return "; ".join(f"will ignore the next {n - 1} hit{'s' * (n != 2)} of breakpoint {bp.number} ({bp})"
+                         for bp in stop.breakpoints)
+
     def wants(self, rv) -> bool:
-        """Whether to stop at this completed rendezvous (and count it toward ``next N``/``continue N``)."""
+        """Whether to stop at this completed rendezvous (and count it toward ``next N``); every breakpoint it
+        matches counts a hit (and, when continuing, passes over it while its ignore count lasts). ``self.hit``:
+        the breakpoints it stops at."""
         if self.mode == "run":
             return False
+        matched = []
+        if self.breakpoints:
+            ops = (next((a for a in rv.apis if a), None) or rv.signature.op, rv.signature.op)
+            labels = [lane.label for lane in rv.lanes]
+            matched = [bp for bp in self.breakpoints if bp.matches(ops, rv.signature.names, rv.seq, rv.sites, labels)]
+        for bp in matched:
+            bp.hits += 1
         if self.mode == "continue":
-            hit = False
-            if self.breakpoints:
-                ops = (next((a for a in rv.apis if a), None) or rv.signature.op, rv.signature.op)
-                labels = [lane.label for lane in rv.lanes]
-                for bp in self.breakpoints:
-                    if bp.matches(ops, rv.signature.names, rv.seq, rv.sites, labels):
-                        bp.hits += 1
-                        hit = True
-            elif self.remaining is not None:
-                hit = True
-            if not hit:
-                return False
+            self.hit = []
+            for bp in matched:
+                if bp.ignore > 0:
+                    bp.ignore -= 1
+                else:
+                    self.hit.append(bp)
+            return bool(self.hit)
+        self.hit = matched
         self.remaining -= 1
         return self.remaining <= 0
 
@@ -571,7 +629,7 @@ class Session:
         with self._control.lock:
             if self._control.wants(rv):
                 self._control.count += 1
-                self._hold(_collective_stop(self._control.count - 1, rv))
+                self._hold(_collective_stop(self._control.count - 1, rv, self._control.hit))
 
     def _failed(self, world, error) -> None:
         if isinstance(error, CollectiveError) and self._control.mode != "run":
@@ -597,14 +655,16 @@ class Session:
         return self._resume("next", _count(n))
 
     def cont(self, n: int | None = None) -> Stop | None:
-        """Release the current stop and run to the ``n``-th next breakpoint hit (default: the next one). With
-        no breakpoint set, ``n`` counts every collective, and without ``n`` the call runs to its end. A
-        would-hang or mismatch stops anyway.
+        """Release the current stop and run to the next breakpoint hit; with no breakpoint set, to the end. A
+        would-hang or mismatch stops anyway. As gdb's ``continue N``: with ``n``, the breakpoints the current stop
+        was hit at pass over their next ``n - 1`` hits (ignored when the stop is at no breakpoint).
 
         Returns:
             The new stop, or None when the call has finished (see ``result`` and ``error``).
         """
-        return self._resume("continue", None if n is None and not self._control.breakpoints else _count(n or 1))
+        if n is not None and self.stop is not None:
+            self._control.ignore_at(self.stop, _count(n))
+        return self._resume("continue", None)
 
     def finish(self) -> Any:
         """Run to the end without stopping (not even at a would-hang or mismatch).
@@ -712,7 +772,8 @@ def step(fun: Callable, *args, breakpoints: Sequence[str] = (), **kwargs) -> Ses
 
 HELP = """commands (a command's first letter is enough):
   n, next [N]              release; stop at the next collective (the N-th next)
-  c, continue [N]          run to the next breakpoint (the N-th next); with none set, to the end
+  c, continue [N]          run to the next breakpoint; with none set, to the end. N (as gdb's): the
+                           breakpoint stopped at passes over its next N-1 hits first
   b, break [SPEC]          add a breakpoint; SPEC: any of OP, FILE:LINE, LINE, axis=NAME, step=K, device=D
                            (e.g. 'b psum step=3', 'b train.py:42 device=2'); alone: list the breakpoints.
                            OP is the function called or a primitive implementing it: psum also stops at
@@ -722,10 +783,10 @@ HELP = """commands (a command's first letter is enough):
   p, print DEVICE EXPR     evaluate EXPR in DEVICE's frame where it called the collective
   w, where                 every device: its state, collective, step and source line
   l, list                  show this stop again
-  q, quit                  stop the program
+  q, quit                  stop the program (exit status 0, as pdb; Ctrl-D too)
   h, help                  this text
-DEVICE is a row of the stop (0 = the first row). Enter repeats the last command; Up and Down recall earlier
-ones. Ctrl-C does not end the program at a stop (q does)."""
+DEVICE is a device id (5 for device 5 [x=2, y=1]), as in b device=D. Enter repeats the last command; Up
+and Down recall earlier ones. Ctrl-C does not end the program at a stop (q does)."""
 
 COMMANDS = {"n": "next", "next": "next", "c": "continue", "cont": "continue", "continue": "continue",
             "b": "break", "break": "break", "cl": "clear", "clear": "clear", "s": "show", "show": "show",
@@ -787,7 +848,7 @@ class _Prompt:
         with self.control.lock:
             if self.control.wants(rv):
                 self.control.count += 1
-                self.interact(_collective_stop(self.control.count - 1, rv))
+                self.interact(_collective_stop(self.control.count - 1, rv, self.control.hit))
 
     def failed(self, world, error) -> None:
         if isinstance(error, CollectiveError) and not self.quitting:
@@ -827,7 +888,9 @@ class _Prompt:
                 if command == "next":
                     self.control.go("next", n or 1)
                 else:
-                    self.control.go("continue", n or 1 if n or self.control.breakpoints else None)
+                    if n is not None:
+                        self.say(self.control.ignore_at(stop, n))
+                    self.control.go("continue", None)
                 return True
             if command == "quit":
                 self.quitting = True
@@ -850,7 +913,9 @@ class _Prompt:
             return HELP
         if command == "break":
             if not rest:
-                return "\n".join(f"{bp.number}: {bp} (hit {bp.hits} times)" for bp in self.control.breakpoints) \
+                return "\n".join(f"{bp.number}: {bp} (hit {bp.hits} times"
+                                 + (f"; the next {bp.ignore} ignored)" if bp.ignore else ")")
+                                 for bp in self.control.breakpoints) \
                     or "no breakpoints; add one with: b SPEC (see h)"
             bp = self.control.add(" ".join(rest))
             return f"breakpoint {bp.number}: {bp}"
@@ -893,9 +958,10 @@ def _error_hint(stop: Stop) -> str:
 
 
 def _show(stop: Stop, rest: list[str]) -> str:
-    if not rest or not rest[0].isdigit() or not int(rest[0]) < len(stop.devices):
-        raise ValueError(f"usage: show DEVICE [operand|result], DEVICE in 0..{len(stop.devices) - 1}")
-    rank = int(rest[0])
+    if not rest or not rest[0].isdigit():
+        raise ValueError("usage: show DEVICE [operand|result], DEVICE a device id of the stop, e.g. s 2 r")
+    device = int(rest[0])
+    rank = stop.row(device)
     what = "result" if len(rest) > 1 and rest[1].startswith("r") else "operand"
     if stop.error is not None:  # the operand a waiting device holds; nothing has a result
         lane = stop._lanes[rank]
@@ -904,7 +970,7 @@ def _show(stop: Stop, rest: list[str]) -> str:
                              f"{_state(stop, rank)}")
         if rank in stop._calling:
             raise ValueError(f"{lane.label} is {_state(stop, rank)}: its operand never reached a rendezvous; "
-                             f"p {rank} EXPR reads its variables")
+                             f"p {device} EXPR reads its variables")
         rv, at = lane.waiting
         values, site = rv.blocks[at], rv.sites[at]
     else:
@@ -935,7 +1001,8 @@ def parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``spmdsim debug``: returns 0 when the program finished, 1 when it raised or was quit.
+    """``spmdsim debug``: returns 0 when the program finished or the user quit (``q``, Ctrl-D: as pdb), the
+    program's exit status when it raised (1) or exited.
 
     Raises:
         UsageError: bad options or breakpoints, no program, or a program that does not exist.
@@ -971,10 +1038,13 @@ def main(argv: list[str] | None = None) -> int:
             code = run_program(program, shown=prompt.errors_shown)
     except DebuggerQuit as e:
         prompt.say(f"spmdsim debug: stopped ({e}).")
-        return 1
+        return 0  # the user quit: a success, as pdb's q
     finally:
         _runtime.pause_hooks.remove(prompt.pause)
         _runtime.failure_hooks.remove(prompt.failed)
+    if prompt.quitting:  # q at a would-hang or mismatch: the program ended with the error shown there
+        prompt.say("spmdsim debug: stopped (the user quit the spmdsim debugger).")
+        return 0
     prompt.say("spmdsim debug: the program finished." if code == 0 else
                f"spmdsim debug: the program ended with exit status {code}.")
     return code

@@ -93,7 +93,7 @@ def ensure_jax_devices(n: int, *, api: str = "ensure_jax_devices") -> None:
             and where.
     """
     import jax
-    from jax._src import xla_bridge
+    from spmdsim.jax._internals import xla_bridge
 
     import spmdsim
 

@@ -149,3 +149,34 @@ def test_a_planted_circle_is_caught_also_through_an_import_inside_a_function(tmp
     assert cycles(graph) == [["spmdsim.low", "spmdsim.sub.high"]]
     (package / "low.py").write_text("def f():\n    pass\n")
     assert cycles(import_graph(package)) == []
+
+
+INTERNALS = "spmdsim.jax._internals"
+
+
+def jax_internal_importers(root: pathlib.Path) -> dict[str, list[str]]:
+    """Module -> the names of JAX's internals (``jax._src...``) it imports, for every module but
+    :data:`INTERNALS`, the one module allowed to (issue 37)."""
+    found = {}
+    for module, path in modules(root).items():
+        private = sorted({n for n in imported_names(module, path) if n == "jax._src" or n.startswith("jax._src.")})
+        if private and module != INTERNALS:
+            found[module] = private
+    return found
+
+
+def test_only_one_module_imports_jax_internals():
+    assert (PACKAGE / "jax" / "_internals.py").exists()
+    assert jax_internal_importers(PACKAGE) == {}, (
+        "import JAX's internals through spmdsim.jax._internals (the one place that adapts to JAX's releases)")
+
+
+def test_an_import_of_jax_internals_elsewhere_is_caught(tmp_path):
+    package = tmp_path / "spmdsim"
+    (package / "jax").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "jax" / "__init__.py").write_text("")
+    (package / "jax" / "_internals.py").write_text("from jax._src import core\n")
+    (package / "jax" / "_rules.py").write_text("def f():\n    from jax._src.lax import lax as lax_internal\n")
+    (package / "jax" / "_fine.py").write_text("import jax\nfrom jax import lax\nfrom spmdsim.jax._internals import core\n")
+    assert jax_internal_importers(package) == {"spmdsim.jax._rules": ["jax._src.lax", "jax._src.lax.lax"]}

@@ -6,8 +6,12 @@ per-device function to a jaxpr once, then evaluates the jaxpr with NumPy once pe
 own thread, sharing the runtime and the collective primitives with :mod:`spmdsim.lax`. It composes with every
 JAX transformation (see :mod:`spmdsim.jax._map`).
 """
+from spmdsim.jax import _versions
+
 try:
-    import jax as _jax  # noqa: F401
+    _versions.check()  # before anything of JAX's internals is imported: an unsupported JAX fails here, in one line
+except _versions.UnsupportedJaxError:
+    raise
 except ImportError as e:  # pragma: no cover - exercised in the jax-free test environment
     raise ImportError("spmdsim.jax needs jax: python -m pip install \"spmdsim[jax]\" (or jax jaxlib). The core, "
                       "spmdsim.pmap and spmdsim.lax, works without it.") from e

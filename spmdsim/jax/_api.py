@@ -18,9 +18,9 @@ from typing import Callable, Hashable, Sequence
 
 import jax
 import numpy as np
-from jax._src import api_util, core
-from jax._src.array import ArrayImpl
-from jax._src.sharding import IndivisibleError
+from spmdsim.jax._internals import api_util, core
+from spmdsim.jax._internals import ArrayImpl
+from spmdsim.jax._internals import IndivisibleError
 from jax.extend import core as ext_core
 
 from spmdsim import _hosts, _pmap, _runtime, errors
@@ -169,7 +169,7 @@ def _unbound_axis_error(error: Exception, bound: list) -> "errors.UnboundAxisErr
     line = line if len(line) <= 80 else line[:77] + "..."
     where = f" at {os.path.basename(code.co_filename)}:{caller.tb_lineno} (in {code.co_name}: {line})"
     text = unbound_message(unbound[0], bound, call.f_code.co_name, where)
-    from jax._src import mesh as mesh_lib
+    from spmdsim.jax._internals import mesh_lib
     mesh = mesh_lib.get_abstract_mesh()
     if not mesh.empty and unbound[0] in mesh.axis_names:
         manual = ", ".join(map(repr, mesh.manual_axes)) or "none"
@@ -190,7 +190,7 @@ _tracing = _Tracing()
 
 
 def _convert_constvars(jaxpr):
-    from jax._src.interpreters import partial_eval as pe
+    from spmdsim.jax._internals import pe
     return pe.convert_constvars_jaxpr(jaxpr)
 
 
@@ -372,7 +372,7 @@ def _call_key(leaves: list, in_tree, statics: dict, lane) -> tuple | None:
 def _in_axes_error(in_axes, args: tuple, kwargs: dict) -> str:
     """JAX's message for an ``in_axes`` that is not a tree prefix of the positional arguments: the key path
     (``pmap in_axes[0][0]``) where the trees differ, what the comparison is, and the keyword-argument rule."""
-    from jax._src.tree_util import prefix_errors
+    from spmdsim.jax._internals import prefix_errors
     first, *_ = prefix_errors((in_axes, 0), (args, kwargs))
     text = first("pmap in_axes").args[0]
     text += ("\n\nThe 'full pytree' here is the tuple of arguments passed positionally to the pmapped function, "

@@ -683,7 +683,7 @@ def _aval(aval) -> tuple[tuple, str]:
 # -- the other sides ---------------------------------------------------------------------------------------------
 
 def _jax_jit():
-    from jax._src.api import jit  # JAX's own jit, whatever spmdsim run put at jax.jit
+    from spmdsim.jax._internals import jax_jit as jit
     return jit
 
 
@@ -785,7 +785,7 @@ def _xla_map(args: list, params: dict) -> Callable:
     """XLA's executable of the whole map, for arguments like ``args``: a jitted ``jax.shard_map`` of its body over
     JAX's first devices, with the map's specs."""
     import jax
-    from jax._src import shard_map as jax_shard_map
+    from spmdsim.jax._internals import jax_shard_map
     from jax.sharding import Mesh, PartitionSpec
 
     jaxpr, axes = params["jaxpr"], params["axes"]

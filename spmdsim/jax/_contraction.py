@@ -24,8 +24,8 @@ from __future__ import annotations
 
 
 import numpy as np
-from jax._src import core
-from jax._src.util import weakref_lru_cache
+from spmdsim.jax._internals import core
+from spmdsim.jax._internals import weakref_lru_cache
 
 from spmdsim.jax import _xla_cpu_isa, _xla_cpu_math
 from spmdsim.jax._registry import per_device, vectorized

@@ -15,6 +15,7 @@ import numpy as np
 from spmdsim._primitives import Diverged
 from spmdsim.jax._dtypes import is_token
 from spmdsim.jax._interpreter import Executor, current_site, higher_order
+from spmdsim.jax._internals import scan_counts
 
 
 @higher_order("pjit", "jit")
@@ -117,7 +118,8 @@ def _while(ex: Executor, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
 
 
 @higher_order("scan")
-def _scan(ex: Executor, *args, jaxpr, num_consts, num_carry, length, reverse, **_params):
+def _scan(ex: Executor, *args, jaxpr, length, reverse, **params):
+    num_consts, num_carry = scan_counts(params)
     consts, carry = args[:num_consts], list(args[num_consts:num_consts + num_carry])
     xs = args[num_consts + num_carry:]
     ys = [ex.stacked_buffer(aval, length) for aval in jaxpr.out_avals[num_carry:]]

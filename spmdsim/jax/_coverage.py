@@ -270,7 +270,7 @@ def representative_programs() -> list[tuple[str, Callable, tuple]]:
 
 
 def _prng_impls() -> list[str]:
-    from jax._src.random import prng as jax_prng
+    from spmdsim.jax._internals import jax_prng
     return sorted(jax_prng.prngs)
 
 
@@ -279,7 +279,7 @@ def _impl_lowerings() -> list[tuple[str, Callable, tuple]]:
     and random_bits on key data), which spmdsim traces and evaluates for impls other than threefry2x32: their hash
     primitives (threefry4x32, philox4x32, philox2x32, iota_2x32_shape, rng_bit_generator) are found here."""
     import jax
-    from jax._src.random import prng as jax_prng
+    from spmdsim.jax._internals import jax_prng
 
     programs = []
     for name in _prng_impls():

@@ -27,10 +27,10 @@ import os
 
 import jax
 import numpy as np
-from jax._src import config, core, source_info_util
-from jax._src import linear_util as lu
-from jax._src import mesh as mesh_lib
-from jax._src import shard_map as jax_shard_map
+from spmdsim.jax._internals import abstract_mesh_context_manager, config, core, device_context, source_info_util
+from spmdsim.jax._internals import lu
+from spmdsim.jax._internals import mesh_lib
+from spmdsim.jax._internals import jax_shard_map
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spmdsim import _runtime, _sharding
@@ -50,7 +50,7 @@ def _config_states() -> list:
     abstract mesh that a device's body gets from its map, and the concrete mesh of ``jax.set_mesh`` (the body's
     values are spmdsim's; what JAX runs in a device thread, a host callback, runs outside it, as in XLA)."""
     own = {id(core.trace_state), id(core.trace_state_strong_ref), id(core.axis_env_state),
-           id(config.abstract_mesh_context_manager), id(config.device_context), id(config.mesh_context_manager)}
+           id(abstract_mesh_context_manager), id(device_context), id(config.mesh_context_manager)}
     found = {id(s): s for s in (*config.config_states.values(), *vars(config).values())
              if isinstance(s, config.config_ext.Config) and id(s) not in own}
     return list(found.values())

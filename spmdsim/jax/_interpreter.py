@@ -71,7 +71,7 @@ def site_of(eqn) -> str:
 
 @functools.lru_cache(maxsize=8192)
 def _summarize(source_info) -> str:
-    from jax._src import source_info_util
+    from spmdsim.jax._internals import source_info_util
     return source_info_util.summarize(source_info)
 
 

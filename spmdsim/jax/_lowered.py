@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import threading
 
-from jax._src import api_util
-from jax._src import linear_util as lu
-from jax._src.interpreters import mlir
-from jax._src.interpreters import partial_eval as pe
+from spmdsim.jax._internals import api_util
+from spmdsim.jax._internals import lu
+from spmdsim.jax._internals import mlir
+from spmdsim.jax._internals import pe
 from jax.extend import core as ext_core
 
 __all__ = ["lowering_jaxpr"]

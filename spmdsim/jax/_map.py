@@ -32,12 +32,12 @@ from typing import Hashable
 
 import jax
 import numpy as np
-from jax._src import core, source_info_util
+from spmdsim.jax._internals import core, source_info_util
 from jax.extend import core as ext_core
-from jax._src import pretty_printer as pp
-from jax._src.util import weakref_lru_cache
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.interpreters import partial_eval as pe
+from spmdsim.jax._internals import pp
+from spmdsim.jax._internals import weakref_lru_cache
+from spmdsim.jax._internals import ad, batching, mlir
+from spmdsim.jax._internals import pe
 
 from spmdsim import _buffers, _hosts, _primitives, _runtime, _sharding, _threads
 from spmdsim._values import broadcast_view, read_only
@@ -110,7 +110,7 @@ def to_jax(arr: np.ndarray, aval, sharding=None) -> jax.Array:
     else:
         out = jax.numpy.asarray(arr)
         if aval.weak_type:  # as the fast put makes it (jnp.asarray of an array makes no weak type)
-            from jax._src.lax import lax as lax_internal
+            from spmdsim.jax._internals import lax_internal
             out = lax_internal._convert_element_type(out, weak_type=True)
     return out if sharding is None else jax.device_put(out, sharding)
 
@@ -122,10 +122,9 @@ def _fast_put_like():
     one ``jnp.asarray`` per context: default device and context mesh). What depends only on the placement and
     the shape is worked out once. None where JAX's internal entry point is missing."""
     try:
-        from jax._src import config
-        from jax._src.lib import xla_client
+        from spmdsim.jax._internals import config, device_context, xla_client
         batched_device_put = xla_client.batched_device_put
-        device_context, default_device = config.device_context, config.default_device
+        default_device = config.default_device
     except Exception:  # noqa: BLE001
         return None
     contexts: dict = {}  # (default device, context mesh) -> (sharding, committed) of jnp.asarray's results there
@@ -447,7 +446,7 @@ def global_avals(params) -> list:
         return _global_avals(params["jaxpr"], params["out_specs"], local_mesh(axes))
     if mesh is None or jax.sharding.AxisType.Explicit not in getattr(mesh, "axis_types", ()):
         return _global_avals(params["jaxpr"], params["out_specs"], axes)
-    from jax._src import mesh as mesh_lib
+    from spmdsim.jax._internals import mesh_lib
     return _global_avals(params["jaxpr"], params["out_specs"], axes, mesh, params.get("check_vma", True),
                          mesh_lib.get_abstract_mesh())
 
@@ -498,10 +497,10 @@ class _axis_env:
         self.stack = contextlib.ExitStack()
         self.stack.enter_context(core.extend_axis_env_nd(self.named))
         if self.mesh is not None:
-            from jax._src import config
-            from jax._src.mesh import AxisType, use_abstract_mesh
-            manual = self.mesh.abstract_mesh.update_axis_types({n: AxisType.Manual for n, _ in self.named})
-            self.stack.enter_context(use_abstract_mesh(manual))
+            from spmdsim.jax._internals import config, mesh_lib
+            manual_types = {n: jax.sharding.AxisType.Manual for n, _ in self.named}
+            manual = self.mesh.abstract_mesh.update_axis_types(manual_types)
+            self.stack.enter_context(mesh_lib.use_abstract_mesh(manual))
             self.stack.enter_context(config._check_vma(self.check_vma))
         return self
 
@@ -792,7 +791,7 @@ def _callback_form(*args, **params):
 
     effects = params["jaxpr"].effects
     if effects:  # a body with side effects (host callbacks): XLA must neither drop the map nor reorder it
-        from jax._src import effects as jax_effects
+        from spmdsim.jax._internals import effects as jax_effects
         from jax.experimental import io_callback
         outs = io_callback(host, shapes, *args, ordered=bool(jax_effects.ordered_effects.filter_in(effects)))
     else:

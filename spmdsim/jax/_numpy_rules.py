@@ -1772,7 +1772,7 @@ def _approx_top_k_size(x_shape, k, reduction_dimension, recall_target, aggregate
                        reduction_input_size_override) -> int:
     if aggregate_to_topk:
         return int(k)
-    from jax._src.lib import _jax
+    from spmdsim.jax._internals import jaxlib_ext as _jax
 
     size = x_shape[reduction_dimension]
     return int(_jax.approx_top_k_reduction_output_size(size, len(x_shape), int(k), recall_target, aggregate_to_topk,

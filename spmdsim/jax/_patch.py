@@ -27,7 +27,7 @@ def use_cpu_devices(n: int) -> bool:
     whether JAX now has ``n`` devices; when the backend already started with another count, says so on
     stderr (spmdsim still simulates ``n`` devices; only ``jax.devices()`` reports the others)."""
     import jax
-    from jax._src import xla_bridge
+    from spmdsim.jax._internals import xla_bridge
 
     if not xla_bridge.backends_are_initialized():
         jax.config.update("jax_platforms", "cpu")
@@ -49,7 +49,7 @@ def patched_jax(n_devices: int, executor: str = "threads", host=None):
 
     import spmdsim.jax as sjax
 
-    from jax._src import shard_map as jax_shard_map
+    from spmdsim.jax._internals import jax_shard_map
 
     from spmdsim.jax import _shard_map
 

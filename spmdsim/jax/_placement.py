@@ -12,8 +12,8 @@ import functools
 import math
 
 import jax
-from jax._src import mesh as mesh_lib
-from jax._src.util import weakref_lru_cache
+from spmdsim.jax._internals import mesh_lib
+from spmdsim.jax._internals import weakref_lru_cache
 from jax.extend import core as ext_core
 from jax.sharding import AxisType
 

@@ -181,12 +181,12 @@ def _is_threefry(impl) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _threefry_impl():
-    from jax._src.random import prng as jax_prng
+    from spmdsim.jax._internals import jax_prng
     return jax_prng.prngs["threefry2x32"]
 
 
 def _default_impl():
-    from jax._src.random import prng as jax_prng
+    from spmdsim.jax._internals import jax_prng
     return jax_prng.prngs[jax.config.jax_default_prng_impl]
 
 
@@ -220,7 +220,7 @@ def _lowered(impl, op: str, in_avals: tuple, params: tuple):
     """The jaxpr of what JAX lowers ``op`` of ``impl`` to, for physical operands of ``in_avals`` ((shape, dtype)
     pairs: key data, seeds, messages). Traced with 64-bit types on where an operand or the result is 64-bit (the
     evaluating thread need not be the one that enabled them)."""
-    from jax._src.random import prng as jax_prng
+    from spmdsim.jax._internals import jax_prng
     params = dict(params)
     shapes = [s for s, _ in in_avals]
     key_rank = len(impl.key_shape)
@@ -404,7 +404,7 @@ def _gamma_threefry(keys, a, *, log_space):
 def _gamma_lowered(key_dtype, key_shape: tuple, a_shape: tuple, a_dtype, log_space: bool):
     """The jaxpr of JAX's CPU lowering of random_gamma (its _gamma_impl, a lax.map of _gamma_one over the keys for
     impls other than threefry2x32), on typed keys."""
-    from jax._src.random import core as jax_random_core
+    from spmdsim.jax._internals import random_core as jax_random_core
     fn = functools.partial(jax_random_core._gamma_impl, log_space=log_space, use_vmap=True)
     with jax.enable_x64(np.dtype(a_dtype).itemsize == 8):
         return jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(key_shape, key_dtype), jax.ShapeDtypeStruct(a_shape, a_dtype))
@@ -412,7 +412,7 @@ def _gamma_lowered(key_dtype, key_shape: tuple, a_shape: tuple, a_dtype, log_spa
 
 def _gamma(key_dtype, vect: bool, keys, a, log_space):
     if key_dtype is None:  # called by hand: JAX's default impl, if the key data has its shape
-        from jax._src.random import prng as jax_prng
+        from spmdsim.jax._internals import jax_prng
         key_dtype = jax_prng.KeyTy(_default_impl())
         if keys.shape[keys.ndim - len(_dtypes.key_data_shape(key_dtype)):] != _dtypes.key_data_shape(key_dtype):
             raise TypeError(f"spmdsim: random_gamma on key data of shape {keys.shape}: which PRNG implementation it "

@@ -28,9 +28,9 @@ import threading
 import types
 
 import jax
-from jax._src import core, source_info_util
-from jax._src import mesh as mesh_lib
-from jax._src.interpreters import partial_eval as pe
+from spmdsim.jax._internals import core, source_info_util
+from spmdsim.jax._internals import mesh_lib
+from spmdsim.jax._internals import pe
 from jax.extend import core as ext_core
 
 from spmdsim import _hosts, _runtime
@@ -326,7 +326,7 @@ class _Jitted:
 
 def _static_arguments(fun, jit_kwargs: dict) -> tuple[tuple, frozenset]:
     """``jit``'s static argument positions and names, resolved against ``fun``'s signature as JAX does."""
-    from jax._src import api_util
+    from spmdsim.jax._internals import api_util
     try:
         signature = inspect.signature(fun)
     except (TypeError, ValueError):

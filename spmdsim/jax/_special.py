@@ -22,7 +22,7 @@ import functools
 import jax
 import numpy as np
 import scipy.special as sp
-from jax._src.lax import special as jax_special
+from spmdsim.jax._internals import jax_special
 
 from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
 from spmdsim.jax import _xla_cpu_math

@@ -231,7 +231,7 @@ def partials_body(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, trace):
     outs = [bool(spec_unreduced(s)) for s in out_specs]
 
     def fun(*args):
-        from jax._src import core
+        from spmdsim.jax._internals import core
         args = [jax.lax.squeeze(a, (0,)) if u else a for a, u in zip(args, ins, strict=True)]
         results = core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *args)
         return [jax.lax.expand_dims(r, (0,)) if u else r for r, u in zip(results, outs, strict=True)]
