@@ -128,7 +128,7 @@ class Lane:
         """(device, state, collective, axis, step, source line) for the device tables."""
         if self.state == WAITING:
             rv, rank = self.waiting
-            sig = rv.signature
+            sig = rv.signature_of(rank)
             return (self.label, "waiting", f"{rv.apis[rank] or sig.op}({shown_avals(sig.avals)})",
                     ", ".join(map(repr, sig.names)), str(rv.seq), rv.sites[rank])
         state = f"raised {self.where}" if self.state == RAISED else _STATE_TEXT[self.state]
@@ -137,7 +137,7 @@ class Lane:
     def status_line(self) -> str:
         if self.state == WAITING:
             rv, rank = self.waiting
-            return f"{self.label}: waiting in {describe(rv.signature, rv.apis[rank])} (step {rv.seq}) at " \
+            return f"{self.label}: waiting in {describe(rv.signature_of(rank), rv.apis[rank])} (step {rv.seq}) at " \
                    f"{rv.sites[rank]}"
         return f"{self.label}: {self.status_row()[1]}"
 
@@ -169,10 +169,13 @@ def _interned(key: tuple) -> _Communicator:
 
 class Rendezvous:
     """One collective step of one communicator: the blocks, lanes, sites and public API names by rank (the
-    rank within the communicator), then the results."""
+    rank within the communicator), then the results. ``conflicts``: rank -> signature of the lanes that arrived
+    with a call other than the first arriver's (``signature``), None while every call is the same; such a step
+    never completes, and its members wait until every one of them has arrived (or cannot), so that the mismatch
+    reported names every member's call, the same whatever the order of arrival."""
 
     __slots__ = ("key", "key_comm", "seq", "signature", "size", "blocks", "lanes", "sites", "apis", "arrived",
-                 "results", "error", "arrivals", "successor")
+                 "results", "error", "arrivals", "successor", "conflicts")
 
     def __init__(self, key, seq: int, signature: Signature, size: int):
         self.key, self.seq, self.signature, self.size = key, seq, signature, size
@@ -185,6 +188,11 @@ class Rendezvous:
         self.error: BaseException | None = None
         self.arrivals: list = [0.0] * size  # time.perf_counter() of each arrival, filled when observed
         self.successor: dict = {}  # the wake-up baton: lane -> the next waiting lane to wake
+        self.conflicts: dict | None = None
+
+    def signature_of(self, rank: int) -> Signature:
+        """The call of the lane of ``rank``."""
+        return self.signature if self.conflicts is None else self.conflicts.get(rank, self.signature)
 
 
 class World:
@@ -278,6 +286,8 @@ class World:
         collectives where a lane waiting in ``rv`` called it, ``lane`` called a collective of another
         communicator (``psum`` over 'j' where the others of its 'i' group call ``psum`` over 'i'); otherwise a
         deadlock."""
+        if rv.conflicts is not None:  # its members called different collectives: that is the report
+            return self._conflict(rv)
         waiter = next(w for w in rv.lanes if w is not None)
         index = next((k for k, comm, step, *_ in waiter.history if comm == rv.key_comm and step == rv.seq), None)
         other = next((call for k, comm, _step, *call in lane.history or () if k == index and comm != rv.key_comm),
@@ -293,22 +303,44 @@ class World:
         missing member that waits in another collective called something else at this point: a mismatch;
         otherwise the missing members finished or wait in a nested call: a deadlock."""
         if self.running == 0 and self.open and self.failure is None:
-            rv = min(self.open.values(), key=lambda r: r.seq)
+            broken = min((r for r in self.open.values() if r.conflicts is not None), key=lambda r: r.seq, default=None)
+            rv = broken or min(self.open.values(), key=lambda r: r.seq)
             elsewhere = [lane for lane in self.lanes if lane.state == WAITING and lane not in rv.lanes
                          and membership(lane.frames, rv.key[0]) == rv.key]
-            if elsewhere:
+            if broken is not None:
+                self._fail_locked(self._conflict(rv, [(lane, *_call_of(*lane.waiting)) for lane in elsewhere]))
+            elif elsewhere:
                 calls = [(lane, *_call_of(*lane.waiting)) for lane in elsewhere]
                 self._fail_locked(self._mismatch(rv, calls, f"at step {rv.seq} of {rv.signature.op} over "
                                                            f"{', '.join(map(repr, rv.signature.names))}"))
             else:
                 self._fail_locked(self._deadlock(rv, "the devices still missing are blocked elsewhere or finished"))
 
+    def _conflict(self, rv: Rendezvous, others: list = ()) -> CollectiveMismatchError:
+        """The mismatch of a step whose members arrived with different calls (``rv.conflicts``)."""
+        return self._mismatch(rv, list(others), f"at step {rv.seq} of the same communicator")
+
     def _mismatch(self, rv: Rendezvous, others: list, where: str) -> CollectiveMismatchError:
-        """``others``: (lane, signature, site, api) of the lanes whose call differs from ``rv``'s."""
-        lines = [f"{lane.label}: {describe(rv.signature, api)} at {site}"
-                 for lane, site, api in zip(rv.lanes, rv.sites, rv.apis, strict=True) if lane is not None]
-        lines += [f"{lane.label}: {describe(signature, api)} at {site}" for lane, signature, site, api in others]
-        return CollectiveMismatchError(mismatch_text(where, lines, self.device_table()), self.state_table())
+        """``others``: (lane, signature, site, api) of the lanes whose call differs from ``rv``'s. Every call is
+        listed in device order (the order of the table), whatever the order the devices arrived in; the table
+        shows each device's own call (a device that called a collective and is not waiting in it is shown
+        ``calling`` it)."""
+        calls = [(lane, rv.signature_of(rank), site, api)
+                 for rank, (lane, site, api) in enumerate(zip(rv.lanes, rv.sites, rv.apis, strict=True))
+                 if lane is not None]
+        calls += [call for call in others if all(call[0] is not c[0] for c in calls)]
+        order = {id(lane): k for k, lane in enumerate(self.lanes)}
+        calls.sort(key=lambda call: order.get(id(call[0]), len(order)))
+        lines = [f"{lane.label}: {describe(signature, api)} at {site}" for lane, signature, site, api in calls]
+        rows, states = {}, {}
+        for lane, signature, site, api in calls:
+            if lane.state == RUNNING:
+                rows[id(lane)] = (lane.label, "calling", f"{api or signature.op}({shown_avals(signature.avals)})",
+                                  ", ".join(map(repr, signature.names)), str(rv.seq), site)
+                states[id(lane)] = f"{lane.label}: calling {describe(signature, api)} at {site}"
+        table = format_table([TABLE_HEADER, *(rows.get(id(lane)) or lane.status_row() for lane in self.lanes)])
+        states = [states.get(id(lane)) or lane.status_line() for lane in self.lanes]
+        return CollectiveMismatchError(mismatch_text(where, lines, table), states)
 
     # -- the rendezvous ----------------------------------------------------------------------------------
 
@@ -332,10 +364,14 @@ class World:
             if created:
                 rv = self.open[at] = Rendezvous(chan.key, seq, signature, size)
                 rv.key_comm = chan.comm
-            elif rv.signature != signature or rv.lanes[rank] is not None:
+            elif rv.lanes[rank] is not None:
                 self._fail_locked(self._mismatch(rv, [(lane, signature, site, api)],
                                                  f"at step {rv.seq} of the same communicator"))
                 raise Aborted
+            elif rv.signature != signature:  # a mismatch: reported once every member has arrived (or cannot)
+                if rv.conflicts is None:
+                    rv.conflicts = {}
+                rv.conflicts[rank] = signature
             rv.blocks[rank], rv.lanes[rank], rv.sites[rank], rv.apis[rank] = leaves, lane, site, api
             if lane.history is None:
                 lane.history = collections.deque(maxlen=HISTORY)
@@ -344,11 +380,13 @@ class World:
             rv.arrived += 1
             if self.observers:
                 rv.arrivals[rank] = time.perf_counter()
-            last = rv.arrived == size
+            last = rv.arrived == size and rv.conflicts is None
             if not last:
                 lane.state, lane.waiting = WAITING, (rv, rank)
                 self.running -= 1
-                if created and self.finished:  # a member that already finished will never come
+                if rv.conflicts is not None and rv.arrived == size:  # all here, not all with the same call
+                    self._fail_locked(self._conflict(rv))
+                elif created and self.finished:  # a member that already finished will never come
                     key = chan.key
                     done = next((d for d in self.finished if membership(d.frames, key[0]) == key), None)
                     if done is not None:
