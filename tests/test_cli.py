@@ -11,7 +11,8 @@ import pytest
 import spmdsim
 from spmdsim._script import Program, split_argv
 from spmdsim.cli import UsageError
-from terminal import ROOT, drive, jax_installed, spmdsim_command
+from fresh_terminal import drive
+from terminal import ROOT, jax_installed, spmdsim_command
 
 needs_jax = pytest.mark.skipif(not jax_installed(), reason="needs jax")
 
@@ -143,3 +144,19 @@ def test_conformance_k_runs_a_filtered_suite_without_touching_the_tracked_report
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 passed" in proc.stdout and "left as it was; give --report PATH" in proc.stdout  # case, 3 executor checks
     assert (tmp_path / "conformance" / "REPORT.md").read_text() == tracked
+
+
+@pytest.mark.skipif(not jax_installed(), reason="needs jax")
+def test_driving_a_terminal_from_a_process_running_jax_gives_jax_no_fork_to_warn_about(tmp_path):
+    import warnings
+
+    import jax.numpy as jnp
+
+    assert float(jnp.ones(3).sum()) == 3.0                   # JAX's threads are running in this process
+    (tmp_path / "prog.py").write_text("import numpy as np, spmdsim\n"
+                                      "print(spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), 'i')(np.ones(2)))\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, code = drive(["-m", "spmdsim", "debug", "prog.py", "--devices", "2"], ["p 1 v", "c"], cwd=tmp_path)
+    assert code == 0 and "(spmdsim) p 1 v\n1.  (float64[])\n" in out and "[2. 2.]" in out, out
+    assert [str(w.message) for w in caught if "fork" in str(w.message)] == []
