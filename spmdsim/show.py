@@ -91,7 +91,8 @@ def sharding(x, in_axes: int | None = 0, *, axis_size: int | None = None, mesh=N
     Raises:
         TypeError: ``in_axes`` is not an int or None; ``mesh`` without ``spec`` (or the reverse), or with
             ``in_axes``/``axis_size``; a spec that is not a PartitionSpec, as ``spmdsim.shard_map`` raises it.
-        ValueError: ``in_axes`` is out of range for ``x``; a spec that ``spmdsim.shard_map`` rejects for ``x``
+        ValueError: ``in_axes`` is out of range for ``x``; the mapped axis is longer than the number of virtual
+            devices (the MappedSizeError ``spmdsim.pmap`` raises for ``x``); a spec that ``spmdsim.shard_map`` rejects for ``x``
             (a mesh axis unknown or named twice, more entries than ``x`` has dimensions, a dimension not
             divisible by its axes' sizes), with shard_map's message; the mesh form called inside a mapped
             function (use :func:`blocks` there).
@@ -133,6 +134,8 @@ def sharding(x, in_axes: int | None = 0, *, axis_size: int | None = None, mesh=N
                              f"{-x.ndim}..{x.ndim - 1}, or None)")
         ax = in_axes % x.ndim
         n = x.shape[ax]
+        from spmdsim._pmap import check_device_count
+        check_device_count(n, None)  # more blocks than devices: the error spmdsim.pmap raises for x
         rows = []
         for d in range(n):
             index = ", ".join(str(d) if k == ax else ":" for k in range(x.ndim))

@@ -68,7 +68,8 @@ def test_large_blocks_are_elided_to_a_bounded_width():
     labels = [t.text for _, t in cells(root)]
     assert labels.count("…") == 8 and len(labels) == 8 * 9     # 4 devices x before/after, 4 + … + 4 cells
     assert_every_text_fits(root, width)
-    root, width = parse(spmdsim.show.sharding(np.zeros((50, 60)), in_axes=0, echo=False))
+    with spmdsim.set_device_count(50):                      # 50 blocks need 50 devices, as in pmap
+        root, width = parse(spmdsim.show.sharding(np.zeros((50, 60)), in_axes=0, echo=False))
     assert width <= 1400 and len(cells(root)) == 9 * 9
 
 
@@ -450,3 +451,15 @@ def test_readme_mesh_example_runs_and_its_figure_is_current(capsys):
                                     axis_name="x", axis=1, tiled=True, echo=False)
     with open(os.path.join(root_dir, "docs", "all_gather_mesh.svg")) as f:
         assert f.read() == drawn.svg, "python docs/make_figures.py redraws docs/all_gather_mesh.svg"
+
+
+def test_sharding_refuses_a_mapped_axis_longer_than_the_devices_as_pmap_does():
+    x = np.arange(24).reshape(2, 12)
+    with spmdsim.set_device_count(8):
+        with pytest.raises(ValueError) as by_pmap:
+            spmdsim.pmap(lambda b: b, in_axes=1)(x)
+        with pytest.raises(type(by_pmap.value)) as by_show:
+            spmdsim.show.sharding(x, in_axes=1, echo=False)
+        assert str(by_show.value) == str(by_pmap.value)
+        assert "the mapped axis has size 12, but only 8 virtual devices are available" in str(by_show.value)
+        assert len(spmdsim.show.sharding(x, in_axes=0, echo=False).text.splitlines()) > 2   # 2 blocks: drawn
