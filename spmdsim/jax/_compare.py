@@ -272,6 +272,10 @@ class Report:
             parts.append(print_table("end to end: each map call's outputs against the other side's run of the map",
                                      ["call", "api", "output", "value", "ulps", "abs", "note"], rows, file=file,
                                      right=["ulps", "abs"]))
+            if len(self.drift) > max_rows:
+                more = len(self.drift) - max_rows
+                parts.append(f"... and {more} more row{'s' * (more != 1)} (--json has them all)")
+                print(parts[-1], file=file)
         if self.skipped:
             line = "not compared: " + ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
             parts.append(line)
