@@ -39,6 +39,7 @@ class CallEvent:
     start: float
     end: float
     outcome: str   # "returned", "raised", "stopped"
+    name: str = "mapped call"  # the mapped function's name, when the runtime gives it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +128,10 @@ class Trace:
         with self._lock:
             self.events.append(event)
 
-    def lane(self, label: str, start: float, end: float, outcome: str) -> None:
+    def lane(self, label: str, start: float, end: float, outcome: str, name: str | None = None) -> None:
+        """One device's run of the mapped function (``name``, when known: Perfetto's event is named after it)."""
         with self._lock:
-            self.calls.append(CallEvent(label, start, end, outcome))
+            self.calls.append(CallEvent(label, start, end, outcome, name or "mapped call"))
 
     # -- reports ---------------------------------------------------------------------------------------
 
@@ -159,7 +161,7 @@ class Trace:
         header = ["collective", "axis", "count", "bytes/device", "total wait ms", "worst wait ms", "slowest device"]
         body = [[r["op"], repr(r["axis"]), str(r["count"]), str(r["bytes"]), f"{r['total_wait_ms']:.3f}",
                  f"{r['worst_wait_ms']:.3f}", r["slowest_device"]] for r in rows]
-        title = f"collectives: {len(self.events)} in {len(self.calls)} device calls"
+        title = f"{_counted(len(self.events), 'collective')} in {_calls_text(self.calls, self.events)}"
         return print_table(title, header, body, file=file, right=[h for h in header if h[0] in "cbtw" and
                                                                   h != "collective"])
 
@@ -199,7 +201,7 @@ class Trace:
         events += [{"ph": "M", "pid": pid(label), "tid": t, "name": "thread_sort_index", "args": {"sort_index": t}}
                    for label, t in tids.items()]
         for c in self.calls:
-            events.append({"ph": "X", "pid": pid(c.device), "tid": tid(c.device), "name": "mapped call", "cat": "call",
+            events.append({"ph": "X", "pid": pid(c.device), "tid": tid(c.device), "name": c.name, "cat": "call",
                            "ts": us(c.start), "dur": max(us(c.end) - us(c.start), 0.001),
                            "args": {"outcome": c.outcome}})
         for k, e in enumerate(self.events):
@@ -263,8 +265,8 @@ class Trace:
         axis = _TimeAxis([(c.start, c.end) for c in calls], left, width - right)
         keys = list(dict.fromkeys((e.op, e.axis_name) for e in self.events))
         colours = {key: _svg.device_colour(k, len(keys)) for k, key in enumerate(keys)}
-        title = (f"spmdsim trace: {len(self.events)} collectives in {len(calls)} mapped call"
-                 f"{'s' if len(calls) > 1 else ''}, {1e3 * axis.busy:.2f} ms busy of {1e3 * axis.span:.2f} ms")
+        title = (f"spmdsim trace: {_counted(len(self.events), 'collective')} in {_calls_text(self.calls, self.events)}"
+                 f", {1e3 * axis.busy:.2f} ms busy of {1e3 * axis.span:.2f} ms")
         top = y = 40
         axis_y = top + sum(18 + len(panel.rows) * row + 10 for panel in panels)
         out = [_svg.text(10, 22, title, size=13), *axis.bands(top, axis_y)]
@@ -300,9 +302,8 @@ def _panel_svg(panel: _Panel, y: float, row: int, axis: _TimeAxis, colours: dict
     collectives from arrival to release (in ``colours[op, axis_name]``) and a line through each rendezvous."""
     from spmdsim import _svg
 
-    calls = "s" if len(panel.calls) > 1 else ""
-    heading = (f"{len(panel.rows)} devices{_over(panel.rows)}: {len(panel.calls)} mapped call{calls}, "
-               f"{sum(len(c.events) for c in panel.calls)} collectives")
+    heading = (f"{_counted(len(panel.rows), 'device')}{_over(panel.rows)}: {_counted(len(panel.calls), 'mapped call')}, "
+               f"{_counted(sum(len(c.events) for c in panel.calls), 'collective')}")
     out = [_svg.text(10, y + 12, heading, size=12, extra=' class="panel" font-weight="bold"')]
     ys = {label: y + 18 + i * row for i, label in enumerate(panel.rows)}
     out += [_svg.text(10, ry + 16, label, size=11) for label, ry in ys.items()]
@@ -387,6 +388,17 @@ def _panels(calls: list[_MappedCall]) -> list[_Panel]:
         rows = frozenset([c.device for c in call.devices] + [d for e in call.events for d in e.devices])
         panels.setdefault(rows, _Panel(sorted(rows, key=_device_sort_key), [])).calls.append(call)
     return list(panels.values())
+
+
+def _counted(n: int, word: str) -> str:
+    """``1 collective``, ``7 collectives``."""
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def _calls_text(calls: list, events: list) -> str:
+    """``1 mapped call (4 device calls)``: the top-level mapped calls, as the timeline's panels count them, and
+    the device calls (one per device per call, nested calls included) that make them up."""
+    return f"{_counted(len(_mapped_calls(calls, events)), 'mapped call')} ({_counted(len(calls), 'device call')})"
 
 
 def _over(labels: list) -> str:
