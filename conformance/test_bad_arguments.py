@@ -15,6 +15,7 @@ NameError and an AssertionError: whichever of the two JAX raises), with "did you
 from __future__ import annotations
 
 import dataclasses
+import re
 import traceback
 from typing import Any, Callable
 
@@ -350,3 +351,45 @@ def test_the_users_own_name_and_assertion_errors_are_left_alone():
             with pytest.raises(cls) as info:
                 make(fun)(X)
             assert not isinstance(info.value, UnboundAxisError)
+
+
+# -- bad arguments to collectives (issue 39, point 3) ----------------------------------------------------
+
+# (id, the body given the lax module: jax.lax under jax.pmap and spmdsim.jax.pmap, spmdsim.lax under spmdsim.pmap,
+# the message spmdsim gives). Each front end raises an instance of the class jax.pmap raised.
+_ALL = list(range(N))
+BAD_COLLECTIVES = [
+    ("ppermute-triple", lambda lx, v: lx.ppermute(v, "i", perm=[(0, 1, 2)]), r"got \(0, 1, 2\) \(3 values\)"),
+    ("ppermute-single", lambda lx, v: lx.ppermute(v, "i", perm=[(0,)]), r"got \(0,\) \(1 value\)"),
+    ("ppermute-float", lambda lx, v: lx.ppermute(v, "i", perm=[(0.0, 1)]), "int pairs"),
+    ("psum-empty-group", lambda lx, v: lx.psum(v, "i", axis_index_groups=[_ALL, []]), "in non-empty groups"),
+    ("pmax-empty-group", lambda lx, v: lx.pmax(v, "i", axis_index_groups=[_ALL[:N // 2], _ALL[N // 2:], []]),
+     "in non-empty groups"),
+    ("all_gather-empty-group", lambda lx, v: lx.all_gather(v, "i", axis_index_groups=[_ALL, []]),
+     "in non-empty groups"),
+]
+
+
+@pytest.mark.parametrize("front_end", list(FRONT_ENDS))
+@pytest.mark.parametrize("case", BAD_COLLECTIVES, ids=[c[0] for c in BAD_COLLECTIVES])
+def test_bad_collective_argument_raises_jax_class(case, front_end):
+    _, body, message = case
+    jax_error = _error(lambda: jax.pmap(lambda v: body(lax, v), "i")(X))
+    assert jax_error is not None, "jax.pmap accepts it: not a bad argument"
+    lx = spmdsim.lax if front_end == "numpy" else lax
+    error = _error(lambda: FRONT_ENDS[front_end](lambda v: body(lx, v), axis_name="i")(X))
+    assert isinstance(error, type(jax_error)), (
+        f"jax.pmap raised {type(jax_error).__module__}.{type(jax_error).__qualname__}: {str(jax_error)[:300]}\n"
+        f"but the {front_end} front end raised {type(error).__module__}.{type(error).__qualname__}: {error}")
+    assert re.search(message, str(error)), str(error)
+
+
+def test_an_empty_group_is_both_classes_jax_raises():
+    """The NumPy front end never imports JAX: its error for an empty group is both classes JAX raises (the
+    ValueError of all_gather's lowering, the RuntimeError, JaxRuntimeError, of psum's HLO verifier)."""
+    from spmdsim._primitives import EmptyGroupError
+    with pytest.raises(EmptyGroupError, match=r"psum: axis_index_groups must cover all indices exactly once \(in "
+                                              r"non-empty groups\)") as info:
+        spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i", axis_index_groups=[_ALL, []]), axis_name="i")(X)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
+    assert isinstance(info.value, jax.errors.JaxRuntimeError)  # JAX is imported here

@@ -263,15 +263,30 @@ _define("all_to_all", check=_all_to_all_check, rule=_all_to_all, vectorized=_all
 
 # -- ppermute ---------------------------------------------------------------------------------------------
 
-def check_perm(perm, n: int) -> tuple:
-    """``perm`` as unique (source, destination) pairs within the axis; negative indices count from the end
-    (as in JAX). ValueError for a repeated source or destination, IndexError out of range, TypeError for
-    anything but int pairs."""
+def perm_pairs(perm) -> tuple:
+    """``perm`` as a tuple of (source, destination) int pairs, checked as JAX does: ValueError for a pair that is
+    not two values (JAX's unpacking error), TypeError for anything else that is not int pairs."""
     try:
-        pairs = tuple((operator.index(s), operator.index(d)) for s, d in perm)
-    except (TypeError, ValueError):
+        given = [tuple(pair) for pair in perm]
+    except TypeError:
         raise TypeError(f"ppermute: perm must be an iterable of (source, destination) int pairs, got {perm!r}.") \
             from None
+    for pair in given:
+        if len(pair) != 2:
+            raise ValueError(f"ppermute: perm must be (source, destination) pairs, got {pair!r} ({len(pair)} "
+                             f"value{'' if len(pair) == 1 else 's'}) in perm={perm!r}.")
+    try:
+        return tuple((operator.index(s), operator.index(d)) for s, d in given)
+    except TypeError:
+        raise TypeError(f"ppermute: perm must be an iterable of (source, destination) int pairs, got {perm!r}.") \
+            from None
+
+
+def check_perm(perm, n: int) -> tuple:
+    """``perm`` as unique (source, destination) pairs within the axis; negative indices count from the end
+    (as in JAX). ValueError for a repeated source or destination or a pair that is not two values, IndexError out
+    of range, TypeError for anything but int pairs (JAX's classes; see :func:`perm_pairs`)."""
+    pairs = perm_pairs(perm)
     for s, d in pairs:
         if not (-n <= s < n and -n <= d < n):
             raise IndexError(f"ppermute: perm pair {(s, d)} is out of range for an axis of size {n} "
@@ -403,8 +418,13 @@ _define("psend", groups="none", check=_ppermute_check, rule=_ppermute, vectorize
 
 @functools.lru_cache(maxsize=256)
 def _check_groups_cached(groups: tuple, n: int, name: str, kind: str) -> tuple:
+    if any(not g for g in groups):
+        raise _empty_group_class()(
+            f"{name}: axis_index_groups must cover all indices exactly once (in non-empty groups), got {groups}. Give "
+            f"each axis index 0..{n - 1} in exactly one group (an empty group: JAX fails in XLA, JaxRuntimeError or "
+            f"ValueError).")
     covered = sorted(i for g in groups for i in g)
-    if covered != list(range(len(covered))) or any(not g for g in groups):
+    if covered != list(range(len(covered))):
         raise ValueError(f"{name}: axis_index_groups must cover all indices exactly once (in non-empty groups), "
                          f"got {groups}. Give each axis index 0..{n - 1} in exactly one group.")
     if len(covered) != n:
@@ -414,6 +434,31 @@ def _check_groups_cached(groups: tuple, n: int, name: str, kind: str) -> tuple:
         raise ValueError(f"{name}: axis_index_groups must all have the same size, got sizes "
                          f"{[len(g) for g in groups]} (JAX fails to lower uneven groups for this collective).")
     return groups
+
+
+class EmptyGroupError(ValueError, RuntimeError):
+    """An empty group in ``axis_index_groups``. JAX 0.10 fails in XLA: a ValueError for some collectives
+    (``all_gather``'s lowering), a ``JaxRuntimeError`` (a RuntimeError) for others (``psum``'s HLO verifier); this is
+    both, and also ``jax.errors.JaxRuntimeError`` once JAX is imported (see :func:`_empty_group_class`)."""
+
+
+@functools.lru_cache(maxsize=2)
+def _with_jax_runtime_error(runtime: type) -> type:
+    try:
+        # BaseException's own methods: those of JAX's class (nanobind's) expect an error made by XLA
+        return type("EmptyGroupError", (EmptyGroupError, runtime),
+                    {"__module__": __name__, "__doc__": EmptyGroupError.__doc__, "__init__": BaseException.__init__,
+                     "__str__": BaseException.__str__, "__repr__": BaseException.__repr__})
+    except TypeError:  # a layout that cannot be combined
+        return EmptyGroupError
+
+
+def _empty_group_class() -> type:
+    """:class:`EmptyGroupError`, also JAX's ``JaxRuntimeError`` when JAX is imported (never importing it here:
+    the NumPy front end runs without JAX)."""
+    import sys
+    runtime = getattr(sys.modules.get("jax.errors"), "JaxRuntimeError", None)
+    return EmptyGroupError if not isinstance(runtime, type) else _with_jax_runtime_error(runtime)
 
 
 def check_groups(axis_index_groups, n: int, prim: Collective) -> tuple | None:

@@ -398,11 +398,7 @@ def pswapaxes(x, axis_name, axis, *, axis_index_groups=None):
 # -- permutations and broadcast -------------------------------------------------------------------------
 
 def _pairs(perm) -> tuple:
-    try:
-        return tuple((operator.index(s), operator.index(d)) for s, d in perm)
-    except (TypeError, ValueError):
-        raise TypeError(f"ppermute: perm must be an iterable of (source, destination) int pairs, got {perm!r}.") \
-            from None
+    return _primitives.perm_pairs(perm)  # JAX's classes: ValueError for a pair of other than 2, else TypeError
 
 
 def ppermute(x, axis_name, perm):
@@ -422,7 +418,7 @@ def ppermute(x, axis_name, perm):
 
     Raises:
       ValueError: a repeated source or destination. IndexError: an index outside the axis (as JAX).
-      TypeError: ``perm`` is not made of int pairs.
+      TypeError: ``perm`` is not made of int pairs; ValueError for a pair of other than two values (as JAX).
 
     >>> import numpy as np, spmdsim
     >>> spmdsim.pmap(lambda v: spmdsim.lax.ppermute(v, 'i', [(0, 1), (1, 2)]), axis_name='i')(np.arange(1, 4))
