@@ -288,3 +288,16 @@ def test_jax_distributed_initialize_checks_its_arguments_against_the_run():
     proc = spmdsim_run(CASES, "initialize", hosts=2)
     assert proc.returncode == 1
     assert "ValueError: jax.distributed.initialize(num_processes=3), but spmdsim runs 2 hosts" in proc.stderr
+
+
+def test_bytes_that_are_not_a_message_end_the_job_and_run_nothing(tmp_path):
+    """Host 1 sends host 0 a pickle whose loading would run a command (what any writer to the channel could send
+    when messages were pickled): host 0 reports it as a malformed message from host 1, every host stops, the
+    command never runs."""
+    script = os.path.join(ROOT, "conformance", "_multihost_garbage.py")
+    marker = tmp_path / "ran"
+    proc = spmdsim_run(script, str(marker), hosts=2)
+    assert proc.returncode != 0
+    assert not marker.exists()
+    assert "HostLostError: malformed message from host 1: it does not start with b'SPMD'" in proc.stderr, proc.stderr
+    assert "spmdsim bug" not in proc.stderr and "host 0:" not in proc.stdout

@@ -31,7 +31,6 @@ every host's result (``bye``).
 from __future__ import annotations
 
 import math
-import pickle
 import threading
 from typing import Any, Callable
 
@@ -45,6 +44,7 @@ from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError, Hos
 from spmdsim.hosts.coordinator import CoordinatorCall
 from spmdsim.hosts.messages import COORDINATOR, FIX, CallDesc, describe_call, how_it_ended, portable, steps_text
 from spmdsim.hosts.remote_world import RemoteWorld
+from spmdsim.hosts import wire
 from spmdsim.hosts.vectorized import VectorCall
 
 __all__ = ["Host"]
@@ -111,9 +111,15 @@ class Host(ProcessGroup):
             self.cond.notify_all()
 
     def _lose(self, host: int, reason: str) -> None:
-        """Host ``host`` is gone: every wait for it ends with a HostLostError naming it."""
-        error = HostLostError(f"{reason}; every host stops. On real hardware the others would wait for it "
-                              f"(JAX: until its heartbeat times out).")
+        """Host ``host`` is gone (or sent a malformed message): every wait for it ends with a HostLostError naming
+        it."""
+        if reason.startswith("malformed message"):
+            error = HostLostError(f"{reason}; every host stops (the hosts' messages are plain data of spmdsim's "
+                                  f"wire format: something else wrote to their channel, or the hosts run different "
+                                  f"versions of spmdsim).")
+        else:
+            error = HostLostError(f"{reason}; every host stops. On real hardware the others would wait for it "
+                                  f"(JAX: until its heartbeat times out).")
         with self.cond:
             if host in self.lost or host in self.exited:
                 return
@@ -219,9 +225,10 @@ class Host(ProcessGroup):
         if kind == "error":
             return kind, portable(item)
         try:
-            pickle.dumps(item)
-        except Exception as e:  # noqa: BLE001
-            return "error", RemoteError(f"the program's result ({type(item).__name__}) does not pickle: {e}")
+            wire.travels(item)
+        except TypeError as e:
+            return "error", RemoteError(f"the program's result ({type(item).__name__}) cannot travel between hosts: "
+                                        f"{e}")
         return result
 
     def _finished_error(self, k: int, desc: CallDesc, caller: int) -> CollectiveDeadlockError:

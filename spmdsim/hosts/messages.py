@@ -3,7 +3,6 @@
 """
 from __future__ import annotations
 
-import pickle
 import traceback
 from typing import NamedTuple
 
@@ -53,14 +52,15 @@ def how_it_ended(error: BaseException | None) -> str:
 
 
 def portable(error: BaseException | None) -> BaseException | None:
-    """``error`` as another host will receive it: a copy made by pickling (the class, message, notes and
-    ``device_errors``; no traceback), or a :class:`~spmdsim.errors.RemoteError` with its text when it does not
-    pickle."""
+    """``error`` as another host will receive it, through the hosts' wire format (:mod:`spmdsim.hosts.wire`: the
+    class when it is on the allow-list, the message, notes and ``device_errors``; no traceback), or a
+    :class:`~spmdsim.errors.RemoteError` with its text when it cannot travel."""
     if error is None:
         return None
+    from spmdsim.hosts import wire
     try:
-        return pickle.loads(pickle.dumps(error))
-    except Exception:  # noqa: BLE001 - any failure to pickle or unpickle
+        return wire.roundtrip(error)
+    except Exception:  # noqa: BLE001 - any failure to make the copy
         copy = RemoteError(f"{type(error).__name__}: {error}")
         for note in getattr(error, "__notes__", ()):
             copy.add_note(note)

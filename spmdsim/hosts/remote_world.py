@@ -143,7 +143,10 @@ class RemoteWorld:
         if not errors:
             return error
         mine = self.local_errors.get(next(iter(errors)))
-        if mine is None or type(mine) is not type(error):
+        # a class not on the wire's allow-list came back as a RemoteError naming it (spmdsim.hosts.wire)
+        same = mine is not None and (type(mine) is type(error) or getattr(error, "remote_type", None)
+                                     == f"{type(mine).__module__}.{type(mine).__qualname__}")
+        if not same:
             return error
         mine.device_errors = errors
         mine.__notes__ = list(getattr(error, "__notes__", ()))

@@ -9,7 +9,11 @@ host to another, and tells a host when another one is gone. It never computes: t
   sleep instead of blocking in ``MPI_Recv``, whose busy wait would take a whole CPU per process. The same
   thread watches the other processes: one on this machine that no longer exists (its pid is gone or a zombie)
   is reported at once; for processes on other machines, which cannot be watched, a heartbeat every
-  ``HEARTBEAT_SECONDS`` and a host silent for ``HEARTBEAT_TIMEOUT_SECONDS`` reported as lost.
+  ``HEARTBEAT_SECONDS`` and a host silent for ``HEARTBEAT_TIMEOUT_SECONDS`` reported as lost. Every message is
+  one buffer of :mod:`spmdsim.hosts.wire`'s format (a fixed header, JSON, raw array bytes; sent with
+  ``comm.Send``, received with ``comm.Recv`` into a NumPy buffer): no pickle, so receiving one runs no code. A
+  message that is not one of the protocol's ends this host's run as a lost host: "malformed message from host
+  N: ...".
 
 A receiving host's ``deliver(source, message)`` must not block: it files the message and wakes whoever waits.
 """
@@ -23,6 +27,10 @@ import threading
 import time
 import traceback
 from typing import Callable
+
+import numpy as np
+
+from spmdsim.hosts import wire
 
 __all__ = ["Transport", "Fabric", "ThreadTransport", "MPITransport", "launched_by_mpi"]
 
@@ -62,7 +70,10 @@ class Transport:
 
 
 class Fabric:
-    """The hosts of one process (spoofed hosts): ``fabric.transport(h)`` is host ``h``'s end."""
+    """The hosts of one process (spoofed hosts): ``fabric.transport(h)`` is host ``h``'s end. Messages go by
+    reference; with ``wire`` True (tests), each is encoded and decoded as MPI would carry it."""
+
+    wire = False
 
     def __init__(self, count: int):
         self.count = count
@@ -82,6 +93,8 @@ class ThreadTransport(Transport):
         self.fabric.receivers[self.index] = deliver
 
     def send(self, dest: int, message: tuple) -> None:
+        if self.fabric.wire:
+            message = wire.check(wire.decode(wire.encode(message)))
         self.fabric.receivers[dest](self.index, message)
 
 
@@ -113,8 +126,9 @@ class MPITransport(Transport):
     def send(self, dest: int, message: tuple) -> None:
         if dest in self._lost:
             return
+        buf = wire.encode(message)
         with self._send_lock:  # one sender at a time: MPI's own locking is a busy wait
-            self.comm.send(message, dest=dest, tag=0)
+            self.comm.Send([buf, self.MPI.BYTE], dest=dest, tag=0)
 
     def departed(self, host: int) -> None:
         self._gone.add(host)
@@ -128,7 +142,7 @@ class MPITransport(Transport):
 
     def _serve(self) -> None:
         """The messenger: receives for this host, watches the others. If it fails (a message that does not
-        unpickle here, a bug), this host could never hear from the others again: it says why on stderr and ends
+        cannot be received here, a bug), this host could never hear from the others again: it says why on stderr and ends
         the process, which the other hosts then report as a lost host."""
         try:
             self._messenger_loop()
@@ -159,7 +173,7 @@ class MPITransport(Transport):
                     try:
                         for h in self.remote:
                             if h not in self._lost:
-                                self.comm.send(("heartbeat",), dest=h, tag=0)
+                                self.comm.Send([_HEARTBEAT, self.MPI.BYTE], dest=h, tag=0)
                     finally:
                         self._send_lock.release()
             quiet = now - idle_since
@@ -170,10 +184,22 @@ class MPITransport(Transport):
         if not self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=0, status=status):
             return False
         source = status.Get_source()
-        message = self.comm.recv(source=source, tag=0)
+        buf = np.empty(status.Get_count(self.MPI.BYTE), np.uint8)
+        self.comm.Recv([buf, self.MPI.BYTE], source=source, tag=0)
         self._heard[source] = time.monotonic()
+        if source in self._lost:
+            return True
+        try:
+            message = wire.check(wire.decode(buf))
+        except wire.Malformed as e:
+            self._lose(source, f"malformed message from host {source}: {e}")
+            return True
         if message != ("heartbeat",):
-            self._deliver(source, message)
+            try:
+                self._deliver(source, message)
+            except Exception as e:  # noqa: BLE001 - fields of the wrong types for its kind
+                self._lose(source, f"malformed message from host {source}: a {message[0]!r} message that cannot "
+                                   f"be handled ({type(e).__name__}: {e})")
         return True
 
     def _watch(self, now: float) -> None:
@@ -193,6 +219,9 @@ class MPITransport(Transport):
     def _lose(self, host: int, reason: str) -> None:
         self._lost.add(host)
         self._on_lost(host, reason)
+
+
+_HEARTBEAT = wire.encode(("heartbeat",))
 
 
 def _alive(pid: int) -> bool:
