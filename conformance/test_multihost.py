@@ -301,3 +301,68 @@ def test_bytes_that_are_not_a_message_end_the_job_and_run_nothing(tmp_path):
     assert not marker.exists()
     assert "HostLostError: malformed message from host 1: it does not start with b'SPMD'" in proc.stderr, proc.stderr
     assert "spmdsim bug" not in proc.stderr and "host 0:" not in proc.stdout
+
+
+def _listening(pid: int) -> list[tuple[str, int, bool]]:
+    """The TCP sockets process ``pid`` listens on, as its network namespace sees them: (address, port, whether
+    that namespace has devices other than loopback). From /proc: its socket inodes, /proc/PID/net/tcp{,6}."""
+    import ipaddress
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+        with open(f"/proc/{pid}/net/dev") as f:
+            devices = {line.split(":")[0].strip() for line in f.readlines()[2:]}
+    except OSError:  # it ended meanwhile
+        return []
+    found = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for row in f.readlines()[1:]:
+                fields = row.split()
+                if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                    continue
+                raw, port = fields[1].split(":")
+                words = [bytes.fromhex(raw[i:i + 8])[::-1] for i in range(0, len(raw), 8)]
+                found.append((str(ipaddress.ip_address(b"".join(words))), int(port, 16), devices != {"lo"}))
+    return found
+
+
+def _process_tree(root: int) -> list[int]:
+    children: dict = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except OSError:
+                pass
+    tree = [root]
+    for pid in tree:
+        tree.extend(children.get(pid, []))
+    return tree
+
+
+def test_a_one_machine_run_listens_on_nothing_but_loopback(tmp_path):
+    """While the hosts of `spmdsim run --hosts 2` run (after a psum across them), every TCP socket any process of
+    the job listens on is on a loopback address, or in a network namespace whose only device is loopback (MPICH's
+    launcher binds the wildcard address; spmdsim runs the job in a namespace of its own where the system allows
+    it): nothing of the job can be reached from another machine or, through the network, by another user."""
+    script = tmp_path / "listening_hosts.py"
+    script.write_text("import time, jax, numpy as np\n"
+                      "print(jax.pmap(lambda v: jax.lax.psum(v, 'i'), 'i')(np.ones(2)), flush=True)\n"
+                      "time.sleep(3)\n")
+    command = [sys.executable, "-m", "spmdsim", "run", "--devices", "4", "--hosts", "2", str(script)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert proc.stdout.readline().strip() == "[4. 4.]"
+        pids = _process_tree(proc.pid)
+        sockets = {(pid, *s) for pid in pids for s in _listening(pid)}
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+        no_process_left(str(script))
+    assert proc.returncode == 0, err
+    assert len(pids) >= 5  # the launcher, mpiexec, its proxy, and each host's two processes
+    import ipaddress
+    exposed = [s for s in sockets if not ipaddress.ip_address(s[1]).is_loopback and s[3]]
+    assert not exposed, f"listening where others can reach: {exposed}"

@@ -9,10 +9,19 @@ when one of *its* processes dies of a signal, even then; so each host runs in a 
 It runs in its own session, so that one Ctrl-C reaches
 it exactly once (from here; it passes Ctrl-C on to every host); it gets SIGINT if this launcher dies. A second
 Ctrl-C, or hosts still running ``STOP_SECONDS`` after the first, make ``mpiexec`` abort them.
+
+**Loopback only** (one machine): UCX may use only the loopback device (``UCX_NET_DEVICES=lo``; shared memory
+between the hosts) and MPICH's launcher advertises the loopback address (``-iface lo``). MPICH's launcher still
+listens on every address (its control port binds the wildcard, whatever ``-iface`` says), so where the system
+lets an unprivileged user make namespaces, the job runs in a network namespace of its own whose only device is
+loopback (``unshare --user --map-current-user --net``, loopback brought up): nothing of the job can be reached
+from outside it, by another user of the machine included. Settings given in the environment win
+(``SPMDSIM_PRIVATE_NETWORK=0`` keeps the machine's namespace).
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -26,6 +35,8 @@ __all__ = ["mpiexec_path", "launch", "run_as_host_child"]
 CHILD_ENV = "SPMDSIM_HOST_CHILD"
 
 STOP_SECONDS = 10.0
+
+LOOPBACK_ENV = {"UCX_NET_DEVICES": "lo"}  # UCX: the loopback device only (shared memory between hosts)
 
 
 def mpiexec_path() -> str | None:
@@ -56,8 +67,10 @@ def launch(hosts: int, argv: list[str]) -> int:
         mpiexec = None
     if mpiexec is None:
         raise UsageError('--hosts needs MPI (mpi4py and an mpiexec): python -m pip install "spmdsim[mpi]"')
-    command = [mpiexec, "-disable-auto-cleanup", "-n", str(hosts), sys.executable, "-m", "spmdsim", *argv]
-    proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent)
+    command = [*private_network(), mpiexec, "-iface", "lo", "-disable-auto-cleanup", "-n", str(hosts),
+               sys.executable, "-m", "spmdsim", *argv]
+    env = {**LOOPBACK_ENV, **os.environ}
+    proc = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent, env=env)
     interrupted = 0
     while True:
         try:
@@ -69,6 +82,24 @@ def launch(hosts: int, argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             interrupted += 1
             proc.send_signal(signal.SIGINT if interrupted < 4 else signal.SIGKILL)
+
+
+@functools.lru_cache(maxsize=1)
+def private_network() -> tuple:
+    """The prefix that runs a command in a network namespace of its own with only loopback, up (see the module
+    docstring), or () where the system does not allow it (or ``SPMDSIM_PRIVATE_NETWORK=0``)."""
+    unshare, ip = shutil.which("unshare"), shutil.which("ip") or next(
+        (p for p in ("/usr/sbin/ip", "/sbin/ip") if os.access(p, os.X_OK)), None)
+    if os.environ.get("SPMDSIM_PRIVATE_NETWORK", "1") == "0" or not sys.platform.startswith("linux") \
+            or unshare is None or ip is None:
+        return ()
+    prefix = (unshare, "--user", "--map-current-user", "--net", "--", "/bin/sh", "-c",
+              f'"{ip}" link set lo up && exec "$@"', "sh")
+    try:
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return prefix if ok else ()
 
 
 def run_as_host_child(argv: list[str]) -> int:
