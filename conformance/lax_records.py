@@ -74,6 +74,11 @@ for _p, _table in {
     "logistic": {F64: 1, C64: 8, C128: 4}, "rsqrt": {F32: 1, F64: 1, C64: 3, C128: 4},
     "sqrt": {C64: 1, C128: 1}, "pow": {C64: 16, C128: 16}, "sign": {C64: 2, C128: 2},
     "square": {C64: 2, C128: 1}, "mul": {C128: 16}, "div": {C64: 2, C128: 2}, "integer_pow": {C64: 4, C128: 4},
+    # JAX 0.11/0.12's primitives, and jaxlib 0.12's float64 multiply-adds (|z|^2 of a complex128's abs, keyed
+    # by its float64 result; Horner's steps of polynomial): float64 and complex multiply-add contraction is not
+    # modelled (README, issue 38)
+    "abs": {F64: 1}, "log2": {F64: 2, C64: 2, C128: 2}, "one_minus_square": {C64: 2, C128: 8},
+    "polynomial": {F64: 8, C64: 8, C128: 8},
     # special functions: SciPy in float64 (XLA:CPU evaluates its own float32 and float64 approximations)
     "erf": {F64: 1}, "erfc": {F32: 4, F64: 1}, "erf_inv": {F64: 4}, 
     "digamma": {F32: 10, F64: 22}, "polygamma": {F32: 10, F64: 12}, "zeta": {F32: 1, F64: 2},
@@ -344,6 +349,17 @@ for _name, _kind in (("exp", "normal"), ("exp2", "normal"), ("log", "pos"), ("lo
     record(_name, TRANS, getattr(lax, _name), elementwise(1, (_kind,)), INEXACT)
 record("exp", TRANS, lax.exp, elementwise(1, ("wide",), with_specials=False, shapes=((4096,),)),
        ("float32",), label="range")
+# primitives of later JAX releases, recorded where the installed JAX has them: log2 and one_minus_square (0.11),
+# polynomial (0.12)
+if hasattr(lax, "log2_p"):
+    record("log2", TRANS, lax.log2, elementwise(1, ("pos",)), INEXACT)
+if hasattr(lax, "one_minus_square_p"):
+    record("one_minus_square", ARITH, lax.one_minus_square, elementwise(1, ("unit",)), NUM)
+if hasattr(lax, "polynomial_p"):
+    record("polynomial", ARITH, lambda x: lax.polynomial(x, [1.0, -0.5, 0.25, 2.0]), elementwise(1, ("unit",)),
+           INEXACT)
+    record("polynomial", ARITH, lambda x, c: lax.polynomial(x, [c, 3.0, c, -1.5] + [0.125] * 9),
+           elementwise(2, ("unit", "normal")), FLOAT, label="array-coefficients-scan")
 record("log", TRANS, lax.log, lambda d, r, v: [[(10.0 ** r.uniform(-37, 38, 4096)).astype(d)]], ("float32",),
        label="range")
 record("tanh", TRANS, lax.tanh, elementwise(1, ("wide",), with_specials=False, shapes=((4096,),)),
@@ -928,7 +944,7 @@ record("platform_index", MISC, lambda x: lax.platform_dependent(x, cpu=lambda v:
        elementwise(1), ("float32",))
 record("reduce_precision", MISC, lambda x: lax.reduce_precision(x, 8, 7), elementwise(1), ("float32",), label="bf16")
 record("stop_gradient", MISC, lambda x: lax.stop_gradient(x) * 2, elementwise(1), ("int32", "float32"))
-record("dce_sink", MISC, lambda x: (lax.dce_sink_p.bind(x, prevent_mlir_dce=False), x * 2)[1], elementwise(1),
+record("dce_sink", MISC, lambda x: (lax.dce_sink(x, prevent_mlir_dce=False), x * 2)[1], elementwise(1),
        ("float32",))
 record("sharding_constraint", MISC, lambda x: jax.lax.with_sharding_constraint(
     x, jax.sharding.SingleDeviceSharding(jax.devices()[0])) * 2, elementwise(1), ("float32",))

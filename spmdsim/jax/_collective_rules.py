@@ -76,12 +76,17 @@ per_device("all_gather_invariant")(vectorized("all_gather_invariant")(_invariant
 # Unreduced/reduced forms (a PartitionSpec's unreduced/reduced axes): each device's value is its block, so the
 # collective is the plain one (``psum`` of an unreduced value sums the devices' partials in rank order).
 for _name, _plain in (("unreduced_psum", "psum"), ("all_gather_reduced", "all_gather"),
-                      ("unreduced_reduce_scatter", "reduce_scatter")):
+                      ("unreduced_reduce_scatter", "reduce_scatter"),
+                      ("unreduced_pmax", "pmax"), ("unreduced_pmin", "pmin")):  # (the last two: JAX 0.11)
     per_device(_name)(vectorized(_name)(_invariant(_name, _plain)))
 
 
-@per_device("preduced", "vary_unreduced_cast_p", "reduced_vary_cast_p")
-@vectorized("preduced", "vary_unreduced_cast_p", "reduced_vary_cast_p")
+_RETYPED = ("preduced", "vary_unreduced_cast", "reduced_vary_cast",
+            "vary_unreduced_cast_p", "reduced_vary_cast_p")  # (the last two: their names up to JAX 0.11)
+
+
+@per_device(*_RETYPED)
+@vectorized(*_RETYPED)
 def _retyped(x, **_params):
     """A change of the value's type only (invariant -> reduced, varying -> unreduced, reduced -> varying): each
     device keeps its block."""

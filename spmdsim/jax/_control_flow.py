@@ -14,7 +14,8 @@ import numpy as np
 
 from spmdsim._primitives import Diverged
 from spmdsim.jax._dtypes import is_token
-from spmdsim.jax._interpreter import Executor, current_site, higher_order
+from spmdsim.jax._interpreter import Executor, current_site, eqn_stack, higher_order
+from spmdsim.jax._lowered import lowering_jaxpr
 from spmdsim.jax._internals import scan_counts
 
 
@@ -23,15 +24,25 @@ def _pjit(ex: Executor, *args, jaxpr, **_params):
     return ex.eval_closed(jaxpr, args)
 
 
-@higher_order("closed_call", "core_call", "call")
+@higher_order("closed_call", "core_call", "call", "eval_jaxpr")
 def _closed_call(ex: Executor, *args, call_jaxpr, **_params):
+    """JAX's generic calls (``core.call_p``; from JAX 0.12 the primitive ``eval_jaxpr``, which it is an alias
+    of): the sub-jaxpr."""
     return ex.eval_closed(call_jaxpr, args)
 
 
 @higher_order("composite")
-def _composite(ex: Executor, *args, jaxpr, **_params):
-    """``lax.composite``: XLA:CPU runs the decomposition (``jaxpr``), so does spmdsim."""
-    return ex.eval_closed(jaxpr, args)
+def _composite(ex: Executor, *args, **params):
+    """``lax.composite``: XLA:CPU runs the decomposition (``jaxpr``; ``call_jaxpr`` from JAX 0.12), so does
+    spmdsim."""
+    return ex.eval_closed(params["call_jaxpr" if "call_jaxpr" in params else "jaxpr"], args)
+
+
+@higher_order("call_hi_primitive")
+def _call_hi_primitive(ex: Executor, *args, **_params):
+    """A JAX 0.12 "hi" primitive (``jnp.searchsorted(method='scan')``): the lo-primitive program JAX expands it
+    into before lowering (its ``to_lojax``, see :mod:`._lowered`)."""
+    return ex.eval_closed(lowering_jaxpr(eqn_stack()[-1]), args)
 
 
 @higher_order("custom_partitioning")

@@ -194,6 +194,10 @@ class _DeviceTrace(core.Trace):
     stage_value = lift
 
     def process_primitive(self, prim, tracers, params, /):
+        with core.set_current_trace(core.eval_trace):  # as while JAX binds up to 0.11 (0.12: no trace at all)
+            return self._computed(prim, tracers, params)
+
+    def _computed(self, prim, tracers, params):
         ins = [self.lift(t) for t in tracers]
         if prim in _JAX_EAGER_CHECKS:
             jax_shard_map.eager_rules[prim](self.mesh, *(t.val for t in ins), **params)
@@ -229,8 +233,9 @@ class _DeviceTrace(core.Trace):
         if check_vma != self.check:
             raise ValueError(f"A shard_map nested in an eager shard_map must have the same check_vma "
                              f"({self.check}), got {check_vma}.")
-        return run(fun, [self.lift(x) for x in args], self.mesh, in_specs, check_vma, newly_manual_axes, self.executor,
-                   outer=self)
+        with core.set_current_trace(core.eval_trace):
+            return run(fun, [self.lift(x) for x in args], self.mesh, in_specs, check_vma, newly_manual_axes,
+                       self.executor, outer=self)
 
 
 # -- the map -------------------------------------------------------------------------------------------------
@@ -247,7 +252,8 @@ class _EagerTrace(core.EvalTrace):
         if isinstance(mesh, mesh_lib.AbstractMesh):  # JAX's choice of the concrete mesh (the context's, the args')
             concrete = mesh_lib.get_concrete_mesh()
             mesh = jax_shard_map.get_mesh_from_args(args, concrete if not concrete.empty else mesh)
-        return run(fun, args, mesh, in_specs, check_vma, newly_manual_axes, self.executor, outer=None)
+        with core.set_current_trace(core.eval_trace):  # as while JAX binds up to 0.11 (0.12: no trace at all)
+            return run(fun, args, mesh, in_specs, check_vma, newly_manual_axes, self.executor, outer=None)
 
 
 _EAGER = {"threads": _EagerTrace(PER_DEVICE), "reference": _EagerTrace(REFERENCE)}

@@ -32,7 +32,7 @@ from jax._src.util import weakref_lru_cache
 __all__ = [
     "ArrayImpl", "IndivisibleError", "abstract_mesh_context_manager", "ad", "api_util", "batching", "config",
     "core", "device_context", "effects", "jax_jit", "jax_prng", "jax_shard_map", "jax_special", "jaxlib_ext",
-    "lax_internal", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors", "random_core", "scan_counts", "source_info_util",
+    "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors", "random_core", "scan_counts", "source_info_util",
     "weakref_lru_cache", "xla_bridge", "xla_client",
 ]
 
@@ -46,6 +46,11 @@ def _first(name: str, *owners):
     raise AttributeError(f"spmdsim: the installed JAX has no {name!r} in {[o.__name__ for o in owners]}; "
                          "this JAX release is not supported (see spmdsim.jax._versions.SUPPORTED)")
 
+
+try:  # JAX 0.12: float32 (and float16/bfloat16 through it) lgamma is JAX's own program, lowered by lower_fun
+    from jax._src.lax.lgamma import lgamma_impl as lgamma_float32_program
+except ImportError:  # up to 0.11: CHLO's Lanczos approximation, XLA's (spmdsim.jax._xla_cpu_math.lgamma)
+    lgamma_float32_program = None
 
 # The abstract mesh of ``jax.sharding.use_abstract_mesh`` and the concrete mesh of ``jax.set_mesh``: thread-local
 # configuration states in ``jax._src.config`` up to 0.10, in ``jax._src.mesh`` from 0.11.

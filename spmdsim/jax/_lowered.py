@@ -1,4 +1,6 @@
-"""Primitives spmdsim has no rule for, whose XLA lowering JAX builds from a JAX function.
+"""Primitives spmdsim has no rule for, whose XLA lowering JAX builds from a JAX function; and JAX's "hi"
+primitives (``call_hi_primitive``, JAX 0.12's hijax: ``jnp.searchsorted(method='scan')``), which JAX expands
+into ordinary ("lo") primitives before lowering (the primitive's ``to_lojax``).
 
 A primitive registered with ``mlir.register_lowering(p, mlir.lower_fun(fun, multiple_results))`` (how a user or
 a library defines a primitive by the JAX program that computes it; lax_test's custom element types do) means,
@@ -49,7 +51,8 @@ def lowering_jaxpr(eqn):
         found = _cache.get(id(eqn))
     if found is not None:
         return found[1]
-    lowering = _lowering_function(eqn.primitive)
+    to_lojax = getattr(eqn.primitive, "to_lojax", None)
+    lowering = (to_lojax, True) if to_lojax is not None else _lowering_function(eqn.primitive)
     if lowering is None:
         return None
     fun, multiple = lowering

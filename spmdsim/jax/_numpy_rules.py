@@ -29,7 +29,7 @@ import scipy.special
 from spmdsim import _blas, _buffers, _threads
 from spmdsim._primitives import Batch
 from spmdsim._values import broadcast_view
-from spmdsim.jax import _dtypes, _libm, _xla_cpu_isa, _xla_cpu_math
+from spmdsim.jax import _dtypes, _libm, _xla_cpu_isa, _xla_cpu_math, _xla_cpu_probe
 from spmdsim.jax._interpreter import Vectorized
 from spmdsim.jax._registry import IN_PLACE, PER_DEVICE, VECTORIZED, per_device, specialize, vectorized
 
@@ -174,23 +174,40 @@ _UNARY_XLA = {
 }
 
 
+def _abs(x):
+    """complex64 as the jaxlib's XLA:CPU computes it (:func:`._xla_cpu_probe.complex64_abs`): NumPy's hypot, or
+    ``sqrt(fma(a, a, b*b))`` where that neither overflows nor underflows (hypot's value elsewhere)."""
+    if x.dtype != np.complex64 or _xla_cpu_probe.complex64_abs() == "hypot":
+        return np.abs(x)
+    a, b = np.real(x), np.imag(x)
+    with np.errstate(all="ignore"):
+        wide = a.astype(np.float64) * a + (b * b).astype(np.float64)
+        fused = np.sqrt(_xla_cpu_math.fma(a, a, b * b))
+    safe = np.isfinite(fused) & (wide >= np.finfo(np.float32).tiny) & (wide <= np.finfo(np.float32).max)
+    return np.where(safe, fused, np.abs(x)).astype(np.float32)
+
+
 _UNARY = {
     "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
     "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
-    "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": np.abs, "real": np.real, "imag": np.imag,
+    "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": _abs, "real": np.real, "imag": np.imag,
     "conj": lambda x: np.conj(x) if x.dtype.kind == "c" else np.asarray(x, np.result_type(x, np.complex64)),
     "square": np.square, "sign": _sign, "erfc": scipy.special.erfc,
-    "lgamma": _xla_cpu_math.lgamma,
     **{name: _xla_float32(port, other) for name, (port, other) in _UNARY_XLA.items()},
 }
+
+
 def _multiply(x, y):
-    """complex64 as XLA:CPU multiplies: (ac - bd) + (bc + ad)i with one product of each part fused."""
+    """complex64 as XLA:CPU multiplies: (ac - bd) + (bc + ad)i with one product of each part fused; which one of
+    the imaginary part's depends on the jaxlib (:func:`._xla_cpu_probe.complex64_multiply`)."""
     if x.dtype == np.complex64 and np.result_type(x, y) == np.complex64:
         a, b, c, d = np.real(x), np.imag(x), np.real(y), np.imag(y)
         fma = _xla_cpu_math.fma
-        return _complex(fma(a, c, -(b * d)), fma(b, c, a * d))
+        imag = fma(b, c, a * d) if _xla_cpu_probe.complex64_multiply() == "bc" else fma(a, d, b * c)
+        return _complex(fma(a, c, -(b * d)), imag)
     return np.multiply(x, y)
+
 
 
 _multiply.for_dtype = lambda dtype: _multiply if dtype == np.complex64 else np.multiply  # (operands: one dtype)
@@ -238,6 +255,44 @@ def _exp2(x, *, accuracy=None):
     """As JAX lowers ``exp2`` (``jax/_src/lax/lax.py``: ``_exp2_lower``): ``exp(log(2) * x)``, log(2) and
     the product in x's dtype."""
     return PER_DEVICE["exp"](PER_DEVICE["mul"](np.asarray(np.log(2), x.dtype), x))
+
+
+@elementwise("log2")
+def _log2(x, *, accuracy=None):
+    """A primitive from JAX 0.11 (``jnp.log2`` divided two logs before). As JAX lowers it (``_log2_lower``):
+    ``log(x) * 1.4426950408889634`` with the constant in x's dtype; a complex x's real and imaginary parts of
+    ``log(x)`` each times the constant in the real dtype."""
+    log = PER_DEVICE["log"](x)
+    if x.dtype.kind != "c":
+        return PER_DEVICE["mul"](log, np.asarray(1.4426950408889634, x.dtype))
+    scale = np.asarray(1.4426950408889634, np.real(log).dtype)
+    return _complex(PER_DEVICE["mul"](np.real(log), scale), PER_DEVICE["mul"](np.imag(log), scale))
+
+
+@elementwise("one_minus_square")
+def _one_minus_square(x):
+    """``1 - x**2``, a primitive from JAX 0.11, as JAX lowers it: ``(1 + x) * (1 - x)``, each step in x's dtype."""
+    one = np.asarray(1, x.dtype)
+    return PER_DEVICE["mul"](PER_DEVICE["add"](one, x), PER_DEVICE["sub"](one, x))
+
+
+@elementwise("polynomial")
+def _polynomial(x, *coeffs, unroll=None):
+    """``coeffs[0] + x * (coeffs[1] + x * (...))``, a primitive from JAX 0.12, as JAX lowers it (Horner's steps
+    ``acc * x + c`` from the highest coefficient, or, beyond ``unroll`` (8) coefficients, a scan of those steps
+    from zero): each step a multiply feeding an add, which XLA:CPU computes as one multiply-add
+    (:func:`._xla_cpu_math.multiply_add`; float64's is not modelled, as elsewhere)."""
+    dtype = np.result_type(x, *coeffs)
+    if len(coeffs) <= (8 if unroll is None else unroll):  # unrolled: from the highest coefficient
+        acc, steps = np.asarray(coeffs[-1], dtype), coeffs[-2::-1]
+    else:  # a scan of the steps from zero (0 * x: NaN at an infinite x)
+        acc, steps = np.zeros((), dtype), coeffs[::-1]
+    for c in steps:
+        if dtype.kind == "f" or dtype in LOW_FLOATS:
+            acc = np.asarray(_xla_cpu_math.multiply_add(acc, np.asarray(x, dtype), np.asarray(c, dtype), dtype))
+        else:
+            acc = PER_DEVICE["add"](PER_DEVICE["mul"](acc, x), c)
+    return np.broadcast_to(acc, np.broadcast_shapes(np.shape(x), *(np.shape(c) for c in coeffs))).copy()
 
 
 def _complex_pick(x, y, greater: bool):

@@ -238,7 +238,7 @@ def _map_outputs(jaxpr, meshes: list, context, argument_meshes, unresolved: list
             shardings = [jax.sharding.NamedSharding(mesh, spec) for spec in params["out_specs"]] \
                 if name == "shard_map" else _named_shardings(mesh, params["out_specs"])  # JAX's specs, or spmdsim's
             found.update(zip(eqn.outvars, shardings, strict=True))
-        elif name in ("pjit", "jit", "closed_call"):
+        elif name in ("pjit", "jit", "closed_call", "eval_jaxpr"):
             inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             inner = getattr(inner, "jaxpr", inner)
             inner_found = _map_outputs(inner, meshes, context, argument_meshes, unresolved)

@@ -22,7 +22,7 @@ import functools
 import jax
 import numpy as np
 import scipy.special as sp
-from spmdsim.jax._internals import jax_special
+from spmdsim.jax._internals import jax_special, lgamma_float32_program
 
 from spmdsim.jax._interpreter import PER_DEVICE as per_device_executor
 from spmdsim.jax import _xla_cpu_math
@@ -167,3 +167,19 @@ def _device_by_device(rule):
 for _name in _LOWERED_BY_JAX:
     _rule = _as_jax_lowers(_name)
     both(_name, vectorized_rule=_device_by_device(_rule))(_rule)
+
+
+# lgamma: CHLO's Lanczos approximation as XLA computes it, except float32 where the installed JAX lowers it with
+# its own program (JAX 0.12's ``lgamma_impl``, ``jax/_src/lax/lgamma.py``); float16/bfloat16 through float32.
+if lgamma_float32_program is not None:
+    _LOWERED_BY_JAX["lgamma_float32"] = lgamma_float32_program
+    _lgamma_float32 = _as_jax_lowers("lgamma_float32")
+else:
+    _lgamma_float32 = _xla_cpu_math.lgamma
+
+
+def _lgamma(x):
+    return _xla_cpu_math.lgamma(x) if x.dtype == np.float64 else _lgamma_float32(x)
+
+
+elementwise("lgamma")(via_f32(_lgamma))

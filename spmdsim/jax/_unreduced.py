@@ -244,7 +244,7 @@ def partials_body(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, trace):
 
 # -- equations on unreduced values outside maps -------------------------------------------------------------
 
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "call", "remat", "checkpoint", "custom_jvp_call",
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "call", "eval_jaxpr", "remat", "checkpoint", "custom_jvp_call",
           "custom_vjp_call", "custom_vjp_call_jaxpr")
 # Applied to each partial: linear in the one unreduced operand, the others' values the same on every device.
 _PER_PARTIAL = {"neg", "copy", "copy_p", "convert_element_type", "reshape", "broadcast_in_dim", "transpose", "squeeze",

@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from spmdsim import _blas, _buffers, _threads
-from spmdsim.jax import _xla_cpu_isa
+from spmdsim.jax import _xla_cpu_isa, _xla_cpu_probe
 
 __all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "digamma", "fma", "multiply_add",
            "ftz", "flush_subnormals"]
@@ -429,7 +429,7 @@ def digamma(x: np.ndarray) -> np.ndarray:
     """digamma of float32 or float64 as CHLO's decomposition (materializeDigamma) writes it:
     ``log t + a'(z) / a(z) - 7 / t`` with ``a'(z) = -sum c_k / (z + k)^2`` (see :func:`_lanczos`); reflected below
     1/2 as ``digamma(1 - x) - pi cos(pi x') / sin(pi x')`` with ``x' = x + |floor(x + 1/2)|``; NaN at the poles
-    (x <= 0, integral). Bit for bit with XLA:CPU in float32 for x >= 1/2; below, its sin and cos (not ported)."""
+    (x <= 0, integral; at +-0 the jaxlib's value, :func:`._xla_cpu_probe.digamma_at_zero`). Bit for bit with XLA:CPU in float32 for x >= 1/2; below, its sin and cos (not ported)."""
     x = np.asarray(x)
     c = x.dtype.type
     with np.errstate(all="ignore"):
@@ -443,6 +443,7 @@ def digamma(x: np.ndarray) -> np.ndarray:
         reflected = out - (_sin_cos(reduced, np.cos) * c(np.pi)) / _sin_cos(reduced, np.sin)
         out = np.where(reflect, reflected, out)
         out = np.where((x <= 0) & (x == np.floor(x)), c(np.nan), out)
+        out = np.where(x == 0, c(_xla_cpu_probe.digamma_at_zero()), out)
     return out.astype(x.dtype)
 
 
