@@ -90,13 +90,22 @@ _LAPACK_FUNCTIONS = {
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(_LAPACK_FUNCTIONS))
 def test_lapack_refuses_low_floats_as_xla_cpu(name, dtype):
-    """linalg_test's testQrInvalidDtypeCPU and its siblings: XLA:CPU has no LAPACK routine for float16/bfloat16,
-    JAX raises NotImplementedError 'Unsupported dtype float16' when it compiles; spmdsim raises the same."""
+    """linalg_test's testQrInvalidDtypeCPU and its siblings: XLA:CPU has no LAPACK routine for float16/bfloat16.
+    Up to JAX 0.11, JAX raises NotImplementedError 'Unsupported dtype float16' when it compiles, and spmdsim
+    raises the same when it computes; JAX 0.12 refuses the dtype when it traces (TypeError '... does not accept
+    dtype float16'), before spmdsim sees a jaxpr, and so does a map of spmdsim's."""
     fn = _LAPACK_FUNCTIONS[name]
     x = (np.eye(3) * 2 + 0.25).astype(jnp.dtype(dtype))
+    try:
+        closed = jax.make_jaxpr(fn)(x)
+    except TypeError as traced:
+        assert f"does not accept dtype {dtype}" in str(traced)
+        for executor in ("threads", "vectorized"):
+            with pytest.raises(TypeError, match=f"does not accept dtype {dtype}"):
+                sjax.pmap(fn, "i", executor=executor)(np.stack([x] * N))
+        return
     with pytest.raises(NotImplementedError, match=f"Unsupported dtype {dtype}"):
         jax.block_until_ready(jax.jit(fn)(x))
-    closed = jax.make_jaxpr(fn)(x)
     with pytest.raises(NotImplementedError, match=f"Unsupported dtype {dtype}"):
         sjax.eval_jaxpr(closed.jaxpr, closed.consts, x)
     if name == "qr":  # and inside maps, both executors

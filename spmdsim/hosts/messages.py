@@ -9,6 +9,7 @@ from typing import NamedTuple
 from spmdsim import _runtime
 from spmdsim._axes import Unnamed
 from spmdsim.errors import RemoteError
+from spmdsim.hosts import wire
 
 __all__ = ["COORDINATOR", "FIX", "CallDesc", "describe_call", "how_it_ended", "portable", "shipped", "steps_text"]
 
@@ -17,6 +18,7 @@ FIX = ("Fix: every host must take the same steps in the same order: the same map
        "executor), and the end of the run_hosts function.")
 
 
+@wire.record_type
 class CallDesc(NamedTuple):
     """A host's k-th step in the sequence the hosts must agree on: a top-level mapped call (``kind="map"``: the
     global mesh, the executor, where) or the end of a ``run_hosts`` function (``kind="gather"``: how it ended)."""
@@ -57,7 +59,6 @@ def portable(error: BaseException | None) -> BaseException | None:
     :class:`~spmdsim.errors.RemoteError` with its text when it cannot travel."""
     if error is None:
         return None
-    from spmdsim.hosts import wire
     try:
         return wire.roundtrip(error)
     except Exception:  # noqa: BLE001 - any failure to make the copy

@@ -55,10 +55,20 @@ class Malformed(ValueError):
 
 # -- what may travel -------------------------------------------------------------------------------------
 
+_RECORD_TYPES: dict = {}  # NamedTuple classes the modules that define them declare (messages: CallDesc)
+
+
+def record_type(cls):
+    """Declare the NamedTuple class ``cls`` as one that may travel (by its name). Returns ``cls``."""
+    _RECORD_TYPES[cls.__name__] = cls
+    if RECORDS:
+        RECORDS[cls.__name__] = cls
+    return cls
+
+
 def _records() -> dict:
     from spmdsim._reports import Signature
-    from spmdsim.hosts.messages import CallDesc
-    return {"CallDesc": CallDesc, "Signature": Signature}
+    return {"Signature": Signature, **_RECORD_TYPES}
 
 
 def _functions() -> dict:
@@ -72,7 +82,7 @@ _FUNCTION_NAMES: dict = {}
 
 
 def _registry() -> None:
-    if not RECORDS:
+    if not FUNCTIONS:
         RECORDS.update(_records())
         FUNCTIONS.update(_functions())
         _FUNCTION_NAMES.update({id(f): name for name, f in FUNCTIONS.items()})
