@@ -84,7 +84,8 @@ def test_device_put_to_a_device_inside_an_eager_map_raises_as_in_jax():
 @pytest.mark.parametrize("executor", ["threads", "vectorized"])
 def test_core_call_inside_a_map(executor):
     """shard_map_test's ``test_rewrite_process_call``: JAX's generic ``call`` primitive (``core.call_p``, an open
-    sub-jaxpr in ``call_jaxpr``) inside a jitted map."""
+    sub-jaxpr in ``call_jaxpr``; from JAX 0.12 an alias of ``eval_jaxpr_p``, whose ``call_jaxpr`` is a jaxpr
+    given to ``bind``) inside a jitted map."""
     from jax._src import api_util, core
     from jax._src import linear_util as lu
     from spmdsim.jax._shard_map import jit_for  # the jit of `spmdsim run --executor E`
@@ -93,6 +94,8 @@ def test_core_call_inside_a_map(executor):
         pytest.skip("needs 4 JAX devices")
 
     def f(x):
+        if core.call_p.name == "eval_jaxpr":
+            return core.call_p.bind(x, call_jaxpr=jax.make_jaxpr(lambda x: [2. * x])(x).jaxpr)[0] * x
         sub = lu.wrap_init(lambda x: [2. * x], debug_info=api_util.debug_info("test", lambda x: [2. * x], (x,), {}))
         return core.call_p.bind(x, subfuns=(sub,))[0] * x
 

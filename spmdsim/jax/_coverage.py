@@ -39,7 +39,8 @@ LEAD_OWNED: frozenset[str] = frozenset({
     "create_token", "after_all",
     # control flow and calls
     "pjit", "jit", "closed_call", "core_call", "call", "eval_jaxpr", "cond", "while", "scan", "custom_jvp_call",
-    "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "shard_map", "composite", "custom_partitioning",
+    "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint", "shard_map", "composite",
+    "custom_partitioning",
     "call_hi_primitive",  # JAX 0.12's hijax: the program JAX expands it into
 })
 

@@ -32,8 +32,8 @@ from jax._src.util import weakref_lru_cache
 __all__ = [
     "ArrayImpl", "IndivisibleError", "abstract_mesh_context_manager", "ad", "api_util", "batching", "config",
     "core", "device_context", "effects", "jax_jit", "jax_prng", "jax_shard_map", "jax_special", "jaxlib_ext",
-    "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors", "random_core", "scan_counts", "source_info_util",
-    "weakref_lru_cache", "xla_bridge", "xla_client",
+    "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors",
+    "random_core", "scan_counts", "source_info_util", "weakref_lru_cache", "xla_bridge", "xla_client",
 ]
 
 

@@ -44,6 +44,13 @@ def _lowering_function(primitive):
     return None
 
 
+def _is_high(eqn) -> bool:
+    """Whether ``eqn`` is of a hi primitive, which JAX expands before lowering (``is_high``, ``to_lojax``)."""
+    is_high = getattr(eqn.primitive, "is_high", None)
+    return is_high is not None and hasattr(eqn.primitive, "to_lojax") and bool(
+        is_high(*(v.aval for v in eqn.invars), **eqn.params))
+
+
 def lowering_jaxpr(eqn):
     """The program XLA runs for ``eqn`` (a ClosedJaxpr whose results are ``eqn``'s, always a list), or None when
     its primitive's lowering is not made by ``mlir.lower_fun``."""
@@ -51,8 +58,7 @@ def lowering_jaxpr(eqn):
         found = _cache.get(id(eqn))
     if found is not None:
         return found[1]
-    to_lojax = getattr(eqn.primitive, "to_lojax", None)
-    lowering = (to_lojax, True) if to_lojax is not None else _lowering_function(eqn.primitive)
+    lowering = (eqn.primitive.to_lojax, True) if _is_high(eqn) else _lowering_function(eqn.primitive)
     if lowering is None:
         return None
     fun, multiple = lowering

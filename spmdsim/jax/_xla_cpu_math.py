@@ -30,7 +30,7 @@ import numpy as np
 from spmdsim import _blas, _buffers, _threads
 from spmdsim.jax import _xla_cpu_isa, _xla_cpu_probe
 
-__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "digamma", "fma", "multiply_add",
+__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "digamma", "fma", "fma64", "multiply_add",
            "ftz", "flush_subnormals"]
 
 f32, f64 = np.float32, np.float64
@@ -177,15 +177,158 @@ fma = _fused if _xla_cpu_isa.current().fma else _unfused
 def multiply_add(a, b, c, dtype) -> np.ndarray:
     """``a * b + c`` of ``dtype`` values as XLA:CPU computes a multiply feeding an add inside one program on
     this machine's ISA: float32 by :func:`fma`; float16 rounded once (one fused float16 multiply-add) where
-    AVX512-FP16 is in effect, else the product rounded to float16 and then the sum; bfloat16 and float64 the
-    product rounded, then the sum (measured, see :mod:`._xla_cpu_isa`). The float16 fused form is computed in
-    float64 (the product of two float16 values is exact there) and rounded to float16."""
+    AVX512-FP16 is in effect, else the product rounded to float16 and then the sum; float64 rounded once by
+    :func:`fma64` where FMA is in effect (as float32); bfloat16 the product rounded, then the sum (measured, see
+    :mod:`._xla_cpu_isa`). The float16 fused form is computed in float64 (the product of two float16 values is
+    exact there) and rounded to float16."""
     dtype = np.dtype(dtype)
     if dtype == f32:
         return fma(a, b, c)
+    if dtype == f64 and _xla_cpu_isa.current().fma:
+        return fma64(a, b, c)
     if dtype == np.float16 and _xla_cpu_isa.current().fp16:
         return rounded_once(a, b, c, dtype)
     return np.asarray(np.asarray(a, dtype) * np.asarray(b, dtype) + np.asarray(c, dtype), dtype)
+
+
+# -- float64 fused multiply-adds, rounded once ---------------------------------------------------------------------
+#
+# The product of two float64 values needs 106 bits, so NumPy's float64 cannot hold it; an exactly rounded
+# ``a * b + c`` is computed from error-free transformations instead (Boldo & Melquiond, "Emulation of FMA and
+# correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008):
+#   p + pl = a * b        exactly (Dekker's product, Veltkamp's splitting by 2**27 + 1)
+#   uh + ul = c + p       exactly (Knuth's TwoSum)
+#   t = RO(ul + pl)       rounded to odd: the sum rounded to nearest, then, when inexact and its last bit is even,
+#                         moved one ulp towards the exact sum (TwoSum gives the error's sign)
+#   result = RN(uh + t)   which is RN(a * b + c) (their theorem, without underflow or overflow).
+# That holds where no step overflows or underflows (:func:`_fma64_core`'s domain: every element of ordinary
+# magnitude). Elsewhere (:func:`_fma64_edges`): IEEE's rules for infinities, NaNs and zeros; otherwise a and b are
+# scaled to [1/2, 1) by their exponents and c with them (c far below the product by a sticky value of its sign, c
+# far above it is the result), the core applied and the result scaled back, which is exact unless the result is
+# subnormal and the product below 2**-968; those few elements are computed exactly with Python's fractions.
+# Checked against Python 3.13's math.fma (a correctly rounded C fma) on tens of millions of random and adversarial
+# operands: random bit patterns, ties, cancellations, subnormal and overflowing products and sums, infinities,
+# NaNs and signed zeros (``tests/test_fma64.py``; bit for bit, every one).
+
+_SPLITTER = f64(2.0 ** 27 + 1)
+_F64_CHUNK = 1 << 13  # elements per block of fma64's temporaries (a dozen float64 arrays stay in a core's cache)
+
+
+def _two_sum(x, y):
+    """``(s, e)``: ``s = RN(x + y)`` and ``e`` its error, ``x + y = s + e`` exactly (Knuth)."""
+    s = x + y
+    v = s - x
+    return s, (x - (s - v)) + (y - v)
+
+
+def _fma64_core(a, b, c):
+    """``(RN(a * b + c), RN(a * b))`` by the algorithm above; exact where |a|, |b| < 2**995, 2**-966 <= |a b| <=
+    2**1020, |c| <= 2**1020 and the result is at least 2**-1000 in magnitude (:func:`fma64` checks)."""
+    t = _SPLITTER * a
+    ah = t - (t - a)
+    al = a - ah
+    t = _SPLITTER * b
+    bh = t - (t - b)
+    bl = b - bh
+    p = a * b
+    pl = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    uh, ul = _two_sum(c, p)
+    s, e = _two_sum(ul, pl)
+    bits = s.view(np.int64)
+    fix = ((bits & 1) == 0) & (e != 0)  # inexact and even: to odd, towards the exact sum
+    if fix.any():
+        s = (bits + np.where(fix, np.where((e > 0) == (s > 0), 1, -1), 0)).view(f64)
+    return uh + s, p
+
+
+def _fma64_block(a, b, c):
+    """:func:`fma64` of float64 operands of one shape (or scalars)."""
+    with np.errstate(all="ignore"):
+        v, p = _fma64_core(a, b, c)
+        magnitude = np.abs(p)
+        inside = ((magnitude >= 2.0 ** -966) & (magnitude <= 2.0 ** 1020) & (np.abs(c) <= 2.0 ** 1020)
+                  & (np.abs(a) < 2.0 ** 995) & (np.abs(b) < 2.0 ** 995) & (np.abs(v) >= 2.0 ** -1000))
+        if inside.all():
+            return v
+        v = np.array(v, f64)
+        edge = ~inside
+        a, b, c = np.broadcast_arrays(a, b, c)
+        v[edge] = _fma64_edges(a[edge], b[edge], c[edge])
+        return v
+
+
+def _fma64_edges(a, b, c):
+    """RN(a * b + c) of 1-d float64 arrays whose elements are outside :func:`_fma64_core`'s domain."""
+    out = np.empty(a.shape, f64)
+    finite = np.isfinite(a) & np.isfinite(b)
+    out[~finite] = a[~finite] * b[~finite] + c[~finite]  # an infinite or NaN product is exact
+    infinite_c = finite & ~np.isfinite(c)
+    out[infinite_c] = c[infinite_c]  # a finite product (even one past float64's range) and an infinite or NaN c
+    zero_product = finite & ((a == 0) | (b == 0)) & ~infinite_c
+    out[zero_product] = a[zero_product] * b[zero_product] + c[zero_product]  # an exact zero plus c
+    rest = finite & ~infinite_c & ~zero_product
+    zero_c = rest & (c == 0)
+    out[zero_c] = a[zero_c] * b[zero_c]  # the product rounded once; its sign when it rounds to zero
+    rest &= ~zero_c
+    if not rest.any():
+        return out
+    a, b, c = a[rest], b[rest], c[rest]
+    ma, ea = np.frexp(a)
+    mb, eb = np.frexp(b)
+    mc, ec = np.frexp(c)
+    e = ea.astype(np.int64) + eb  # |a b| < 2**e, the product's scaled form ma * mb in [1/4, 1), exact to 2**-106
+    shift = ec - e
+    above = shift > 60  # |c| >= 2**(ec - 1) > 2**58 |a b|: RN(c + a b) = c
+    below = shift < -110  # |c| < 2**-110 of the scaled product: only its sign matters (a sticky bit)
+    scaled_c = np.where(below, np.copysign(f64(2.0 ** -200), c), np.ldexp(mc, np.clip(shift, -110, 60).astype(np.int32)))
+    v, _ = _fma64_core(ma, mb, scaled_c)
+    result = np.where(above, c, np.ldexp(v, np.clip(e, -4000, 4000).astype(np.int32)))
+    # scaling back rounds a second time only where the result is subnormal; below a product of 2**-968 it can then
+    # be inexact (above, the exact result is a multiple of 2**-1074 and so representable): computed exactly
+    for k in np.flatnonzero(~above & (v != 0) & (np.frexp(v)[1] + e <= -1022) & (e < -968)):
+        result[k] = _fma64_exact(float(a[k]), float(b[k]), float(c[k]))
+    out[rest] = result
+    return out
+
+
+def _fma64_exact(a: float, b: float, c: float) -> float:
+    """RN(a * b + c) of finite nonzero values by exact rational arithmetic (a correctly rounded int division)."""
+    from fractions import Fraction
+    x = Fraction(a) * Fraction(b) + Fraction(c)
+    if x == 0:
+        return 0.0
+    r = x.numerator / x.denominator
+    return r if r != 0 else math.copysign(0.0, x)
+
+
+def fma64(a, b, c, *, negate_product: bool = False, negate_addend: bool = False,
+          out: np.ndarray | None = None) -> np.ndarray:
+    """``±a * b ± c`` in float64 rounded once (IEEE's fusedMultiplyAdd, round to nearest even; subnormals kept),
+    as XLA:CPU computes a float64 multiply feeding an add where the ISA has FMA (see the block comment above).
+    Operands broadcast; computed a cache-sized block at a time. ``out``: a C-contiguous float64 array of the
+    result's shape to write into; it may be one of the operands."""
+    ops = [np.asarray(x, f64) for x in (a, b, c)]
+    if negate_product:
+        ops[0] = np.negative(ops[0])
+    if negate_addend:
+        ops[2] = np.negative(ops[2])
+    shape = np.broadcast_shapes(*(x.shape for x in ops))
+    size = math.prod(shape)
+    if out is None and size <= _F64_CHUNK:
+        return np.asarray(_fma64_block(*ops)).reshape(shape)
+    if out is None:
+        out = _buffers.empty(shape, f64, faulted=True)
+    elif out.shape != shape or out.dtype != f64 or not out.flags.c_contiguous:
+        raise ValueError(f"fma64: out must be a C-contiguous float64{list(shape)} array, got "
+                         f"{out.dtype}{list(out.shape)}")
+    # each operand flat (a broadcast one made whole first, unless it is a single value)
+    flat = [x.reshape(()) if x.size == 1 else
+            (x if x.shape == shape else np.broadcast_to(x, shape)).reshape(-1) for x in ops]
+    target = out.reshape(-1)
+    for start in range(0, size, _F64_CHUNK):
+        stop = min(start + _F64_CHUNK, size)
+        target[start:stop] = _fma64_block(*(x if x.ndim == 0 else x[start:stop] for x in flat))
+    return out
 
 
 def flush_subnormals(x: np.ndarray, dtype=None) -> np.ndarray:
@@ -385,16 +528,26 @@ def expm1(x: np.ndarray) -> np.ndarray:
 
 @_blockwise
 def rsqrt(x: np.ndarray) -> np.ndarray:
-    """XLA:CPU refines the CPU's rsqrt estimate (rsqrt14 on AVX-512) with two Newton-Raphson steps; the
-    estimate's exact bits are the hardware's, so this starts from the correctly rounded value instead: equal
-    to XLA:CPU's result for about 4 values in 5, otherwise one ulp apart."""
+    """XLA:CPU refines the CPU's rsqrt estimate (rsqrt14 on AVX-512) with Newton-Raphson steps; the estimate's
+    exact bits are the CPU's. Where this CPU's XLA:CPU was measured (:func:`._xla_cpu_probe.rsqrt_offsets`), its
+    bits, for every positive normal float32; otherwise the refinement started from the correctly rounded value
+    (equal to XLA:CPU's result for about 4 values in 5 on the Intel Xeon it was written on, one ulp apart
+    elsewhere). Zero, infinity and negatives: the correctly rounded value (+-inf, 0, NaN); subnormals are
+    flushed to a zero of their sign first, as XLA:CPU does (+-inf)."""
     x = np.asarray(x, f32)
+    offsets = _xla_cpu_probe.rsqrt_offsets()
     with np.errstate(divide="ignore", invalid="ignore"):
-        y = (1 / np.sqrt(x.astype(f64))).astype(f32)
+        flushed = np.where(np.abs(x) < f32(_TINY), np.copysign(f32(0), x), x)
+        y = (1 / np.sqrt(flushed.astype(f64))).astype(f32)
+        special = (x < f32(_TINY)) | (x == f32(np.inf)) | np.isnan(x)
+        if offsets is not None:
+            index = (x.view(np.int32) - np.int32(127 << 23)) & np.int32((1 << 24) - 1)
+            measured = (y.view(np.int32) + offsets[index]).view(f32)
+            return np.where(special, y, measured).astype(f32)
         refined = y
         for _ in range(2):
             refined = fma(refined * f32(-0.5), fma(x * refined, refined, f32(-1)), refined)
-    return np.where((x < f32(_TINY)) | (x == f32(np.inf)), y, refined).astype(f32)
+    return np.where(special, y, refined).astype(f32)
 
 
 # Lanczos' approximation with g = 7, n = 9, as StableHLO's CHLO decomposition (materializeLgamma) writes lgamma

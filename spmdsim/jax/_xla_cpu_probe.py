@@ -9,11 +9,12 @@ seeded generator), so a probe's answer depends only on the jaxlib, the CPU and `
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 import numpy as np
 
-__all__ = ["complex64_multiply", "complex64_abs", "digamma_at_zero"]
+__all__ = ["complex64_multiply", "complex64_abs", "digamma_at_zero", "rsqrt_offsets", "RSQRT_TABLE_ENV"]
 
 _lock = threading.Lock()
 
@@ -84,3 +85,33 @@ def digamma_at_zero() -> float:
     with _lock:
         got = _on_xla(lambda p: __import__("jax").lax.digamma(p), np.zeros(1, np.float32))
         return float("nan") if got is None or np.isnan(got[0]) else float(got[0])
+
+
+RSQRT_TABLE_ENV = "SPMDSIM_XLA_CPU_RSQRT_TABLE"
+
+
+@functools.cache
+def rsqrt_offsets() -> np.ndarray | None:
+    """XLA:CPU's float32 ``rsqrt`` on this CPU and jaxlib, as offsets from the correctly rounded value: for every
+    float32 ``x`` in [1, 4) in the order of its bits (entry ``i`` is ``x = (127 << 23) + i`` as float32 bits),
+    XLA's result's bits minus those of ``(1 / sqrt(float64(x))).astype(float32)`` (int8, 2**24 entries). Every
+    other positive normal float32 follows: ``rsqrt(4**k * x) == rsqrt(x) / 2**k`` exactly (XLA refines the CPU's
+    estimate instruction, whose table repeats every two binades). None where XLA cannot be run.
+
+    XLA's result depends on the CPU's estimate instruction and the refinement the jaxlib emits (AVX-512's
+    ``vrsqrt14ps`` and two Newton steps on Intel; other bits on AMD's Zen 4, ``../shared/data/xla-cpu/``), so it
+    is measured here, once per process (about 0.3 s). ``$SPMDSIM_XLA_CPU_RSQRT_TABLE``: an ``.npz`` holding such a
+    table as ``ulp_vs_correct`` (another CPU's, recorded there) is used instead."""
+    path = os.environ.get(RSQRT_TABLE_ENV)
+    if path:
+        return np.load(path)["ulp_vs_correct"].astype(np.int8)
+    with _lock:
+        x = (np.arange(1 << 24, dtype=np.uint32) + np.uint32(127 << 23)).view(np.float32)
+        got = _on_xla(lambda v: __import__("jax").lax.rsqrt(v), x)
+        if got is None:
+            return None
+        correct = (1 / np.sqrt(x.astype(np.float64))).astype(np.float32)
+        offsets = got.view(np.int32) - correct.view(np.int32)
+        if np.abs(offsets).max() > 127:
+            return None
+        return offsets.astype(np.int8)
