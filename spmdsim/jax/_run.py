@@ -20,7 +20,7 @@ from spmdsim import _threads, hosts
 from spmdsim._script import check_program, run_program, split_argv
 from spmdsim.cli import ArgumentParser, UsageError, positive_int
 
-VALUED = ("--devices", "--executor", "--trace", "--hosts")
+VALUED = ("--devices", "--executor", "--trace", "--hosts", "--hardware")
 TRACE_FORMATS = {".json": "a Perfetto/Chrome trace", ".svg": "a timeline picture"}
 
 
@@ -45,6 +45,10 @@ def parser() -> ArgumentParser:
     p.add_argument("--hosts", type=positive_int, default=None, metavar="H",
                    help="a multi-host job: H host processes (started through mpiexec; needs the mpi extra), each "
                         "with N/H of the N devices; jax.process_index() tells them apart")
+    p.add_argument("--hardware", metavar="CHIP:SHAPE", default=None,
+                   help="predict each mapped call's time on real chips (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, a100, "
+                        "h100, b200, or FILE.json), e.g. tpu-v5e:2x4 or h100:8; prints a table per map at the end "
+                        "and adds a predicted track to a --trace .json (see docs/cost_model.md)")
     return p
 
 
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("give the script to run: spmdsim run [options] SCRIPT.py [args], or -m MODULE [args]")
     trace_format = _trace_format(args.trace)
     check_program(program)
+    predictor = _predictor(args.hardware, args.devices)
 
     host = host_of("run", raw, args, lambda: _host_argv(args, program))
     if isinstance(host, int):  # this process launched the hosts, or ran one as its child: done
@@ -87,14 +92,21 @@ def main(argv: list[str] | None = None) -> int:
               f"spmdsim.jax.pmap and jax.shard_map with spmdsim's (values computed by NumPy, {args.executor} "
               f"executor); JAX's CPU devices are the virtual devices; everything else is real JAX.", file=sys.stderr)
     tracing = spmdsim.trace(values="summary") if trace_format else contextlib.nullcontext()
+    predicting = predictor if predictor is not None and (host is None or host.index == 0) else contextlib.nullcontext()
     status = 1
     try:
-        with patched_jax(args.devices, args.executor, host), tracing as tr:
+        with patched_jax(args.devices, args.executor, host), tracing as tr, predicting:
             try:
                 status = run_program(program)
             finally:
+                if predictor is not None and (host is None or host.index == 0):
+                    predictor.report(file=sys.stderr)
                 if trace_format and (host is None or host.index == 0):  # host 0 has every host's events
                     _write_trace(tr, args.trace, trace_format)
+                    if predictor is not None and trace_format == ".json":
+                        predictor.add_to_perfetto(args.trace, tr)
+                        print(f"spmdsim run: added the track 'predicted on {predictor.topology.label}' to "
+                              f"{args.trace}", file=sys.stderr)
     finally:
         if host is not None:
             hosts.mpi.exit_process(host, "returned" if status == 0 else f"exited with status {status}")
@@ -169,8 +181,22 @@ def _host_argv(args, program) -> list[str]:
     argv = ["run", "--devices", str(args.devices), "--executor", args.executor]
     if args.trace:
         argv += ["--trace", args.trace]
+    if args.hardware:
+        argv += ["--hardware", args.hardware]
     argv += [program.path] if program.path is not None else ["-m", program.module]
     return argv + ["--", *program.args]
+
+
+def _predictor(hardware: str | None, devices: int):
+    """The cost model's :class:`spmdsim.cost.Predictor` for ``--hardware`` (None without it: nothing is
+    imported or installed), checked before the script runs."""
+    if hardware is None:
+        return None
+    from spmdsim.cost import Predictor
+    try:
+        return Predictor(hardware, devices)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e) if str(e).startswith("--hardware") else f"--hardware {hardware}: {e}") from None
 
 
 def _write_trace(tr, path: str, trace_format: str) -> None:
