@@ -40,7 +40,8 @@ _SUMS = ("add", "add_any", "sub")
 
 def _fused_dtypes() -> tuple:
     isa = _xla_cpu_isa.current()
-    return tuple(np.dtype(d) for d, fused in ((np.float32, isa.fma), (np.float16, isa.fp16)) if fused)
+    return tuple(np.dtype(d) for d, fused in ((np.float32, isa.fma), (np.float64, isa.fma), (np.float16, isa.fp16))
+                 if fused)
 
 
 def _plain(eqn) -> bool:
@@ -154,10 +155,14 @@ def _contract(jaxpr):
 
 @per_device("xla_cpu_fma")
 def _fma(a, b, c, *, negate_product: bool, negate_addend: bool, out=None):
-    """``±a * b ± c`` rounded once, in the operands' dtype (float32 or float16): the product of two such values
-    is exact in float64, and so is the sum of float16 values; a float32 sum is rounded to float64 first, which
-    differs from one rounding in about one case in 2**29 (as :func:`._xla_cpu_math.fma`). ``out``: an array of
-    the result's shape and dtype to write into, possibly an operand (``_compiled`` gives one that dies here)."""
+    """``±a * b ± c`` rounded once, in the operands' dtype: float64 by :func:`._xla_cpu_math.fma64` (exact);
+    float32 or float16 through float64, where the product of two such values is exact, and so is the sum of
+    float16 values; a float32 sum is rounded to float64 first, which differs from one rounding in about one case
+    in 2**29 (as :func:`._xla_cpu_math.fma`). ``out``: an array of the result's shape and dtype to write into,
+    possibly an operand (``_compiled`` gives one that dies here)."""
+    dtype = np.result_type(a, b, c)
+    if dtype == np.float64:
+        return _xla_cpu_math.fma64(a, b, c, negate_product=negate_product, negate_addend=negate_addend, out=out)
     return _xla_cpu_math.rounded_once(a, b, c, np.result_type(a, b, c), negate_product=negate_product,
                                       negate_addend=negate_addend, out=out)
 

@@ -298,7 +298,7 @@ def _fma64_exact(a: float, b: float, c: float) -> float:
     if x == 0:
         return 0.0
     r = x.numerator / x.denominator
-    return r if r != 0 else math.copysign(0.0, x)
+    return r if r != 0 else (0.0 if x > 0 else -0.0)
 
 
 def fma64(a, b, c, *, negate_product: bool = False, negate_addend: bool = False,
