@@ -600,3 +600,24 @@ def predict(cost: MapCost, topo: Topology) -> MapPrediction:
         if op.kind == "dot":
             dots += compute
     return MapPrediction(cost, topo, times, cb, mb, comm, ucb, umb, dots)
+
+
+# -- a matmul's roofline by hand (the roofline chapter's worked examples) ---------------------------------------
+
+def matmul_times(chip, batch: float, d: float, f: float, *, x_bytes: float = 2, w_bytes: float = 2,
+                 out_bytes: float = 2, dtype: str = "bf16") -> tuple[float, float]:
+    """``(T_math, T_hbm)`` of ``x[batch, d] @ w[d, f]`` on one chip: ``2 batch d f`` FLOPs at ``dtype``'s peak,
+    and the operands read and the result written at HBM bandwidth (what :func:`analyze` counts for a
+    ``dot_general`` whose operands and result are in HBM)."""
+    flops = 2.0 * batch * d * f
+    hbm = batch * d * x_bytes + d * f * w_bytes + batch * f * out_bytes
+    return flops / chip.peak(dtype), hbm / chip.hbm_bandwidth
+
+
+def critical_batch(chip, d: float, f: float, **kw) -> float:
+    """The batch above which ``x[batch, d] @ w[d, f]`` is compute-bound (:func:`matmul_times`; the book's
+    ``B > peak / HBM bandwidth`` as ``d, f`` grow)."""
+    t0 = matmul_times(chip, 0.0, d, f, **kw)
+    t1 = matmul_times(chip, 1.0, d, f, **kw)
+    a, b, c = t1[0] - t0[0], t1[1] - t0[1], t0[1]
+    return c / (a - b) if a > b else math.inf
