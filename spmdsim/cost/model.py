@@ -317,6 +317,8 @@ class _Walk:
             self.jaxpr(body, [Val(_nbytes(v.aval), kept=True) for v in body_jaxpr.invars], axes + inner_axes,
                        count, ops)
             return self._boundary(eqn, ins, prim, ops)
+        if _bitcast(eqn) and ins and ins[0] is not None:  # a reshape keeping the elements: the same buffer
+            return [ins[0]]
         op = self.primitive(eqn, ins, axes, count)
         op.outputs = [Val(_nbytes(v.aval), op) for v in eqn.outvars]
         ops.append(op)
@@ -411,6 +413,20 @@ class _Walk:
         name = _user_name(eqn)
         return Op(prim, name, site, "collective", 0.0, count, ins, collective=kind, comm_bytes=volume,
                   groups=rows, pairs=pairs, axes=tuple(axes[k][0] for k in positions))
+
+
+def _bitcast(eqn) -> bool:
+    """A reshape, squeeze, expand_dims, or a broadcast that only adds unit dimensions: XLA reinterprets the
+    buffer (no HBM traffic; pmap's body squeezes and expands its blocks this way)."""
+    prim = eqn.primitive.name
+    if prim not in ("reshape", "squeeze", "expand_dims", "broadcast_in_dim") or len(eqn.invars) < 1:
+        return False
+    a, b = eqn.invars[0].aval, eqn.outvars[0].aval
+    if _size(a) != _size(b) or getattr(a, "dtype", None) != getattr(b, "dtype", None):
+        return False
+    if prim != "broadcast_in_dim":
+        return prim != "reshape" or eqn.params.get("dimensions") is None
+    return True
 
 
 def _precision(p) -> str | None:
