@@ -611,6 +611,9 @@ def main(argv: list[str] | None = None) -> int:
                          "e.g. jax_enable_checks=False; reports to results/REPORT.partial.md")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the runs kept in results/")
     ap.add_argument("--mirror", default=MIRROR, help="JAX's git repository (default %(default)s)")
+    ap.add_argument("--tag", default=None,
+                    help="the tag or commit of JAX's repository whose tests to run (default: jax-v<installed "
+                         "version>; for a release the mirror has no tag of, name the nearest and say so)")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), f"spmdsim-jax-suite-{os.getuid()}"))
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
     ap.add_argument("--report", default=None, help="default: REPORT.md here (REPORT_OPS.md with --ops)")
@@ -624,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     generated = os.environ.get("JAX_NUM_GENERATED_CASES")
 
     version = jax_version()
-    tag = f"jax-v{version}"
+    tag = args.tag or f"jax-v{version}"
     by_file: dict[str, list[str]] = {}
     for spec in args.files:
         file, _, rest = spec.partition("::")
@@ -639,9 +642,9 @@ def main(argv: list[str] | None = None) -> int:
     partial_run = bool(args.keyword or any(by_file.values()) or config)
     extracted = extract(args.mirror, tag, list(by_file), args.workdir)
     os.makedirs(args.results, exist_ok=True)
-    print(f"jax_suite: jax {version}; extracted {', '.join(extracted)} into {args.workdir}", flush=True)
+    print(f"jax_suite: jax {version}; extracted {', '.join(extracted)} at {tag} into {args.workdir}", flush=True)
 
-    selection = {"jax": version, "keyword": args.keyword, **({"kind": kind} if args.ops else {}),
+    selection = {"jax": version, "keyword": args.keyword, **({"tag": tag} if args.tag else {}), **({"kind": kind} if args.ops else {}),
                  **({"generated_cases": generated} if generated else {})}
     started = time.monotonic()
     per_file = {}

@@ -278,11 +278,12 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
                  if not isinstance(f.name, Unnamed)]
         axis_env = outer + ([(name, n)] if not isinstance(name, Unnamed) else [])
         key = (in_tree, tuple(avals), tuple(flat_in_axes), tuple(sorted(statics.items())), tuple(axis_env))
+        eager = jax.config.jax_disable_jit  # JAX runs the body's Python at every call: no trace kept or reused
         with lock:
-            body = cache.get(key)
+            body = None if eager else cache.get(key)
         if body is None:
             body = _trace_body(fun, statics, in_tree, avals, flat_in_axes, out_axes, name, n, axis_env)
-            if body.cacheable:
+            if body.cacheable and not eager:
                 with lock:
                     cache[key] = body
         params = map_params(body.jaxpr, ((name, n),), body.in_specs, body.out_specs, check_vma=False,
@@ -297,7 +298,8 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
         statics, dyn_args, dyn_in_axes = _pmap.split_static(fun, args, in_axes, static)
         leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, kwargs))
         lane = _runtime.current_lane()
-        call_key = _call_key(leaves, in_tree, statics, lane) if not _tracing.stack else None
+        call_key = _call_key(leaves, in_tree, statics, lane) if not (_tracing.stack or jax.config.jax_disable_jit) \
+            else None
         call = calls.get(call_key) if call_key is not None else None
         if call is not None:  # checked and traced before: only the device count can differ
             _pmap.check_device_count(call.local, devices, size_error=MappedSizeError)
