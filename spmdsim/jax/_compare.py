@@ -115,11 +115,19 @@ def _float_bits(dtype: np.dtype) -> np.dtype | None:
     return None
 
 
-def _ordered(x: np.ndarray, bits: np.dtype) -> np.ndarray:
-    """Each float's position on the line of representable values (+0 and -0 both 0), as float64."""
+def _ordered(x: np.ndarray, bits: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Each float's position on the line of representable values (+0 and -0 both 0), as its magnitude (uint64)
+    and whether it is negative."""
     raw = np.ascontiguousarray(x).view(bits).astype(np.int64)
-    magnitude = raw & ((1 << (8 * bits.itemsize - 1)) - 1)
-    return np.where(raw < 0, -magnitude, magnitude).astype(np.float64)
+    return (raw & ((1 << (8 * bits.itemsize - 1)) - 1)).astype(np.uint64), raw < 0
+
+
+def _ulps_apart(a: np.ndarray, b: np.ndarray, bits: np.dtype) -> np.ndarray:
+    """The number of representable values between ``a`` and ``b``, counted in integers (a float64's position
+    needs 63 bits: in float64 a distance of one ulp between large positions would round away), then as float64."""
+    (ma, na), (mb, nb) = _ordered(a, bits), _ordered(b, bits)
+    same = na == nb
+    return np.where(same, np.where(ma >= mb, ma - mb, mb - ma), ma + mb).astype(np.float64)
 
 
 def distance(actual, expected) -> tuple[np.ndarray, np.ndarray]:
@@ -138,7 +146,7 @@ def distance(actual, expected) -> tuple[np.ndarray, np.ndarray]:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     nan_a, nan_b = np.isnan(a64), np.isnan(b64)
     with np.errstate(invalid="ignore"):
-        ulps = np.abs(_ordered(a, bits) - _ordered(b, bits))
+        ulps = _ulps_apart(a, b, bits)
         absolute = np.where(a64 == b64, 0.0, np.abs(a64 - b64))
     both, one = nan_a & nan_b, nan_a ^ nan_b
     ulps = np.where(both, 0.0, np.where(one, np.inf, ulps))
@@ -198,6 +206,7 @@ class Drift:
     ulps: float | None
     absolute: float | None
     note: str = ""   # why it was not measured, when it was not
+    beyond: bool = dataclasses.field(default=False, repr=False)  # some element differs beyond the tolerance
 
     def to_json(self) -> dict:
         return {"call": self.call, "api": self.api, "output": self.output, "shape": list(self.shape),
@@ -208,7 +217,8 @@ class Drift:
 @dataclasses.dataclass
 class Report:
     """What :func:`compare_call` found: the differing equations, first occurrence first, and the drift of each
-    top-level map call's outputs. ``bool(report)`` is true when some equation differs."""
+    top-level map call's outputs. ``bool(report)`` is true when some equation (or fused run of equations)
+    differs, or some map call's outputs differ end to end, beyond the tolerance."""
 
     against: str
     ulps: int
@@ -222,7 +232,7 @@ class Report:
     evaluated: dict = dataclasses.field(default_factory=dict, repr=False)  # equation's key -> evaluations compared
 
     def __bool__(self) -> bool:
-        return bool(self.differences)
+        return bool(self.differences) or any(d.beyond for d in self.drift)
 
     def to_json(self) -> dict:
         """The report as the JSON object ``spmdsim compare --json`` writes (schema: ``spmdsim/data/
@@ -475,10 +485,7 @@ class _Session:
                 detail = f"result {k}: spmdsim {o.dtype}{list(o.shape)}, other side {r.dtype}{list(r.shape)}"
                 continue
             ulps, absolute = (np.ravel(d) for d in distance(o, r))
-            beyond = ulps > self.max_ulps
-            if self.rtol:
-                with np.errstate(invalid="ignore"):
-                    beyond &= ~(absolute <= self.rtol * np.abs(r).astype(np.float64).ravel())
+            beyond = self._beyond(ulps, absolute, r)
             if not beyond.any():
                 continue
             per_device = beyond.reshape(n, -1).any(axis=1) if vectorized else np.array([True])
@@ -562,7 +569,17 @@ class _Session:
             ulps, absolute = distance(o, r)
             self.report.drift.append(Drift(call, api, k, o.shape, str(o.dtype),
                                            float(ulps.max()) if ulps.size else 0.0,
-                                           float(absolute.max()) if absolute.size else 0.0))
+                                           float(absolute.max()) if absolute.size else 0.0,
+                                           beyond=bool(self._beyond(np.ravel(ulps), np.ravel(absolute), r).any())))
+        drifted = any(d.beyond for d in self.report.drift if d.call == call)
+        if drifted and self.against.kind == "xla" and not any(seq[0] == call for seq, _, _ in self.records.values()):
+            self.watch.__exit__(None, None, None)
+            _map.map_observer = None
+            try:
+                self._find_fused(call, args, params)
+            finally:
+                _map.map_observer = self.observe_map
+                self.watch.__enter__()
 
     def _whole_map(self, args: list, params: dict) -> list:
         kind = self.against.kind
@@ -578,6 +595,94 @@ class _Session:
         if found is None:
             found = self.xla_functions[key] = (params["jaxpr"], _xla_map(args, params))
         return [np.asarray(o) for o in found[1](*args)]
+
+    def _beyond(self, ulps: np.ndarray, absolute: np.ndarray, expected) -> np.ndarray:
+        """Which elements (flat) differ beyond the tolerance: more than ``ulps`` apart and, with ``rtol``, more
+        than ``rtol`` times the other side's magnitude."""
+        beyond = ulps > self.max_ulps
+        if self.rtol:
+            with np.errstate(invalid="ignore"):
+                beyond &= ~(absolute <= self.rtol * np.abs(np.asarray(expected)).astype(np.float64).ravel())
+        return beyond
+
+    # -- per top-level map call whose outputs differ where no equation did: the runs of equations XLA fuses
+
+    def _find_fused(self, call: int, args: list, params: dict) -> None:
+        """Record the shortest runs of consecutive equations of the map's body whose results XLA, compiling the
+        run as one program on spmdsim's operands, computes differently (see the block comment above
+        :func:`_flattened`): the first such run of that length, and any later one apart from it."""
+        eqns, outvars = _flattened(params["jaxpr"])
+        wanted = {v for e in eqns for v in (*e.invars, *e.outvars) if not hasattr(v, "val")}
+        recorder = _Recorder(wanted)
+        with observe_equations(recorder):
+            _map.simulate_map(args, **dict(params, executor="threads"))
+        budget = FUSED_MAX_RUNS
+        for length in range(1, min(FUSED_MAX_EQUATIONS, len(eqns)) + 1):
+            taken: list = []
+            for start in range(len(eqns) - length + 1):
+                window = eqns[start:start + length]
+                if length == 1 and window[0].primitive.name not in HIGHER_ORDER:
+                    continue  # compared on its own already
+                if any(start < stop and begin < start + length for begin, stop in taken) \
+                        or not all(_runnable(e) for e in window):
+                    continue
+                jaxpr = _run_of(eqns, outvars, start, length)
+                if jaxpr is None:
+                    continue
+                budget -= 1
+                if budget < 0:
+                    return
+                if self._fused_run(call, start, jaxpr, recorder.values):
+                    taken.append((start, start + length))
+            if taken:
+                return
+
+    def _fused_run(self, call: int, start: int, jaxpr, values: dict) -> bool:
+        """Compare XLA's compilation of the run ``jaxpr`` with spmdsim's recorded results, device by device;
+        record it as a fused entry when some device differs beyond the tolerance."""
+        import jax
+        fn = _jax_jit()(lambda *a: jax.core.eval_jaxpr(jaxpr, [], *a))
+        devices, compared = [], 0
+        worst_ulps = worst_abs = 0.0
+        elements = 0
+        for label, env in values.items():
+            if not all(v in env for v in (*jaxpr.invars, *jaxpr.outvars)):
+                continue
+            try:
+                outs = fn(*(env[v] for v in jaxpr.invars))
+            except Exception:  # noqa: BLE001 - XLA cannot compile this run alone (an unbound axis in a loop...)
+                return False
+            compared += 1
+            differs = False
+            for v, o in zip(jaxpr.outvars, outs, strict=True):
+                ours, theirs = np.asarray(env[v]), np.asarray(o)
+                if ours.shape != theirs.shape or ours.dtype != theirs.dtype:
+                    return False
+                ulps, absolute = (np.ravel(d) for d in distance(ours, theirs))
+                beyond = self._beyond(ulps, absolute, theirs)
+                if beyond.any():
+                    differs = True
+                    elements += int(beyond.sum())
+                    worst_ulps = max(worst_ulps, float(ulps[beyond].max()))
+                    worst_abs = max(worst_abs, float(absolute[beyond].max()))
+            if differs:
+                devices.append(label)
+        if not devices:
+            return False
+        names = [e.primitive.name for e in jaxpr.eqns]
+        sites = list(dict.fromkeys(s for s in (site_of(e) for e in jaxpr.eqns) if s))
+        lines = [f"{e.primitive.name} at {site_of(e) or '<unknown>'}" for e in jaxpr.eqns]
+        diff = Difference(
+            0, "fused: " + ", ".join(names), {"equations": str(len(names)), "run": _short("; ".join(lines), 120)},
+            [_aval(v.aval) for v in jaxpr.invars], [_aval(v.aval) for v in jaxpr.outvars],
+            "; ".join(sites) or "<unknown>", sorted(devices, key=_device_order), occurrences=len(devices),
+            ulps=worst_ulps, absolute=worst_abs, elements=elements, evaluations=compared,
+            detail=f"XLA compiles these {len(names)} equations together (a fusion: a fused multiply-add, a fused "
+                   f"reduction, a reordered sum) and its result differs; each equation alone agrees",
+            key="fused|" + "|".join(_key(e) for e in jaxpr.eqns))
+        with self.lock:
+            self.records[("fused", call, start)] = ((call, 1 << 62, start), diff, None)
+        return True
 
     # -- the whole session
 
@@ -595,6 +700,8 @@ class _Session:
         for rank, (seq, diff, eqn) in enumerate(found):
             diff.rank, diff.first = rank, seq
             diff.devices.sort(key=_device_order)
+            if eqn is None:  # a fused run of equations: counted when it was found
+                continue
             diff.evaluations = max(self.evaluations.get(id(eqn), (eqn, 0))[1], diff.occurrences)
             diff.iterations = len(diff.seen)
             diff.key = _key(eqn)
@@ -667,6 +774,7 @@ def merge(reports: list[Report]) -> Report:
                 drift[(d.call, d.output)] = dataclasses.replace(d)
             elif m.ulps is not None and d.ulps is not None:
                 m.ulps, m.absolute = max(m.ulps, d.ulps), max(m.absolute, d.absolute)
+                m.beyond = m.beyond or d.beyond
             elif d.ulps is None and m.ulps is not None:
                 m.ulps, m.absolute, m.note = None, None, d.note
     merged.drift = [drift[k] for k in sorted(drift)]
@@ -799,9 +907,12 @@ def _xla_map(args: list, params: dict) -> Callable:
     devices = jax.devices()
     if len(devices) < n:
         raise ValueError(f"JAX has {len(devices)} devices, the map {n}")
-    mesh = Mesh(np.array(devices[:n]).reshape([size for _, size in axes]), tuple(name for name, _ in axes))
+    # a pmap without axis_name has an unnamed axis (no collective can name it): a string of its own for JAX's mesh
+    named = {name: name if isinstance(name, str) else f"_unnamed_axis_{k}" for k, (name, _) in enumerate(axes)}
+    mesh = Mesh(np.array(devices[:n]).reshape([size for _, size in axes]), tuple(named[name] for name, _ in axes))
 
     def spec(s):
+        s = [tuple(named.get(a, a) for a in names) for names in s]
         return PartitionSpec(*[None if not names else names[0] if len(names) == 1 else tuple(names) for names in s])
 
     build = jax_shard_map._shard_map
@@ -811,6 +922,100 @@ def _xla_map(args: list, params: dict) -> Callable:
                  out_specs=tuple(spec(s) for s in params["out_specs"]), axis_names=frozenset(mesh.axis_names),
                  check_vma=False)
     return _jax_jit()(body).lower(*args).compile()
+
+
+# -- fusions: runs of equations that XLA compiles together -------------------------------------------------------
+#
+# XLA fuses the equations of a program before it compiles them: a multiply feeding an add becomes one fused
+# multiply-add, a chain of elementwise operations one loop, a reduction of a product one loop. Each equation alone
+# can then agree with XLA while the map's outputs do not. When a map call's outputs differ end to end and none of
+# its equations did, the map is run once more with every value of its body recorded (per device), and runs of
+# consecutive equations of the body (``jit`` calls inlined, as XLA inlines them) are compiled by XLA as one
+# program on spmdsim's operands, shortest first: the first run whose results differ is reported as one entry,
+# marked ``fused``. A ``while``, ``scan`` or ``cond`` is a run of one equation (its body compiled whole).
+
+_INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+            "custom_jvp_call": "call_jaxpr"}
+FUSED_MAX_EQUATIONS = 8      # the longest run tried
+FUSED_MAX_RUNS = 400         # runs compiled per map call at most
+
+
+def _flattened(closed) -> tuple[list, list]:
+    """The equations of a map's body with its ``jit`` calls inlined (each called jaxpr once; a second call of it
+    stays a call), and the body's outputs; a call's inputs and outputs are named by the variables that hold their
+    values when spmdsim evaluates the body."""
+    from spmdsim.jax._internals import core
+    alias: dict = {}
+    inlined: set = set()
+    eqns: list = []
+
+    def canonical(v):
+        return alias.get(v, v) if isinstance(v, core.Var) else v
+
+    def walk(jaxpr) -> None:
+        for e in jaxpr.eqns:
+            key = _INLINED.get(e.primitive.name)
+            inner = e.params.get(key) if key else None
+            inner = getattr(inner, "jaxpr", inner)
+            if inner is not None and id(inner) not in inlined and not inner.constvars:
+                inlined.add(id(inner))
+                for iv, ov in zip(inner.invars, e.invars, strict=True):
+                    alias[iv] = canonical(ov)
+                walk(inner)
+                for ov, iv in zip(e.outvars, inner.outvars, strict=True):
+                    alias[ov] = canonical(iv)
+                continue
+            eqns.append(core.new_jaxpr_eqn([canonical(v) for v in e.invars], e.outvars, e.primitive, e.params,
+                                           e.effects, e.source_info, e.ctx))
+
+    walk(closed.jaxpr)
+    return eqns, [canonical(v) for v in closed.jaxpr.outvars]
+
+
+class _Recorder:
+    """An equation observer that keeps, per device, the value of each variable of ``wanted``."""
+
+    def __init__(self, wanted: set):
+        self.wanted, self.values, self.lock = wanted, {}, threading.Lock()
+
+    def __call__(self, ex, eqn, operands, outs) -> None:
+        lane = _runtime.current_lane()
+        label = lane.label if lane is not None else "outside the maps"
+        with self.lock:
+            env = self.values.setdefault(label, {})
+        for v, x in (*zip(eqn.invars, operands), *zip(eqn.outvars, outs)):
+            if not hasattr(v, "val") and v in self.wanted and v not in env:
+                env[v] = np.array(x)
+
+
+def _run_of(eqns: list, outvars: list, start: int, length: int):
+    """The jaxpr of ``eqns[start:start + length]`` (inputs: what it reads from before it; outputs: what it defines
+    that is read after it or returned), or None when it defines nothing used later."""
+    import warnings
+
+    from spmdsim.jax._internals import core
+    window = eqns[start:start + length]
+    defined = {v for e in window for v in e.outvars if isinstance(v, core.Var)}
+    inputs: list = []
+    for e in window:
+        for v in e.invars:
+            if isinstance(v, core.Var) and v not in defined and v not in inputs:
+                inputs.append(v)
+    later = {v for e in eqns[start + length:] for v in e.invars if isinstance(v, core.Var)}
+    later.update(v for v in outvars if isinstance(v, core.Var))
+    outputs = [v for e in window for v in e.outvars if isinstance(v, core.Var) and v in later]
+    if not outputs:
+        return None
+    effects = set().union(*(e.effects for e in window))
+    with warnings.catch_warnings():  # JAX deprecates a jaxpr without debugging info; this one is never shown
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return core.Jaxpr([], inputs, outputs, window, effects)
+
+
+def _runnable(eqn) -> bool:
+    """An equation XLA can compile outside the map: no collective, effect or PRNG key."""
+    return eqn.primitive.name not in _COLLECTIVES and eqn.primitive.name not in _NOT_COMPUTED and not eqn.effects \
+        and not any(_dtypes.is_key(v.aval.dtype) for v in (*eqn.invars, *eqn.outvars) if hasattr(v.aval, "dtype"))
 
 
 # -- progress -----------------------------------------------------------------------------------------------------
@@ -882,7 +1087,8 @@ def parser():
         description="Run an unmodified JAX script as spmdsim run does, comparing every equation of its maps with "
                     "XLA:CPU (or another reduction order, or the other executor) on the same operands; print each "
                     "equation that differs, first occurrence first, then how far each map call's outputs drifted.",
-        epilog="Exit status: the script's if it failed, else 1 when some equation differs, 0 when none does.")
+        epilog="Exit status: the script's if it failed, else 1 when something differs beyond the tolerance (an "
+               "equation, a run of equations XLA fuses, or a map call's outputs end to end), 0 when nothing does.")
     p.add_argument("--devices", type=positive_int, default=spmdsim.device_count(), metavar="N",
                    help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
     p.add_argument("--executor", choices=["threads", "vectorized"], default="threads",
