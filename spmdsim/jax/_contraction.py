@@ -2,22 +2,24 @@
 
 XLA:CPU fuses the elementwise operations of a program into loops and compiles them with LLVM allowed to contract
 a multiply feeding an add into one fused multiply-add (``fma``: rounded once) where the instruction set has one:
-float32 with FMA (AVX2 and above), float16 with AVX512-FP16, never bfloat16 (:mod:`._xla_cpu_isa`; measured).
+float32 and float64 with FMA (AVX2 and above), float16 with AVX512-FP16, never bfloat16 (:mod:`._xla_cpu_isa`;
+measured with jax 0.10.2 and 0.12.0.1: float64 contracts in exactly the patterns float32 does, inside loops too).
 A product used only by adds is fused into each of them (of an add of two products, the first operand's); a
 product that something else uses too (another multiply, the program's output), counting equal products as one
 as XLA's common-subexpression elimination does, is computed on its own and fused into none.
 ``jax.random.uniform(k, shape, minval, maxval)`` computes ``u * (hi - lo) + lo`` this way, and so do flax's
 initialisers and every ``x * w + b`` inside a map.
 
-:func:`contract` rewrites a jaxpr the same way: each ``add``, ``add_any`` or ``sub`` of float32 (float16) values
+:func:`contract` rewrites a jaxpr the same way: each ``add``, ``add_any`` or ``sub`` of float32, float64 (float16) values
 that takes such a ``mul`` (or ``square``) of the same jaxpr becomes one equation of ``xla_cpu_fma`` (the
 multiply's operands and the addend), and the multiply's equation goes where nothing else uses it. Both executors
 and the reference loop evaluate the rewritten jaxpr (sub-jaxprs are rewritten when they are evaluated), so they
 agree with each other bit for bit; the rewrite is made once per jaxpr.
 
-Not modelled (XLA's result can still differ by an ulp there; measured): float64 multiply-adds, which XLA:CPU
-fuses too from AVX2 on (a float64 fused multiply-add needs more than NumPy's float64 to round once), products
-that feed an add through a reshape or from another jaxpr (a ``jit`` call's output: XLA inlines calls), and
+float64's fused multiply-add is :func:`._xla_cpu_math.fma64` (exactly rounded from error-free transformations).
+Not modelled (XLA's result can still differ by an ulp there; measured): a product used by two sums that XLA
+fuses into one loop (``(p + c) - (p + d)``: XLA then contracts neither), complex128 products (XLA:CPU fuses one
+product of each part, as complex64's), products that feed an add through a reshape or from another jaxpr (a ``jit`` call's output: XLA inlines calls), and
 contractions inside reductions (``reduce_sum`` of a product).
 """
 from __future__ import annotations
