@@ -326,6 +326,7 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
             numpy_outs = call.run(args, check_replicated)
         else:
             numpy_outs = simulate(args, **call.params, check_replicated=check_replicated)
+        _check_debug_values(numpy_outs)
         shardings = call.shardings if host is None else None
         if shardings is None:  # a multi-host run: this host's devices
             shardings = map_out_shardings(call.params)
@@ -334,6 +335,15 @@ def pmap(fun: Callable, axis_name: Hashable | None = None, *, in_axes=0, out_axe
 
     mapped._spmdsim_cache = cache  # for tests and the benchmarks: how many traces were made
     return mapped
+
+
+def _check_debug_values(outs) -> None:
+    """``jax_debug_nans`` / ``jax_debug_infs``: JAX checks a pmap's outputs and raises FloatingPointError
+    ("Invalid value (nan) encountered in sharded computation."); so does spmdsim, on the same outputs."""
+    for flag, found, what in (("jax_debug_nans", np.isnan, "nan"), ("jax_debug_infs", np.isinf, "inf")):
+        if getattr(jax.config, flag) and any(jax.dtypes.issubdtype(np.asarray(o).dtype, np.inexact)
+                                             and bool(found(o).any()) for o in outs):
+            raise FloatingPointError(f"Invalid value ({what}) encountered in sharded computation.")
 
 
 class _Call:

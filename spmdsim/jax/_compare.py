@@ -724,6 +724,22 @@ def _device_order(label: str) -> tuple:
     return (0, int(words[1])) if words[0] == "device" and len(words) > 1 and words[1].isdigit() else (1, label)
 
 
+def _to_plain(report: Report) -> dict:
+    """``report`` as plain data that travels between hosts (no pickle: :mod:`spmdsim.hosts.wire`); a
+    difference's set of iteration paths as a sorted list."""
+    plain = dataclasses.asdict(report)
+    for difference in plain["differences"]:
+        difference["seen"] = sorted(difference["seen"])
+    return plain
+
+
+def _from_plain(plain: dict) -> Report:
+    """The :class:`Report` that :func:`_to_plain` made ``plain`` of."""
+    differences = [Difference(**dict(d, seen={tuple(p) for p in d["seen"]})) for d in plain["differences"]]
+    drift = [Drift(**d) for d in plain["drift"]]
+    return Report(**dict(plain, differences=differences, drift=drift))
+
+
 def merge(reports: list[Report]) -> Report:
     """The reports of the hosts of a multi-host run (``spmdsim compare --hosts H``; host order), each of its own
     devices' equations, as one: an equation's entries (the same primitive, parameters, operands and line) become
@@ -1145,7 +1161,7 @@ def main(argv: list[str] | None = None) -> int:
         report, status = compare_call(lambda: run_program(program), against=against, ulps=args.ulps,
                                       rtol=args.rtol, progress=host is None or host.index == 0)
         report.result = None
-        return report, status
+        return (report if host is None else _to_plain(report)), status
 
     if host is None:
         with patched_jax(args.devices, args.executor):
@@ -1155,7 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with patched_jax(args.devices, args.executor, host):
                 every = host.run_program(compared)  # each host's report, gathered on every host
-            report = merge([r for r, _ in every])
+            report = merge([_from_plain(r) for r, _ in every])
             status = next((s for _, s in every if s), 0)
         finally:
             hosts.mpi.exit_process(host, "returned" if status == 0 else f"exited with status {status}")
