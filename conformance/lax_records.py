@@ -73,7 +73,7 @@ for _p, _table in {
     "expm1": {F16: 1, F64: 1, C64: 32, C128: 32}, "tanh": {F64: 2, C64: 3, C128: 2},
     "logistic": {F64: 1, C64: 8, C128: 4}, "rsqrt": {F64: 1, C64: 3, C128: 4},  # (float32: measured, exact)
     "sqrt": {C64: 1, C128: 1}, "pow": {C64: 16, C128: 16}, "sign": {C64: 2, C128: 2},
-    "square": {C64: 2, C128: 1}, "mul": {C128: 16}, "div": {C64: 2, C128: 2}, "integer_pow": {C64: 4, C128: 4},
+    "square": {C64: 2, C128: 1}, "div": {C64: 2, C128: 2}, "integer_pow": {C64: 4, C128: 4},
     # JAX 0.11/0.12's primitives, and jaxlib 0.12's float64 multiply-adds (|z|^2 of a complex128's abs, keyed
     # by its float64 result; Horner's steps of polynomial): float64 and complex multiply-add contraction is not
     # modelled (README, issue 38)

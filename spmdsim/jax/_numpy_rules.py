@@ -199,18 +199,22 @@ _UNARY = {
 
 
 def _multiply(x, y):
-    """complex64 as XLA:CPU multiplies: (ac - bd) + (bc + ad)i with one product of each part fused; which one of
-    the imaginary part's depends on the jaxlib (:func:`._xla_cpu_probe.complex64_multiply`)."""
-    if x.dtype == np.complex64 and np.result_type(x, y) == np.complex64:
+    """complex64, and complex128 where the ISA has FMA, as XLA:CPU multiplies: (ac - bd) + (bc + ad)i with one
+    product of each part fused; which one of the imaginary part's depends on the jaxlib
+    (:func:`._xla_cpu_probe.complex64_multiply`; complex128 was measured to follow complex64)."""
+    dtype = np.result_type(x, y)
+    if x.dtype == dtype and y.dtype == dtype and (dtype == np.complex64 or (
+            dtype == np.complex128 and _xla_cpu_isa.current().fma)):
         a, b, c, d = np.real(x), np.imag(x), np.real(y), np.imag(y)
-        fma = _xla_cpu_math.fma
+        fma = _xla_cpu_math.fma if dtype == np.complex64 else _xla_cpu_math.fma64
         imag = fma(b, c, a * d) if _xla_cpu_probe.complex64_multiply() == "bc" else fma(a, d, b * c)
         return _complex(fma(a, c, -(b * d)), imag)
     return np.multiply(x, y)
 
 
 
-_multiply.for_dtype = lambda dtype: _multiply if dtype == np.complex64 else np.multiply  # (operands: one dtype)
+# (operands: one dtype)
+_multiply.for_dtype = lambda dtype: _multiply if dtype in (np.complex64, np.complex128) else np.multiply
 
 
 _BINARY = {
