@@ -154,20 +154,21 @@ def test_the_predictor_watches_a_run_and_leaves_nothing_installed():
         assert word in text, word
 
 
-def test_predicting_costs_little_next_to_running():
-    """The analysis runs once per map body; each call adds a dictionary look-up."""
+def test_a_map_body_is_analysed_once_whatever_the_calls(monkeypatch):
+    """The analysis runs once per map body; each later call only counts (the overhead is measured in
+    docs/cost_model.md, not asserted here)."""
+    from spmdsim.cost import report
+
     step = sj.pmap(lambda x: jax.lax.psum(x * 2.0, "i"), "i")
     x = np.ones((8, 64), np.float32)
     step(x)
+    analysed = []
+    real = report.analyze
+    monkeypatch.setattr(report, "analyze", lambda *a, **k: analysed.append(1) or real(*a, **k))
     with cost.predicting("tpu-v5e:2x4") as p:
-        step(x)
-        rec = p._order[0]
-        import time
-        t = time.perf_counter()
-        for _ in range(1000):
-            p.observe(None, {"jaxpr": rec.jaxpr, "axes": rec.prediction.cost.axes}, None)
-        per_call = (time.perf_counter() - t) / 1000
-    assert per_call < 50e-6
+        for _ in range(5):
+            step(x)
+    assert len(analysed) == 1 and p.predictions[0].calls == 5
 
 
 SCRIPT = """import jax, jax.numpy as jnp
