@@ -143,3 +143,25 @@ def test_custom_partitioning_and_dead_primitive_inside_a_map(executor):
     ours = jit_for(executor)(sj.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False,
                                           executor=executor))
     np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(expected))
+
+
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_histogram_of_a_varying_value_inside_a_map(executor):
+    """shard_map_test's ``test_jnp_histogram``: JAX 0.12's ``jnp.histogram`` is a hi primitive (searchsorted by
+    scan) whose expansion ``pvary``s along the map's axis: spmdsim traces that expansion with the map's axes bound
+    and manual, as JAX traced the equation. Values as jax.shard_map's, eager and jitted."""
+    from spmdsim.jax._shard_map import jit_for
+
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 JAX devices")
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    x = np.arange(8 * 4 * 2, dtype=np.float32).reshape(8, 4, 2)
+    edges = jnp.histogram_bin_edges(x, bins=10)
+
+    def f(x, bin_edges):
+        return jax.vmap(lambda q: jnp.histogram(q, bins=bin_edges)[0])(x)
+
+    expected = jax.shard_map(f, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))(x, edges)
+    ours = sj.shard_map(f, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"), executor=executor)
+    np.testing.assert_array_equal(np.asarray(ours(x, edges)), np.asarray(expected))
+    np.testing.assert_array_equal(np.asarray(jit_for(executor)(ours)(x, edges)), np.asarray(expected))

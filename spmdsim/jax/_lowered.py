@@ -14,9 +14,10 @@ form of a ``foo[*shape]``.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
-from spmdsim.jax._internals import api_util
+from spmdsim.jax._internals import api_util, config, core, mesh_lib
 from spmdsim.jax._internals import lu
 from spmdsim.jax._internals import mlir
 from spmdsim.jax._internals import pe
@@ -44,6 +45,41 @@ def _lowering_function(primitive):
     return None
 
 
+def _axes_of(eqn) -> list:
+    """The mesh axes ``eqn``'s operands vary along (or are unreduced or reduced over), with their sizes, to bind
+    while its program is traced (a hi primitive's expansion ``pvary``s along them): the sizes from the map being
+    evaluated (a device thread's frames, the vectorized executor's batch)."""
+    names = []
+    for v in eqn.invars:
+        mat = getattr(v.aval, "mat", None)
+        for attr in ("varying", "unreduced", "reduced"):
+            names += [n for n in getattr(mat, attr, ()) if n not in names]
+    if not names:
+        return []
+    from spmdsim import _primitives, _runtime
+    lane, batch = _runtime.current_lane(), _primitives.current_batch()
+    sizes = dict((f.name, f.size) for f in lane.frames) if lane is not None else {}
+    if batch is not None:
+        sizes.update(batch.axes)
+    return [(n, sizes.get(n, 1)) for n in names]
+
+
+def _traced_as_in_its_map(eqn):
+    """The context JAX traced ``eqn`` in, for tracing its program: the map's axes bound, and (operands that vary
+    along them: a shard_map with ``check_vma``) the operands' mesh with those axes manual, as JAX's own context
+    inside a shard_map's body."""
+    stack = contextlib.ExitStack()
+    axes = _axes_of(eqn)
+    if axes:
+        stack.enter_context(core.extend_axis_env_nd(axes))
+        mesh = next((m for v in eqn.invars if not (m := getattr(getattr(v.aval, "sharding", None), "mesh", None)
+                                                   ) is None and not m.empty), None)
+        if mesh is not None:
+            stack.enter_context(mesh_lib.use_abstract_mesh(mesh))
+            stack.enter_context(config._check_vma(True))
+    return stack
+
+
 def _is_high(eqn) -> bool:
     """Whether ``eqn`` is of a hi primitive, which JAX expands before lowering (``is_high``, ``to_lojax``)."""
     is_high = getattr(eqn.primitive, "is_high", None)
@@ -64,7 +100,8 @@ def lowering_jaxpr(eqn):
     fun, multiple = lowering
     f = fun if multiple else (lambda *args, **kw: (fun(*args, **kw),))
     traced = lu.wrap_init(f, dict(eqn.params), debug_info=api_util.debug_info("lower_fun", fun, eqn.invars, {}))
-    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(traced, [v.aval for v in eqn.invars], lower=True)
+    with _traced_as_in_its_map(eqn):
+        jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(traced, [v.aval for v in eqn.invars], lower=True)
     closed = ext_core.ClosedJaxpr(jaxpr, consts)
     with _lock:
         if len(_cache) >= _CACHED:
