@@ -27,6 +27,7 @@ call in the devices' threads (thread executor) or widens the device axis (vector
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Hashable
 
@@ -41,7 +42,8 @@ from spmdsim.jax._internals import pe
 
 from spmdsim import _buffers, _hosts, _primitives, _runtime, _sharding, _threads
 from spmdsim._values import broadcast_view, read_only
-from spmdsim.jax import _dtypes, _unreduced
+from spmdsim import _axes
+from spmdsim.jax import _dtypes, _internals, _placement, _unreduced
 from spmdsim.jax import _compiled  # noqa: F401  (the compiled form of jaxprs installs itself: _registry.COMPILED)
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
 from spmdsim.jax._placement import PMAP_AXIS, local_mesh, map_out_shardings
@@ -229,7 +231,7 @@ def simulate_map(args: list[np.ndarray], *, jaxpr, axes, in_specs, out_specs, ex
         inner, consts = jaxpr.jaxpr, jaxpr.consts
         blocks = [_split(x, spec, axes)[mine] for x, spec in zip(args, in_specs, strict=True)]
         per_device = _runtime.run_mapped(lambda i: body_ex.eval_jaxpr(inner, consts, [b[i] for b in blocks]), axes,
-                                         is_device=True)
+                                         is_device=True, name=body_name(jaxpr))
         stacked = _every_hosts_blocks([np.stack([outs[k] for outs in per_device]) for k in range(len(out_specs))])
         if check_replicated:
             _check_replicated(stacked, out_specs, axes, api)
@@ -252,6 +254,14 @@ _COPIED_BYTES = 1 << 16  # output blocks from this size on are copied into the o
 _BLAS_PRIMITIVES = {"dot_general", "conv_general_dilated", "pure_callback", "io_callback", "debug_callback",
                     "cholesky", "lu", "qr", "householder_product", "eigh", "eig", "svd", "triangular_solve",
                     "symmetric_product", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve"}
+
+
+def body_name(jaxpr) -> str | None:
+    """The mapped function's name, from the body's debug info (``step`` for a map of ``def step``: a trace names
+    each device's call after it); None when JAX does not know it."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    name = getattr(info, "func_name", None)
+    return name if isinstance(name, str) and name and name != "<unknown>" else None
 
 
 @weakref_lru_cache
@@ -286,6 +296,7 @@ class _ThreadsRun:
                     and not _dtypes.is_key(aval.dtype) and aval.size * np.dtype(expected[1]).itemsize >= _COPIED_BYTES:
                 self.stacked_outputs.append((k, expected))
         self.blas = _calls_blas(jaxpr.jaxpr)
+        self.name = body_name(jaxpr)
 
     def __call__(self, args: list, check_replicated: bool = False, observe: bool = True) -> list[np.ndarray]:
         local = self.local
@@ -300,7 +311,7 @@ class _ThreadsRun:
                 with _threads.spread() if outs[k].nbytes >= _SPREAD_BYTES else contextlib.nullcontext():
                     whole[i] = outs[k]
             return outs
-        per_device = _runtime.run_mapped(device, self.axes, is_device=True, blas=self.blas)
+        per_device = _runtime.run_mapped(device, self.axes, is_device=True, blas=self.blas, name=self.name)
         if check_replicated:
             every = [np.stack([outs[k] for outs in per_device]) for k in range(len(self.out_specs))]
             _check_replicated(every, self.out_specs, local, self.api)
@@ -800,7 +811,142 @@ def _callback_form(*args, **params):
             for o, a, k in zip(outs, out_avals, keys_out, strict=True)]
 
 
-mlir.register_lowering(spmdsim_map_p, mlir.lower_fun(_callback_form, multiple_results=True))
+_plain_lowering = mlir.lower_fun(_callback_form, multiple_results=True)
+
+
+# In JAX's own jit (spmdsim's map imported into a program that ``spmdsim run`` does not run) the callback runs on
+# device 0, and XLA must see neither an unreduced or reduced value handed to it (Shardy aborts the process: the
+# maximal mesh of device 0 is not the map's) nor its results left there (the whole array on device 0, where JAX's
+# shard_map hands back the out_specs' NamedShardings). So the program names the map's mesh, as a shard_map
+# equation does (``dispatch.get_intermediate_shardings``: the jit's devices and mesh), and the lowering is a
+# shard_map's boundary around the callback: the operands constrained to the in_specs, the results to the
+# out_specs; an unreduced operand crosses as its partials stacked on a leading dimension split over its unreduced
+# axes (JAX's own shard_map stacks them, a reduced one is crossed as the plain value it is), an unreduced result
+# comes back the same way and is unstacked by JAX's shard_map into each device's partial.
+
+def _lowering(ctx, *args, **params):
+    mesh = _module_mesh(ctx, params)
+    if mesh is None:
+        return _plain_lowering(ctx, *args, **params)
+    in_shardings = _shardings_on(mesh, params["in_specs"])
+    out_shardings = _shardings_on(mesh, params["out_specs"])
+    args = [_constrain(ctx, x, aval, s) for x, aval, s in zip(args, ctx.avals_in, in_shardings, strict=True)]
+    outs = mlir.lower_fun(functools.partial(_sharded_callback_form, mesh=mesh), multiple_results=True)(
+        ctx, *args, **params)
+    return [_constrain(ctx, o, aval, s) for o, aval, s in zip(outs, ctx.avals_out, out_shardings, strict=True)]
+
+
+def _module_mesh(ctx, params):
+    """The map's mesh (abstract) when the jitted program being lowered spans its devices (a program on other
+    devices, or inside a JAX shard_map's manual computation: None, the plain callback)."""
+    from spmdsim.jax._internals import sharding_impls
+    context = ctx.module_context.axis_context
+    if type(context) is not sharding_impls.ShardingContext:
+        return None
+    mesh = params.get("mesh") if params["api"] == "shard_map" else _placement.map_mesh(params)
+    mesh = getattr(mesh, "abstract_mesh", mesh)
+    if mesh is None or mesh.size != context.num_devices or context.num_devices == 1:
+        return None
+    found = context.abstract_mesh
+    if found is not None and tuple(zip(found.axis_names, found.axis_sizes)) != \
+            tuple(zip(mesh.axis_names, mesh.axis_sizes)):
+        return None
+    return mesh
+
+
+def _shardings_on(mesh, specs) -> list:
+    return [jax.sharding.NamedSharding(mesh, _unreduced.partition_spec(
+        spec, lambda name: _placement.PMAP_AXIS if isinstance(name, _axes.Unnamed) else name)) for spec in specs]
+
+
+def _constrain(ctx, x, aval, sharding):
+    """``x`` constrained to ``sharding`` (a sharding_constraint op, as ``with_sharding_constraint`` lowers)."""
+    from spmdsim.jax._internals import config
+    if _dtypes.is_key(aval.dtype):
+        aval = core.physical_aval(aval)
+    if config.use_shardy_partitioner.value:
+        proto = sharding._to_sdy_sharding(aval.ndim)
+    else:
+        proto = sharding._to_xla_hlo_sharding(aval.ndim).to_proto()
+    return mlir.wrap_with_sharding_op(ctx, x, aval, proto)
+
+
+def _sharded_callback_form(*args, mesh, **params):
+    """:func:`_callback_form` with unreduced operands and results crossing as their stacked partials (JAX's
+    shard_map stacks and unstacks them on the map's mesh)."""
+    from spmdsim.jax._internals import jax_shard_map
+    P = jax.sharding.PartitionSpec
+    axes = params["axes"]
+    in_specs, out_specs = params["in_specs"], params["out_specs"]
+    if not _unreduced.map_needs_partials(in_specs, out_specs):
+        return _callback_form(*args, **params)
+    stacked_in = []
+    for x, spec, sharding in zip(args, in_specs, _shardings_on(mesh, in_specs), strict=True):
+        if _unreduced.spec_unreduced(spec):
+            names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
+            x = jax_shard_map.shard_map(lambda block: block[None], mesh=mesh, in_specs=sharding.spec,
+                                        out_specs=P(names, *_padded_parts(sharding.spec, x.ndim)), check_vma=False)(x)
+        stacked_in.append(x)
+    out_avals = global_avals(params)
+    shapes = [jax.ShapeDtypeStruct((math.prod(n for _, n in _unreduced.partials_axes(s, axes)), *a.shape), a.dtype)
+              if _unreduced.spec_unreduced(s) else jax.ShapeDtypeStruct(a.shape, a.dtype)
+              for a, s in zip(out_avals, out_specs, strict=True)]
+
+    def host(*values):
+        ins = [_unreduced.Unreduced(v, _unreduced.partials_axes(s, axes)) if _unreduced.spec_unreduced(s)
+               else v for v, s in zip((to_numpy(v) for v in values), in_specs, strict=True)]
+        outs = simulate(ins, **params)
+        return [_unreduced.promote(o, _unreduced.partials_axes(s, axes)) if _unreduced.spec_unreduced(s)
+                else _unreduced.total(o) for o, s in zip(outs, out_specs, strict=True)]
+
+    outs = _host_call(host, shapes, stacked_in, params["jaxpr"].effects)
+    result = []
+    for o, spec, sharding in zip(outs, out_specs, _shardings_on(mesh, out_specs), strict=True):
+        if _unreduced.spec_unreduced(spec):
+            names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
+            o = jax_shard_map.shard_map(lambda block: block[0], mesh=mesh,
+                                        in_specs=P(names, *_padded_parts(sharding.spec, o.ndim - 1)),
+                                        out_specs=sharding.spec, check_vma=False)(o)
+        result.append(o)
+    return result
+
+
+def _padded_parts(spec, ndim: int) -> tuple:
+    parts = tuple(spec.partitions)
+    return parts + (None,) * (ndim - len(parts))
+
+
+def _host_call(host, shapes, args, effects):
+    if effects:
+        from spmdsim.jax._internals import effects as jax_effects
+        from jax.experimental import io_callback
+        return io_callback(host, shapes, *args, ordered=bool(jax_effects.ordered_effects.filter_in(effects)))
+    return jax.pure_callback(host, shapes, *args)
+
+
+def _intermediate_shardings(jaxpr):
+    """JAX's ``dispatch.get_intermediate_shardings``, and a spmdsim map's mesh by its specs, as JAX names a
+    shard_map's (a map over a concrete mesh: the program runs on its devices)."""
+    out = list(_jax_intermediate_shardings(jaxpr))
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is not spmdsim_map_p or _runtime.current_lane() is not None:
+            continue
+        params = eqn.params
+        mesh = params.get("mesh") if params["api"] == "shard_map" else _placement.map_mesh(params)
+        if not isinstance(mesh, jax.sharding.Mesh):
+            continue
+        try:
+            shardings = _shardings_on(mesh, (*params["in_specs"], *params["out_specs"]))
+        except Exception:  # noqa: BLE001 - a spec JAX does not take: the program names no mesh for it
+            continue
+        info = _internals.jax_dispatch.SourceInfo(eqn.source_info, eqn.primitive.name)
+        out.extend((s, info) for s in shardings)
+    return out
+
+
+_jax_intermediate_shardings = _internals.jax_dispatch.get_intermediate_shardings
+_internals.jax_dispatch.get_intermediate_shardings = _intermediate_shardings
+mlir.register_lowering(spmdsim_map_p, _lowering)
 
 
 def map_params(jaxpr, axes: tuple[tuple[Hashable, int], ...], in_specs, out_specs, *, check_vma: bool,
@@ -809,8 +955,28 @@ def map_params(jaxpr, axes: tuple[tuple[Hashable, int], ...], in_specs, out_spec
     transformed with those axes manual); None for pmap."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
+    if mesh is not None and getattr(jax.config, "jax_raise_on_ppermute_sort_diff", False):
+        _check_ppermute_order(jaxpr, [name for name, _ in axes])
     return dict(jaxpr=jaxpr, axes=tuple(axes), in_specs=tuple(in_specs), out_specs=tuple(out_specs),
                 check_vma=check_vma, executor=executor, api=api, mesh=mesh)
+
+
+def _check_ppermute_order(jaxpr, order: list) -> None:
+    """JAX 0.11's ``jax_raise_on_ppermute_sort_diff`` (on by default): a ``ppermute`` over a tuple of mesh axes
+    given in another order than the mesh's is a RuntimeError when JAX lowers the map (the devices are ranked in
+    mesh order whatever the order given); spmdsim raises it when the map is made."""
+    todo = [getattr(jaxpr, "jaxpr", jaxpr)]
+    while todo:
+        for eqn in todo.pop().eqns:
+            names = eqn.params.get("axis_name") if eqn.primitive.name == "ppermute" else None
+            if isinstance(names, tuple) and len(names) > 1:
+                where = [order.index(n) for n in names if n in order]
+                if where != sorted(where):
+                    raise RuntimeError(
+                        "Make sure that the axis_name passed to jax.lax.ppermute is in the same order as the "
+                        "axis_names declared on the mesh. If you want to allow different order, you can disable "
+                        "the check via `with jax.raise_on_ppermute_sort_diff(False):` context manager.")
+            todo.extend(getattr(j, "jaxpr", j) for j in core.jaxprs_in_params(eqn.params))
 
 
 # -- type checking (jax_enable_checks) ---------------------------------------------------------------------
