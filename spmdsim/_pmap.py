@@ -166,13 +166,37 @@ def mapped_size(paths: Sequence, shapes: Sequence[tuple], axes: Sequence[int | N
         listing = "; ".join(f"{p} has size {size} on axis {ax}" for p, size, ax in [mapped[0], *bad])
         raise size_error(f"{api} got inconsistent sizes for the mapped axis: {listing}. Every mapped argument "
                          f"must have the same size along its mapped axis (the size comes from the first, "
-                         f"{first_path}).{_broadcast_hint(paths, axes, mapped, api)}")
+                         f"{first_path})."
+                         f"{_other_axis_hint(paths, shapes, axes, n) or _broadcast_hint(paths, axes, mapped, api)}")
     if axis_size is not None and axis_size != n:
         raise ValueError(f"Specified axis_size {axis_size} doesn't match received axis_size {n} (from {first_path}).")
     if n == 0:
         raise ValueError(f"{api}: the mapped axis of {first_path} has size 0; there must be at least one "
                          f"{'device' if api == 'pmap' else 'lane'}.")
     return n
+
+
+def _other_axis_hint(paths: Sequence, shapes: Sequence[tuple], axes: Sequence[int | None], n: int) -> str:
+    """For inconsistent mapped sizes: the arguments whose size on another axis is the mapped size ``n`` (mapped
+    over the wrong axis), e.g. `` args[1] has size 4 on axis 1: in_axes=(0, 1)?``; with the ``in_axes`` to write
+    when the arguments are positional ones mapped whole; "" when there is none."""
+    import re
+
+    moved: dict[int, int] = {}  # leaf -> the axis of size n to map instead
+    for k, (shape, ax) in enumerate(zip(shapes, axes, strict=True)):
+        if ax is not None and shape[ax] != n:
+            other = [d for d, size in enumerate(shape) if size == n and d != ax]
+            if len(other) == 1:
+                moved[k] = other[0]
+    if not moved:
+        return ""
+    said = "; ".join(f"{paths[k]} has size {n} on axis {d}" for k, d in moved.items())
+    positions = [re.fullmatch(r"args\[(\d+)\]", str(paths[k])) for k in range(len(shapes))]
+    if all(positions):
+        entries = {int(m.group(1)): moved.get(k, ax) for k, (m, ax) in enumerate(zip(positions, axes))}
+        if sorted(entries) == list(range(len(entries))):
+            return f" {said}: in_axes={tuple(entries[i] for i in range(len(entries)))}?"
+    return f" {said}: map it over that axis (in_axes)?"
 
 
 def _broadcast_hint(paths: Sequence, axes: Sequence[int | None], mapped: list, api: str) -> str:
@@ -417,7 +441,8 @@ def _mapped_call(fun: Callable, args: tuple, kwargs: dict, *, api: str, axis_nam
             explain_read_only(e, _tree.flatten((dyn, kw))[0], "device" if api == "pmap" else "lane")
             raise
 
-    outputs = _runtime.run_mapped(body, [(name, n_global)], is_device=(api == "pmap"))
+    outputs = _runtime.run_mapped(body, [(name, n_global)], is_device=(api == "pmap"),
+                                  name=_runtime.function_name(fun))
     parent = _runtime.current_lane()
     frames = parent.frames if parent is not None else ()
 

@@ -33,6 +33,7 @@ __all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", 
 
 class _Local(threading.local):
     lane = None  # the lane running in this thread; a class default: no exception to catch when unset
+    call_name = None  # the mapped function's name while run_mapped hands a call to a process group
 
 
 _local = _Local()
@@ -86,11 +87,12 @@ def _short_path(filename: str) -> str:
 
 
 def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]], *, is_device: bool,
-               blas: bool = True) -> list:
+               blas: bool = True, name: str | None = None) -> list:
     """Run ``body(i)`` for every index ``i`` of the mapped ``axes`` ((name, size) pairs; several for a mesh,
     row-major), each in its own thread with the axes bound; return the results in index order. ``blas=False``:
     the bodies call no BLAS (a jaxpr without products), so BLAS's thread count is left as it is
-    (:mod:`spmdsim._blas`; ~5 µs per call saved).
+    (:mod:`spmdsim._blas`; ~5 µs per call saved). ``name``: the mapped function's name (a trace's device calls are
+    named after it, see :func:`function_name`).
 
     Called from inside a lane, the new lanes join that lane's world (a nested map). A top-level call over devices
     made in a process group of several processes (:mod:`spmdsim._process_group`) is handed to the group
@@ -103,11 +105,15 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
     if parent is None:
         group = _process_group.current()
         if group is not SINGLE_PROCESS and is_device:
-            return group.run(body, tuple(axes))
+            previous, _local.call_name = _local.call_name, name  # for the group's run_lanes
+            try:
+                return group.run(body, tuple(axes))
+            finally:
+                _local.call_name = previous
         world = World(group)
         placement = _top_level_frames(tuple(axes), is_device, group.layout)
         lanes = placement.take(world)
-        results, errors = run_lanes(world, lanes, body, parent, blas)
+        results, errors = run_lanes(world, lanes, body, parent, blas, name=name)
         out = outcome(world, lanes, results, errors, parent)
         if not world.observers and not pause_hooks:  # nothing kept them: the next call may use them
             placement.give_back(lanes)
@@ -118,14 +124,26 @@ def run_mapped(body: Callable[[int], Any], axes: Sequence[tuple[Hashable, int]],
         parent.nested_calls += 1
         placed = _frames(frames, tuple(axes), is_device, instance, shared_channels=False)
         lanes = placed.lanes_in(world, CallCount(parent, len(placed.lanes)))
-    results, errors = run_lanes(world, lanes, body, parent)
+    results, errors = run_lanes(world, lanes, body, parent, name=name)
     return outcome(world, lanes, results, errors, parent)
 
 
+def function_name(fun: Callable) -> str | None:
+    """The name of a mapped function (``step``; that of a ``functools.partial``'s function), None without one."""
+    while isinstance(fun, functools.partial):
+        fun = fun.func
+    name = getattr(fun, "__name__", None)
+    return name if isinstance(name, str) and name else None
+
+
 def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane | None,
-              blas: bool = True) -> tuple[list, list]:
+              blas: bool = True, name: str | None = None) -> tuple[list, list]:
     """Run ``body(i)`` as ``lanes[i]`` of ``world``, each in its own thread; return every lane's result and error
-    (None where it had none). KeyboardInterrupt (with the device table, every lane stopped) on Ctrl-C."""
+    (None where it had none). KeyboardInterrupt (with the device table, every lane stopped) on Ctrl-C. ``name``:
+    the mapped function's (observers name each device's call after it); by default that given to the
+    :func:`run_mapped` that handed this call to a process group on this thread."""
+    if name is None and parent is None:
+        name = _local.call_name
     size = len(lanes)
     results: list = [None] * size
     errors: list[BaseException | None] = [None] * size
@@ -160,7 +178,7 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
             if enters:
                 _process_group.leave()
         for observer in observed:
-            observer.lane(lane.label, start, time.perf_counter(), how)
+            observer.lane(lane.label, start, time.perf_counter(), how, name=name)
 
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)

@@ -253,7 +253,7 @@ def shard_map(f: Callable, *, mesh: Mesh, in_specs, out_specs, check_vma: bool =
             finally:
                 _context.mesh = previous
 
-        outputs = _runtime.run_mapped(body, axes, is_device=True)
+        outputs = _runtime.run_mapped(body, axes, is_device=True, name=_runtime.function_name(f))
         return _assemble(outputs, out_specs, local, manual, check_vma, axes)
 
     return mapped

@@ -67,7 +67,8 @@ class MappedSizeError(ValueError):
     the virtual devices available; the message names the key paths and sizes, and the reshape to do. A
     ValueError. ``spmdsim.jax.pmap`` raises a subclass that is also JAX's ``IndivisibleError`` (a ValueError
     in ``jax._src.sharding``), which ``jax.pmap`` 0.10 raises here when the sizes do not divide (a squeeze
-    ValueError when they do)."""
+    ValueError when they do); a traceback names it by this public name. Where an argument has the mapped size
+    on another axis, the message says so (``args[1] has size 4 on axis 1: in_axes=(0, 1)?``)."""
 
 
 class HostLostError(SpmdSimError, RuntimeError):

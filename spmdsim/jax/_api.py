@@ -41,7 +41,20 @@ def _prefix_leaves(tree) -> list:
 class MappedSizeError(errors.MappedSizeError, IndivisibleError):
     """``spmdsim.jax.pmap``'s error for mapped sizes that cannot be run (arguments whose mapped axes differ in
     size, more rows than virtual devices): :class:`spmdsim.errors.MappedSizeError`, its message naming the key
-    paths, the sizes and the reshape to do, and JAX's ``IndivisibleError``, which ``jax.pmap`` raises there."""
+    paths, the sizes and the reshape to do, and JAX's ``IndivisibleError``, which ``jax.pmap`` raises there.
+    Shown as the public class (a traceback reads ``spmdsim.errors.MappedSizeError: ...``, not this module's
+    private path); it pickles as itself."""
+
+    def __reduce__(self):
+        return _mapped_size_error, self.args, self.__dict__ or None
+
+
+MappedSizeError.__module__ = "spmdsim.errors"  # the public class's name (what the user catches)
+
+
+def _mapped_size_error(*args) -> MappedSizeError:
+    """Unpickles :class:`MappedSizeError` (whose name resolves to the public base class)."""
+    return MappedSizeError(*args)
 
 
 def _aval(leaf, path: str):
@@ -103,8 +116,13 @@ def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, n, axis_e
         closed = jax.make_jaxpr(body, axis_env=axis_env)(*block_avals)
     finally:
         _tracing.stack.pop()
+    inner = _convert_constvars(closed.jaxpr)
+    try:  # the body's debug info names the user's function (a trace names each device's call after it)
+        inner = inner.replace(debug_info=inner.debug_info._replace(func_src_info=api_util.fun_sourceinfo(fun)))
+    except (AttributeError, TypeError, ValueError):
+        pass
     with core.extend_axis_env_nd(axis_env):  # JAX checks the body here (jax_enable_checks): its axes bound
-        jaxpr = ext_core.ClosedJaxpr(_convert_constvars(closed.jaxpr), ())
+        jaxpr = ext_core.ClosedJaxpr(inner, ())
     in_specs = [tuple((name,) if d == ax else () for d in range(len(a.shape)))
                 for a, ax in zip(avals, in_axes, strict=True)]
     const_specs = [((),) * len(v.aval.shape) for v in closed.jaxpr.constvars]  # closed-over: replicated

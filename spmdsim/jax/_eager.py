@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spmdsim import _runtime, _sharding
 from spmdsim.jax import _dtypes, _unreduced
 from spmdsim.jax._interpreter import PER_DEVICE, REFERENCE, eval_jaxpr
-from spmdsim.jax._map import _numpy_spec, to_jax, to_numpy
+from spmdsim.jax._map import _numpy_spec, body_name, to_jax, to_numpy
 from spmdsim.jax._placement import map_out_shardings
 from spmdsim.jax._specs import _spec_dims
 
@@ -235,7 +235,7 @@ class _DeviceTrace(core.Trace):
                              f"({self.check}), got {check_vma}.")
         with core.set_current_trace(core.eval_trace):
             return run(fun, [self.lift(x) for x in args], self.mesh, in_specs, check_vma, newly_manual_axes,
-                       self.executor, outer=self)
+                       self.executor, outer=self, name=body_name(debug_info))
 
 
 # -- the map -------------------------------------------------------------------------------------------------
@@ -253,7 +253,8 @@ class _EagerTrace(core.EvalTrace):
             concrete = mesh_lib.get_concrete_mesh()
             mesh = jax_shard_map.get_mesh_from_args(args, concrete if not concrete.empty else mesh)
         with core.set_current_trace(core.eval_trace):  # as while JAX binds up to 0.11 (0.12: no trace at all)
-            return run(fun, args, mesh, in_specs, check_vma, newly_manual_axes, self.executor, outer=None)
+            return run(fun, args, mesh, in_specs, check_vma, newly_manual_axes, self.executor, outer=None,
+                       name=body_name(debug_info))
 
 
 _EAGER = {"threads": _EagerTrace(PER_DEVICE), "reference": _EagerTrace(REFERENCE)}
@@ -273,10 +274,11 @@ def call(fun, executor: str, *args, **kwargs):
 
 
 def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: frozenset, executor,
-        outer: "_DeviceTrace | None"):
+        outer: "_DeviceTrace | None", name: str | None = None):
     """The eager shard_map: ``fun`` (JAX's flattened body, returning its outputs with their out_specs) run once per
     device of the newly manual axes, on each device's blocks of ``args``; returns JAX's FlatTree of the outputs
-    (``jax.Array``s; at ``outer``, an enclosing eager map's device, that device's values)."""
+    (``jax.Array``s; at ``outer``, an enclosing eager map's device, that device's values). ``name``: the user's
+    function's (a trace names each device's call after it)."""
     axes = tuple((name, size) for name, size in mesh.shape.items() if name in newly_manual)
     manual = newly_manual | (outer.manual if outer is not None else frozenset())
     values = [x.val if outer is not None else to_numpy(x) for x in args]
@@ -300,7 +302,7 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
             outs = [trace.lift(x) for x in ans.vals]
         return ans, out_specs, [(o.val, o.aval) for o in outs]
 
-    per_device = _runtime.run_mapped(device, axes, is_device=True)
+    per_device = _runtime.run_mapped(device, axes, is_device=True, name=name)
     ans, out_specs, first = per_device[0]
     _check_same_types(per_device, axes)
     out_avals = ans.update([a for _, a in first])

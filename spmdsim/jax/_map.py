@@ -258,8 +258,9 @@ _BLAS_PRIMITIVES = {"dot_general", "conv_general_dilated", "pure_callback", "io_
 
 def body_name(jaxpr) -> str | None:
     """The mapped function's name, from the body's debug info (``step`` for a map of ``def step``: a trace names
-    each device's call after it); None when JAX does not know it."""
-    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    each device's call after it); None when JAX does not know it. ``jaxpr``: a (closed) jaxpr or its debug info."""
+    info = getattr(jaxpr, "jaxpr", jaxpr)
+    info = getattr(info, "debug_info", info)
     name = getattr(info, "func_name", None)
     return name if isinstance(name, str) and name and name != "<unknown>" else None
 
@@ -892,7 +893,14 @@ def _sharded_callback_form(*args, mesh, **params):
               if _unreduced.spec_unreduced(s) else jax.ShapeDtypeStruct(a.shape, a.dtype)
               for a, s in zip(out_avals, out_specs, strict=True)]
 
+    from spmdsim.jax._internals import mesh_lib
+    context = mesh_lib.get_abstract_mesh()  # the program's (the host thread has none): the body's types name it
+
     def host(*values):
+        with mesh_lib.use_abstract_mesh(context):
+            return run(values)
+
+    def run(values):
         ins = [_unreduced.Unreduced(v, _unreduced.partials_axes(s, axes)) if _unreduced.spec_unreduced(s)
                else v for v, s in zip((to_numpy(v) for v in values), in_specs, strict=True)]
         outs = simulate(ins, **params)
