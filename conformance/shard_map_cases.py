@@ -1084,7 +1084,8 @@ for name, build, args, raises, phrase, note in [
                                                         in_specs=api.P("i"), out_specs=api.P()), (X82,), None,
      None, "control: the same shard_map without the mistake"),
 ]:
-    add(ShardMapCase(f"error-{name}", E, build, args, raises=raises, phrase=phrase, note=note))
+    add(ShardMapCase(f"error-{name}", E, build, args, raises=raises, phrase=phrase, note=note,
+                     jax_may_abort=name == "psum-repeated-axis"))  # jaxlib 0.12: an XLA check aborts
 add(ShardMapCase("error-context-mesh-missing", E, lambda api: api.shard_map(
     ID, mesh=None, in_specs=api.P(), out_specs=api.P()), (X82,), raises="ValueError",
     phrase="The context mesh cannot be empty", front_ends=JAX_FRONT_ENDS))

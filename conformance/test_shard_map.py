@@ -20,7 +20,7 @@ import pytest
 import spmdsim
 import spmdsim.jax as sjax
 from conformance.shard_map_cases import CASES
-from conformance.shard_map_harness import call, check_against, jax_api
+from conformance.shard_map_harness import check_against, jax_api, jax_outcome
 from spmdsim.testing import Mismatch
 
 
@@ -102,7 +102,7 @@ def test_shard_map_case(case):
         pytest.skip(f"needs {case.devices_needed} devices")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        expected, jax_error = call(jax_api(), case)
+        expected, jax_error = jax_outcome(case)
         failures = []
         for front_end in case.front_ends:
             try:
