@@ -8,7 +8,7 @@ import sys
 from typing import NamedTuple, Sequence
 
 __all__ = ["Signature", "describe", "shown_avals", "format_table", "TABLE_HEADER", "deadlock_text", "mismatch_text",
-           "who", "cell_names"]
+           "who", "cell_names", "cell_number"]
 
 TABLE_HEADER = ("device", "state", "collective", "axis", "step", "source line")
 
@@ -62,6 +62,18 @@ def mismatch_text(where: str, calls: Sequence[str], table: str) -> str:
         f"devices called different collectives {where}:\n" + "\n".join(f"  {c}" for c in calls)
         + f"\nOn real hardware this hangs or exchanges garbage.\n\n{table}\n\nFix: every device of the group must "
         f"make the same collective call (op, axis names, parameters, shapes, dtypes) in the same order.")
+
+
+def cell_number(filename: str) -> int | None:
+    """The execution count of the notebook cell whose code IPython compiled to ``filename`` (a Jupyter kernel's
+    ``/tmp/ipykernel_1234/1688.py``, or ``<ipython-input-3-…>``); None outside IPython or for another file."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    shell = ipython.get_ipython() if hasattr(ipython, "get_ipython") else None
+    cells = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    number = cells.get(filename) if isinstance(cells, dict) else None
+    return number if isinstance(number, int) else None
 
 
 def cell_names(text: str) -> str:

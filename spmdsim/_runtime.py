@@ -26,7 +26,7 @@ from spmdsim._axes import Channel, Frame, Unnamed, frames_label, resolve_axes
 from spmdsim._process_group import SINGLE_PROCESS
 from spmdsim._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCount, Lane, Rendezvous,  # noqa: F401
                                  World, failure_hooks, observers, pause_hooks)
-from spmdsim._reports import describe, format_table, who  # noqa: F401  (describe, format_table: for the debugger)
+from spmdsim._reports import cell_number, describe, format_table, who  # noqa: F401  (describe, format_table: for the debugger)
 
 __all__ = ["Frame", "Lane", "Channel", "Unnamed", "current_lane", "run_mapped", "run_lanes", "outcome",
            "top_level_placement", "channel", "user_site", "api_boundary", "frames_label", "observers", "pause_hooks"]
@@ -74,7 +74,8 @@ def user_site(depth: int = 1) -> str:
         f = f.f_back
     if f is None:
         return "<unknown>"
-    return f"{_short_path(f.f_code.co_filename)}:{f.f_lineno}"
+    cell = cell_number(f.f_code.co_filename)  # a notebook cell's line, as IPython writes it: In [3], line 2
+    return f"In [{cell}], line {f.f_lineno}" if cell is not None else f"{_short_path(f.f_code.co_filename)}:{f.f_lineno}"
 
 
 @functools.lru_cache(maxsize=1024)

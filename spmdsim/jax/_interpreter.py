@@ -71,8 +71,9 @@ def site_of(eqn) -> str:
 
 @functools.lru_cache(maxsize=8192)
 def _summarize(source_info) -> str:
+    from spmdsim._reports import cell_names
     from spmdsim.jax._internals import source_info_util
-    return source_info_util.summarize(source_info)
+    return cell_names(source_info_util.summarize(source_info))  # a notebook cell's line: ``In [3], line 2 (f)``
 
 
 def current_site() -> str:
