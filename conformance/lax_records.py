@@ -110,6 +110,16 @@ for _p, _dtypes, _eps in (("dot_general", (C64, C128), 1e-6), ("ragged_dot_gener
     _tol(_p, _dtypes, ("norm", _eps))
 
 
+# Per jaxlib: XLA:CPU 0.12 computes float32 expm1 by a new approximation, its fused logistic differently where
+# exp(-x) is large, and its FFTs in another order than 0.10's, which spmdsim ports (not yet ported for 0.12:
+# README's table of differences between releases). Measured on this Xeon with jaxlib 0.12.0.1.
+if jax.__version_info__ >= (0, 12):
+    _tol("expm1", F32, 2.0)
+    _tol("logistic", F32, 2.0)
+    _tol("fft", (F32,), ("norm", 1e-6))
+    _tol("fft", (F64, C128), ("norm", 1e-14))
+
+
 # Per ISA (spmdsim/jax/_xla_cpu_isa.py), where XLA:CPU's result changes with it and spmdsim's model does not
 # follow: without AVX-512 XLA reduces over two axes in another vectorised order (measured under
 # --xla_cpu_max_isa=AVX2 and AVX on an AVX-512 Xeon: 2 ulps; 1 with AVX-512).

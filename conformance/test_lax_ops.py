@@ -31,7 +31,8 @@ from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
 
 DEVICES = 3
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "custom_jvp_call": "call_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr", "composite": "jaxpr"}
+          "custom_jvp_call": "call_jaxpr", "remat2": "jaxpr", "checkpoint": "jaxpr", "composite": "jaxpr",
+          "eval_jaxpr": "call_jaxpr"}
 
 
 def ordered(x: np.ndarray) -> np.ndarray:
@@ -95,7 +96,7 @@ def check_vectorized(jaxpr, consts, device_args: list[list], problems: list, whe
         name = eqn.primitive.name
         ins = [[np.asarray(read(env, v)) for v in eqn.invars] for env in envs]
         if name in _CALLS:
-            sub = eqn.params[_CALLS[name]]
+            sub = eqn.params.get(_CALLS[name], eqn.params.get("call_jaxpr"))  # (composite's from JAX 0.12)
             inner, sub_consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
             outs = check_vectorized(inner, sub_consts, ins, problems, where + f"{name}/")
         else:

@@ -215,8 +215,8 @@ def test_unreduced_over_one_axis_of_two_and_a_contraction_into_unreduced_outside
 
         def program(jit):
             @jax.shard_map(in_specs=(P("x", "y"), P("y", None)), out_specs=P("x", None, unreduced={"y"}))
-            def f(u, v):
-                return jnp.einsum("ab,bc->ac", u, v)
+            def f(u, v):  # (the cast to unreduced: implicit in JAX 0.10, required from 0.12)
+                return jax.lax.pcast(jnp.einsum("ab,bc->ac", u, v), "y", to="unreduced")
 
             def g(u, v):
                 local = jnp.dot(u, v, out_sharding=P("x", None, unreduced={"y"}))
