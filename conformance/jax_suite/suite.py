@@ -693,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     outcomes_path = os.path.join(HERE, "OUTCOMES_OPS.json" if args.ops else "OUTCOMES.json")
+    if args.report != default_report:  # another release's or selection's report: its outcomes beside it
+        outcomes_path = os.path.splitext(args.report)[0] + ".outcomes.json"
     previous = json.load(open(outcomes_path)) if os.path.exists(outcomes_path) else {}
     current = {f"{executor}:{nid}": {"jax": d["jax"][nid]["outcome"],
                                       "spmdsim": d["sim"].get(nid, {"outcome": "not run"})["outcome"],
