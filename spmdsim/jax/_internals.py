@@ -29,11 +29,18 @@ from jax._src.sharding import IndivisibleError
 from jax._src.tree_util import prefix_errors
 from jax._src.util import weakref_lru_cache
 
+# JAX's own jit placing a spmdsim map (``spmdsim.jax._map``'s lowering): the shardings a jitted program's
+# equations name (``dispatch.get_intermediate_shardings``, which picks the program's devices and mesh) and the
+# lowering's axis context (``sharding_impls.ShardingContext``).
+from jax._src import dispatch as jax_dispatch
+from jax._src import sharding_impls
+
 __all__ = [
     "ArrayImpl", "IndivisibleError", "abstract_mesh_context_manager", "ad", "api_util", "batching", "config",
-    "core", "device_context", "effects", "jax_jit", "jax_prng", "jax_shard_map", "jax_special", "jaxlib_ext",
-    "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors",
-    "random_core", "scan_counts", "source_info_util", "weakref_lru_cache", "xla_bridge", "xla_client",
+    "core", "device_context", "effects", "jax_dispatch", "jax_jit", "jax_prng", "jax_shard_map", "jax_special",
+    "jaxlib_ext", "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors",
+    "random_core", "scan_counts", "sharding_impls", "source_info_util", "weakref_lru_cache", "xla_bridge",
+    "xla_client",
 ]
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 from typing import Hashable
 
 import jax
@@ -893,19 +894,15 @@ def _sharded_callback_form(*args, mesh, **params):
               if _unreduced.spec_unreduced(s) else jax.ShapeDtypeStruct(a.shape, a.dtype)
               for a, s in zip(out_avals, out_specs, strict=True)]
 
-    from spmdsim.jax._internals import mesh_lib
-    context = mesh_lib.get_abstract_mesh()  # the program's (the host thread has none): the body's types name it
+    # The body over the stacked partials, traced here (in the program's mesh context; the callback's thread has
+    # none): the plain map the simulator runs on them, as :func:`_simulate_partials` does.
+    with _no_mesh_context():
+        body, plain_in, plain_out = _partials_body(params["jaxpr"], in_specs, out_specs, axes, params.get("mesh"),
+                                                   params.get("check_vma", False))
+    plain = {**params, "jaxpr": body, "in_specs": plain_in, "out_specs": plain_out}
 
     def host(*values):
-        with mesh_lib.use_abstract_mesh(context):
-            return run(values)
-
-    def run(values):
-        ins = [_unreduced.Unreduced(v, _unreduced.partials_axes(s, axes)) if _unreduced.spec_unreduced(s)
-               else v for v, s in zip((to_numpy(v) for v in values), in_specs, strict=True)]
-        outs = simulate(ins, **params)
-        return [_unreduced.promote(o, _unreduced.partials_axes(s, axes)) if _unreduced.spec_unreduced(s)
-                else _unreduced.total(o) for o, s in zip(outs, out_specs, strict=True)]
+        return [_unreduced.total(o) for o in simulate([to_numpy(v) for v in values], **plain)]
 
     outs = _host_call(host, shapes, stacked_in, params["jaxpr"].effects)
     result = []
@@ -917,6 +914,20 @@ def _sharded_callback_form(*args, mesh, **params):
                                         out_specs=sharding.spec, check_vma=False)(o)
         result.append(o)
     return result
+
+
+@contextlib.contextmanager
+def _no_mesh_context():
+    """No ``jax.set_mesh`` / ``use_abstract_mesh`` context (a map's body is traced in its own, see
+    :class:`_axis_env`)."""
+    from spmdsim.jax._internals import abstract_mesh_context_manager, device_context
+    concrete = device_context.swap_local(None)
+    abstract = abstract_mesh_context_manager.swap_local(None)
+    try:
+        yield
+    finally:
+        abstract_mesh_context_manager.set_local(abstract)
+        device_context.set_local(concrete)
 
 
 def _padded_parts(spec, ndim: int) -> tuple:
@@ -953,8 +964,11 @@ def _intermediate_shardings(jaxpr):
 
 
 _jax_intermediate_shardings = _internals.jax_dispatch.get_intermediate_shardings
-_internals.jax_dispatch.get_intermediate_shardings = _intermediate_shardings
-mlir.register_lowering(spmdsim_map_p, _lowering)
+if os.environ.get("SPMDSIM_SHARDED_LOWERING") == "1":  # issue 39, in progress: opt in (see the README)
+    _internals.jax_dispatch.get_intermediate_shardings = _intermediate_shardings
+    mlir.register_lowering(spmdsim_map_p, _lowering)
+else:
+    mlir.register_lowering(spmdsim_map_p, _plain_lowering)
 
 
 def map_params(jaxpr, axes: tuple[tuple[Hashable, int], ...], in_specs, out_specs, *, check_vma: bool,

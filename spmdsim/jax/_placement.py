@@ -20,7 +20,7 @@ from jax.sharding import AxisType
 from spmdsim import _hosts, _runtime
 from spmdsim._axes import Unnamed
 
-__all__ = ["PMAP_AXIS", "local_mesh", "map_out_shardings", "program_shardings"]
+__all__ = ["PMAP_AXIS", "local_mesh", "map_mesh", "map_out_shardings", "program_shardings"]
 
 
 def local_mesh(axes: tuple) -> tuple:
@@ -45,6 +45,12 @@ def map_out_shardings(params: dict, args=()) -> tuple:
     if _runtime.current_lane() is not None:
         return (None,) * len(params["out_specs"])
     return _named_shardings(_map_mesh(params, args), params["out_specs"])
+
+
+def map_mesh(params: dict, args=()):
+    """The concrete ``jax.sharding.Mesh`` a map runs on (a pmap's: JAX's devices; a shard_map's: its own, or for
+    an AbstractMesh the context's or an argument's of its shape), or None."""
+    return _map_mesh(params, args)
 
 
 def _map_mesh(params: dict, args=()):
