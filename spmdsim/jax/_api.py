@@ -116,12 +116,12 @@ def _trace_body(fun, statics, in_tree, avals, in_axes, out_axes, name, n, axis_e
         closed = jax.make_jaxpr(body, axis_env=axis_env)(*block_avals)
     finally:
         _tracing.stack.pop()
-    inner = _convert_constvars(closed.jaxpr)
-    try:  # the body's debug info names the user's function (a trace names each device's call after it)
-        inner = inner.replace(debug_info=inner.debug_info._replace(func_src_info=api_util.fun_sourceinfo(fun)))
-    except (AttributeError, TypeError, ValueError):
-        pass
     with core.extend_axis_env_nd(axis_env):  # JAX checks the body here (jax_enable_checks): its axes bound
+        inner = _convert_constvars(closed.jaxpr)
+        try:  # the body's debug info names the user's function (a trace names each device's call after it)
+            inner = inner.replace(debug_info=inner.debug_info._replace(func_src_info=api_util.fun_sourceinfo(fun)))
+        except (AttributeError, TypeError, ValueError):
+            pass
         jaxpr = ext_core.ClosedJaxpr(inner, ())
     in_specs = [tuple((name,) if d == ax else () for d in range(len(a.shape)))
                 for a, ax in zip(avals, in_axes, strict=True)]
