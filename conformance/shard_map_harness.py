@@ -155,11 +155,16 @@ def compare_with_jax(case: ShardMapCase, api, jax_api_) -> None:
 def check_against(case: ShardMapCase, api, expected, jax_error, check_phrase: bool = True) -> None:
     """Compare ``api``'s run of ``case`` with JAX's outcome (``expected`` or ``jax_error``): result
     structure/shape/dtype/values, or exception class (and ``phrase``, with ``check_phrase``). Where JAX raises
-    and the case has ``expected``, the front end must instead return ``expected(*case.args)``."""
+    and the case has ``expected``, the front end must instead return ``expected(*case.args)``, unless it raises
+    JAX's own error, class and message (jax_raise_on_ppermute_sort_diff, from JAX 0.11)."""
     from spmdsim.testing import Mismatch, assert_trees_match
 
     actual, error = call(api, case)
-    if jax_error is not None and case.expected is not None:
+    same_error = error is not None and jax_error is not None and type(error) is type(jax_error) and \
+        str(error) == str(jax_error)
+    if jax_error is not None and case.expected is not None and not same_error:
+        # (JAX raises where it cannot run the case, GPU-only collectives on CPU say; where the front end raises
+        # JAX's very error, JAX's own rule of the installed release refused the program: so does spmdsim)
         if error is not None:
             raise Mismatch(f"{api.name} raised {type(error).__name__}: {error}; the documented result of "
                            f"{case.id} is {case.expected(*case.args)!r}") from error
