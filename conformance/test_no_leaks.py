@@ -27,11 +27,11 @@ def _run_and_forget(evaluate):
     gc.collect()
 
 
-# JAX 0.12 keeps a jit's constants in its Jaxpr (``Jaxpr.consts``; no ClosedJaxpr around it): the reference loop
-# then leaves one closed-over array alive per evaluation of a program with a jit inside (the compiled programs do
-# not). Found with this test, cause not yet found: README's table, per version.
-_REFERENCE_LEAKS = pytest.mark.xfail(jax.__version_info__ >= (0, 12), strict=True,
-                                     reason="jax 0.12: the reference loop keeps a jit's constant alive")
+# From JAX 0.11 the reference loop leaves one closed-over array alive per evaluation of a program with a jit inside
+# (the compiled programs do not; in 0.12 a jit's constants live in its Jaxpr, ``Jaxpr.consts``). Found with this
+# test, cause not yet found: README's table of differences between releases.
+_REFERENCE_LEAKS = pytest.mark.xfail(jax.__version_info__ >= (0, 11), strict=True,
+                                     reason="jax 0.11/0.12: the reference loop keeps a jit's constant alive")
 
 
 @pytest.mark.parametrize("how", ["per-device", pytest.param("reference", marks=_REFERENCE_LEAKS), "vectorized"])
