@@ -72,7 +72,7 @@ class DeviceStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
-        if self._current_lane() is None:
+        if self._current_lane() is None and not getattr(self.stream, "closed", False):  # (closed: at exit)
             self.stream.flush()
 
     def release(self) -> None:
