@@ -978,16 +978,17 @@ def map_params(jaxpr, axes: tuple[tuple[Hashable, int], ...], in_specs, out_spec
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
     if mesh is not None and getattr(jax.config, "jax_raise_on_ppermute_sort_diff", False):
-        _check_ppermute_order(jaxpr, [name for name, _ in axes])
+        _check_ppermute_order(getattr(jaxpr, "jaxpr", jaxpr), tuple(name for name, _ in axes))
     return dict(jaxpr=jaxpr, axes=tuple(axes), in_specs=tuple(in_specs), out_specs=tuple(out_specs),
                 check_vma=check_vma, executor=executor, api=api, mesh=mesh)
 
 
-def _check_ppermute_order(jaxpr, order: list) -> None:
+@weakref_lru_cache
+def _check_ppermute_order(jaxpr, order: tuple) -> None:
     """JAX 0.11's ``jax_raise_on_ppermute_sort_diff`` (on by default): a ``ppermute`` over a tuple of mesh axes
     given in another order than the mesh's is a RuntimeError when JAX lowers the map (the devices are ranked in
     mesh order whatever the order given); spmdsim raises it when the map is made."""
-    todo = [getattr(jaxpr, "jaxpr", jaxpr)]
+    todo = [jaxpr]
     while todo:
         for eqn in todo.pop().eqns:
             names = eqn.params.get("axis_name") if eqn.primitive.name == "ppermute" else None
