@@ -1,5 +1,4 @@
 """Running spmdsim's commands as a user does: on a pseudo-terminal (the debugger) or as a subprocess."""
-import fcntl
 import importlib.util
 import os
 import pty
@@ -7,7 +6,6 @@ import re
 import select
 import subprocess
 import sys
-import termios
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,11 +26,12 @@ PROMPT = re.compile(rb"\((?:spmdsim|Pdb[^)\n]*)\) $")
 _MODES = re.compile(rb"\x1b\[\?(?:2004|1034)[hl]")
 
 
-def _controlling_terminal():
-    """In the child: a session of its own whose controlling terminal is the pseudo-terminal (its stdin), so
-    that Ctrl-C typed there sends SIGINT, as in a shell."""
-    os.setsid()
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+# In the child, started as a session leader without a ``preexec_fn`` (one would make ``subprocess`` fork through
+# ``os.fork``'s at-fork handlers, and a test process that imported jax would print JAX's "os.fork() was called"
+# warning): make the pseudo-terminal on stdin the controlling terminal, so that Ctrl-C typed there sends SIGINT,
+# as in a shell; then become `python ARGV`.
+_TAKE_TERMINAL = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+                  "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
 def drive(argv, commands, timeout=120, env=None, cwd=None):
@@ -41,9 +40,9 @@ def drive(argv, commands, timeout=120, env=None, cwd=None):
     character (Ctrl-C is "\x03", "\x1b[A\n" is Up then Enter) is typed as is. Returns the whole output (newlines
     normalised, readline's terminal-mode switches removed) and the exit status."""
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, *argv], stdin=terminal, stdout=terminal, stderr=terminal,
-                            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, close_fds=True, cwd=cwd,
-                            preexec_fn=_controlling_terminal)
+    proc = subprocess.Popen([sys.executable, "-c", _TAKE_TERMINAL, *argv], stdin=terminal, stdout=terminal,
+                            stderr=terminal, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, close_fds=True,
+                            cwd=cwd, start_new_session=True)
     os.close(terminal)
     output, pending, deadline = b"", list(commands), time.time() + timeout
     try:

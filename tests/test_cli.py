@@ -11,8 +11,7 @@ import pytest
 import spmdsim
 from spmdsim._script import Program, split_argv
 from spmdsim.cli import UsageError
-from fresh_terminal import drive
-from terminal import ROOT, jax_installed, spmdsim_command
+from terminal import ROOT, drive, jax_installed, spmdsim_command
 
 needs_jax = pytest.mark.skipif(not jax_installed(), reason="needs jax")
 

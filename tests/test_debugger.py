@@ -8,8 +8,7 @@ import pytest
 import spmdsim
 from spmdsim import lax
 from spmdsim.debug import Breakpoint
-from fresh_terminal import drive
-from terminal import jax_installed, spmdsim_command
+from terminal import drive, jax_installed, spmdsim_command
 
 LOOP = """import numpy as np
 import spmdsim

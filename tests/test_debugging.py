@@ -13,7 +13,7 @@ import pytest
 
 import spmdsim
 from spmdsim import lax
-from fresh_terminal import drive
+from terminal import drive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
