@@ -87,15 +87,19 @@ def _call(api, case: Case):
         return None, e
 
 
-def _jax_aborts(case: Case) -> bool:
-    """Whether real jax.pmap kills the process on ``case`` (SIGABRT from an XLA check), tried in a fresh
-    interpreter with 8 CPU devices."""
-    code = ("import conformance.test_collectives as t; from conformance.harness import APIS, _call; "
-            f"_call(APIS['jax'], t.CASES[{case.id!r}])")
+def aborts(code: str) -> bool:
+    """Whether Python ``code`` (running real JAX) kills its process (SIGABRT from an XLA check: jaxlib 0.12 on
+    some programs), run in a fresh interpreter with 8 CPU devices from the repository's root."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=600,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return out.returncode in (-signal.SIGABRT, 128 + signal.SIGABRT)
+
+
+def _jax_aborts(case: Case) -> bool:
+    """Whether real jax.pmap kills the process on ``case``."""
+    return aborts("import conformance.test_collectives as t; from conformance.harness import APIS, _call; "
+                  f"_call(APIS['jax'], t.CASES[{case.id!r}])")
 
 
 def _against_an_abort(case: Case) -> None:

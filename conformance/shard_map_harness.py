@@ -123,20 +123,14 @@ class JaxAborted(Exception):
 def jax_outcome(case: ShardMapCase):
     """``call(jax_api(), case)``, except for a case that may abort the process: run in a fresh interpreter first,
     and where it aborts, ``(None, JaxAborted)`` whose public class is the case's documented one."""
-    if case.jax_may_abort:
-        import os
-        import signal
-        import subprocess
-        import sys
-        code = ("from conformance.shard_map_cases import CASES; from conformance.shard_map_harness import call, "
-                f"jax_api; call(jax_api(), CASES[{case.id!r}])")
-        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=600,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        if out.returncode in (-signal.SIGABRT, 128 + signal.SIGABRT):
-            import builtins
-            aborted = type("JaxAborted", (JaxAborted, getattr(builtins, case.raises or "Exception")), {})
-            return None, aborted(f"JAX aborted the process; {case.phrase}")
+    from conformance.harness import aborts
+
+    if case.jax_may_abort and aborts("from conformance.shard_map_cases import CASES; from "
+                                     "conformance.shard_map_harness import call, jax_api; "
+                                     f"call(jax_api(), CASES[{case.id!r}])"):
+        import builtins
+        aborted = type("JaxAborted", (JaxAborted, getattr(builtins, case.raises or "Exception")), {})
+        return None, aborted(f"JAX aborted the process; {case.phrase}")
     return call(jax_api(), case)
 
 
