@@ -21,5 +21,5 @@ def on_page_content(html, page, config, files):
 
     name = posixpath.basename(page.file.src_uri)
     download = (f'<p class="notebook-download"><a href="{name}" download>Download {name}</a> to run it in Jupyter '
-                f'(the README says how).</p>\n')
+                f'(Getting started says how).</p>\n')
     return download + _NOTEBOOK_LINK.sub(to_page, html)

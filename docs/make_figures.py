@@ -1,5 +1,5 @@
-"""Redraw what docs/ shows: ``python docs/make_figures.py`` (from the repository root) redraws the README's
-figures; ``--notebooks`` also executes the tutorial notebooks in docs/tutorial/ and stores their outputs.
+"""Redraw what docs/ shows: ``python docs/make_figures.py`` (from the repository root) redraws the
+docs pages' figures; ``--notebooks`` also executes the tutorial notebooks in docs/tutorial/ and stores their outputs.
 Each figure is drawn by spmdsim itself; the notebooks need nbclient and ipykernel (the ``test`` extra)."""
 import os
 import runpy

@@ -1,8 +1,12 @@
 """docs/: the tutorial notebooks run top to bottom (so they cannot rot; those that import jax only where it is
 installed), the docs site builds with ``mkdocs build --strict`` with every page in its nav and each notebook
-rendered as a page with its outputs, the README says how to open the notebooks and how to test quickly, and
-every docstring example runs as a doctest. Needs the test extra's nbclient, ipykernel, mkdocstrings and
-mkdocs-jupyter; never imports jax itself."""
+rendered as a page with its outputs, every docs page's examples (their ```pycon blocks) print
+what the page says they print, the getting-started page says how to open the notebooks and how to test quickly,
+and every docstring example runs as a doctest. Needs the test extra's nbclient, ipykernel, mkdocstrings and
+mkdocs-jupyter; never imports jax itself (a page whose examples use jax runs them in a subprocess, and only where
+jax is installed).
+
+``python tests/test_docs.py PAGE.md ...`` runs the pages' examples and prints what failed."""
 import doctest
 import importlib
 import os
@@ -119,17 +123,80 @@ def test_docs_site_builds_strictly_with_the_notebooks_rendered_as_pages(tmp_path
     assert 'href="tutorial/1_what_is_spmd/"' in home and 'href="notes/shard_map_jax_0_10_2/"' in home
 
 
-def test_the_notebooks_extra_and_the_readme_say_how_to_open_the_notebooks_and_test_quickly():
+def test_the_notebooks_extra_and_the_getting_started_page_say_how_to_open_the_notebooks_and_test_quickly():
     import tomllib
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     assert {"jupyterlab>=4", "ipykernel>=6.29"} <= set(extras["notebooks"])
     assert set(extras["docs"]) <= set(extras["test"])   # CI builds the docs site
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    assert 'python -m pip install ".[notebooks]"' in readme and "jupyter lab docs/tutorial" in readme
-    assert "python -m pytest tests" in readme                          # the quick check
-    assert re.search(r"full suite takes about \d+ minutes", readme)     # and how long the second command runs
+    with open(os.path.join(ROOT, "docs", "getting_started.md")) as f:
+        page = f.read()
+    assert 'python -m pip install ".[notebooks]"' in page and "jupyter lab docs/tutorial" in page
+    assert "python -m pytest tests" in page                          # the quick check
+    assert re.search(r"full suite takes about \d+ minutes", page)     # and how long the second command runs
+    # Every package of the test extra is named where the page says what the second command installs.
+    installs = page[page.index("The second installs"):page.index("runs the whole test suite")]
+    for requirement in extras["test"]:
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+        assert name in installs, f"getting_started.md does not list {name} of the test extra"
+
+
+# The docs pages whose examples are executed. A ```pycon block is a doctest: `>>>` and `...` lines
+# are run and the lines after them are what they print (ELLIPSIS and NORMALIZE_WHITESPACE); the blocks of a page
+# share one namespace, top to bottom. A block that imports jax runs only where jax is installed; a page with such
+# blocks runs in a fresh interpreter (JAX's threads must not follow this process into its later forks).
+PAGES = sorted(os.path.relpath(os.path.join(folder, name), ROOT)
+                               for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
+                               for name in names if name.endswith(".md"))
+PAGES_WITH_EXAMPLES = {"docs/getting_started.md", "docs/numpy_frontend.md", "docs/jax_programs.md",
+                       "docs/shard_map_and_meshes.md", "docs/debugging.md", "docs/compare_and_conformance.md",
+                       "docs/multihost.md", "docs/performance.md", "docs/semantics.md", "docs/architecture.md"}
+_PYCON = re.compile(r"^```pycon\n(.*?)^```$", re.S | re.M)
+_OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+def examples(path: str) -> list[str]:
+    """The page's ```pycon blocks (path relative to the repository's root), in order."""
+    with open(os.path.join(ROOT, path)) as f:
+        return _PYCON.findall(f.read())
+
+
+def needs_jax(block: str) -> bool:
+    return bool(re.search(r"^(?:>>>|\.\.\.) .*(?:(?<![\w.])jax\b|spmdsim\.jax|\bjnp\b)", block, re.M))
+
+
+def run_examples(path: str, *, with_jax: bool) -> tuple[int, int, str]:
+    """Run a page's examples as one doctest; returns (failed, attempted, the failure report)."""
+    blocks = [b for b in examples(path) if with_jax or not needs_jax(b)]
+    test = doctest.DocTestParser().get_doctest("\n".join(blocks), {"__name__": "__main__"}, path, path, 0)
+    report = []
+    runner = doctest.DocTestRunner(optionflags=_OPTIONS)
+    cwd = os.getcwd()
+    os.chdir(ROOT)   # examples name files relative to the repository's root
+    try:
+        with spmdsim.set_device_count(8):
+            result = runner.run(test, out=report.append, clear_globs=True)
+    finally:
+        os.chdir(cwd)
+    return result.failed, result.attempted, "".join(report)
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_page_examples_print_what_the_page_says(path):
+    blocks = examples(path)
+    assert bool(blocks) == (path in PAGES_WITH_EXAMPLES), f"{path}: its examples are ```pycon blocks"
+    if not blocks:
+        return
+    if any(map(needs_jax, blocks)) and jax_installed():
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "test_docs.py"), path], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return
+    if all(map(needs_jax, blocks)):
+        pytest.skip("this page's examples need jax")
+    failed, attempted, report = run_examples(path, with_jax=False)
+    assert failed == 0, report
+    assert attempted > 0
 
 
 def docstring_modules():
@@ -147,3 +214,14 @@ def test_docstring_examples_run():
             assert result.failed == 0, f"doctest {test.name} fails; run python -m doctest -v on {module.__file__}"
             examples += result.attempted
     assert examples >= 15
+
+
+if __name__ == "__main__":
+    status = 0
+    for page in sys.argv[1:]:
+        failed, attempted, report = run_examples(page, with_jax=jax_installed())
+        print(f"{page}: {attempted - failed} of {attempted} examples print what the page says", flush=True)
+        if failed:
+            print(report)
+            status = 1
+    sys.exit(status)

@@ -435,11 +435,11 @@ def test_mesh_collective_of_large_blocks_is_bounded_and_checked():
         spmdsim.show.collective("psum", x[:6], mesh=mesh, spec=spmdsim.P("x"), axis_name="x")
 
 
-def test_readme_mesh_example_runs_and_its_figure_is_current(capsys):
+def test_the_docs_mesh_example_runs_and_its_figure_is_current(capsys):
     root_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root_dir, "README.md")) as f:
-        readme = f.read()
-    section = readme[readme.index("**Pictures of a mesh.**"):]
+    with open(os.path.join(root_dir, "docs", "shard_map_and_meshes.md")) as f:
+        page = f.read()
+    section = page[page.index("## Pictures of a mesh"):]
     start = section.index("```python\n") + len("```python\n")
     code = section[start:section.index("\n```", start)]
     exec(code, {"np": np, "spmdsim": spmdsim})

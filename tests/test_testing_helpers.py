@@ -37,17 +37,18 @@ def run(args, tmp_path):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
 
 
-def readme_test_file() -> str:
-    """The README's example of a user's test file (the python block that starts with its file name)."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    start = readme.index("```python\n# test_train_step.py") + len("```python\n")
-    return readme[start:readme.index("```", start)]
+def docs_test_file() -> str:
+    """The docs' example of a user's test file (docs/compare_and_conformance.md: the python block that starts
+    with its file name)."""
+    with open(os.path.join(ROOT, "docs", "compare_and_conformance.md")) as f:
+        page = f.read()
+    start = page.index("```python\n# test_train_step.py") + len("```python\n")
+    return page[start:page.index("```", start)]
 
 
 def test_a_users_test_files_pass_with_jax_left_at_its_defaults(tmp_path):
     (tmp_path / "test_mine.py").write_text(USER_TESTS)
-    (tmp_path / "test_train_step.py").write_text(readme_test_file())
+    (tmp_path / "test_train_step.py").write_text(docs_test_file())
     proc = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_mine.py", "test_train_step.py"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 passed" in proc.stdout
