@@ -1,6 +1,6 @@
 """docs/: the tutorial notebooks run top to bottom (so they cannot rot; those that import jax only where it is
 installed), the docs site builds with ``mkdocs build --strict`` with every page in its nav and each notebook
-rendered as a page with its outputs, every docs page's examples (their ```pycon blocks) print
+rendered as a page with its outputs, README.md and every docs page's examples (their ```pycon blocks) print
 what the page says they print, the getting-started page says how to open the notebooks and how to test quickly,
 and every docstring example runs as a doctest. Needs the test extra's nbclient, ipykernel, mkdocstrings and
 mkdocs-jupyter; never imports jax itself (a page whose examples use jax runs them in a subprocess, and only where
@@ -141,14 +141,34 @@ def test_the_notebooks_extra_and_the_getting_started_page_say_how_to_open_the_no
         assert name in installs, f"getting_started.md does not list {name} of the test extra"
 
 
-# The docs pages whose examples are executed. A ```pycon block is a doctest: `>>>` and `...` lines
+def test_readme_is_the_front_door():
+    """README: what spmdsim is, then the two set-up commands (.ci/run runs the second), short, its links to the
+    docs pages resolve (as they do on GitHub)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert len(readme.splitlines()) <= 200
+    first_block = readme[readme.index("```bash\n") + len("```bash\n"):readme.index("\n```", readme.index("```bash"))]
+    assert first_block.splitlines() == [
+        "python -m pip install . && python -m spmdsim demo",
+        'python -m pip install ".[test]" && python -m pytest -n auto --maxprocesses=4 --dist loadfile']
+    assert readme.index("**spmdsim** is") < readme.index("```bash")
+    links = re.findall(r"\]\(((?:docs|benchmarks)/[^)#]*)(?:#[^)]*)?\)", readme)
+    assert {f"docs/{page}" for page in ("getting_started.md", "numpy_frontend.md", "jax_programs.md",
+                                        "shard_map_and_meshes.md", "debugging.md", "compare_and_conformance.md",
+                                        "multihost.md", "performance.md", "semantics.md",
+                                        "architecture.md")} <= set(links)
+    for link in links:
+        assert os.path.exists(os.path.join(ROOT, link)), link
+
+
+# README.md and the docs pages whose examples are executed. A ```pycon block is a doctest: `>>>` and `...` lines
 # are run and the lines after them are what they print (ELLIPSIS and NORMALIZE_WHITESPACE); the blocks of a page
 # share one namespace, top to bottom. A block that imports jax runs only where jax is installed; a page with such
 # blocks runs in a fresh interpreter (JAX's threads must not follow this process into its later forks).
-PAGES = sorted(os.path.relpath(os.path.join(folder, name), ROOT)
+PAGES = ["README.md"] + sorted(os.path.relpath(os.path.join(folder, name), ROOT)
                                for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
                                for name in names if name.endswith(".md"))
-PAGES_WITH_EXAMPLES = {"docs/getting_started.md", "docs/numpy_frontend.md", "docs/jax_programs.md",
+PAGES_WITH_EXAMPLES = {"README.md", "docs/getting_started.md", "docs/numpy_frontend.md", "docs/jax_programs.md",
                        "docs/shard_map_and_meshes.md", "docs/debugging.md", "docs/compare_and_conformance.md",
                        "docs/multihost.md", "docs/performance.md", "docs/semantics.md", "docs/architecture.md"}
 _PYCON = re.compile(r"^```pycon\n(.*?)^```$", re.S | re.M)
