@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results.json"))
     parser.add_argument("--markdown", metavar="JSON", help="print the Markdown table of an earlier run and exit")
     parser.add_argument("--fresh-threads", action="store_true",
-                        help="start new device threads for every call (spmdsim._threads.REUSE = False, as "
+                        help="start new device threads for every call (spmdsim.runtime._threads.REUSE = False, as "
                              "SPMDSIM_REUSE_THREADS=0; by default device threads are parked between calls)")
     parser.add_argument("--busy", action="store_true",
                         help="measure each row twice: quiet, then with a second process busy-looping on one core")
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
             print(markdown(json.load(f)))
         return 0
     if args.fresh_threads:
-        spmdsim._threads.REUSE = False
+        spmdsim.runtime._threads.REUSE = False
     plan = {k: ([8] if args.quick else v) for k, v in PLAN.items() if not args.only or k in args.only}
     repeats = 2 if args.quick else args.repeats
     rows = []

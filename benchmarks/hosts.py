@@ -60,7 +60,7 @@ def jax_psum(processes: int, repeats: int) -> dict:
 def memory(hosts: int, devices: int, block: int) -> dict:
     command = [sys.executable, MEMORY, str(devices), str(block)]
     if hosts > 1:
-        from spmdsim._launch import mpiexec_path
+        from spmdsim.tools._launch import mpiexec_path
         command = [mpiexec_path(), "-n", str(hosts), *command]
     return _last_json(subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=ENV))
 

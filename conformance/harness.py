@@ -42,7 +42,7 @@ APIS = {
 def _reference_loop(mapped: Callable) -> Callable:
     """``mapped`` (a vectorized ``spmdsim.jax.pmap``) evaluating its jaxprs with the reference loop instead of
     their compiled programs."""
-    from spmdsim.jax._interpreter import Vectorized
+    from spmdsim.jax.evaluation._interpreter import Vectorized
 
     @functools.wraps(mapped)
     def call(*args, **kwargs):

@@ -127,7 +127,7 @@ if jax.__version_info__ >= (0, 12):
     _tol("fft", (F64, C128), ("norm", 1e-14))
 
 
-# Per ISA (spmdsim/jax/_xla_cpu_isa.py), where XLA:CPU's result changes with it and spmdsim's model does not
+# Per ISA (spmdsim/jax/numerics/_xla_cpu_isa.py), where XLA:CPU's result changes with it and spmdsim's model does not
 # follow: without AVX-512 XLA reduces over two axes in another vectorised order (measured under
 # --xla_cpu_max_isa=AVX2 and AVX on an AVX-512 Xeon: 2 ulps; 1 with AVX-512).
 TOLERANCE_WITHOUT_AVX512 = {("reduce_sum", C128): 2.0, ("reduce_prod", F32): 2.0, ("reduce_prod", F64): 2.0}
@@ -137,7 +137,7 @@ def tolerance(primitive: str, dtype: str):
     """Allowed distance from XLA:CPU on this machine's ISA: ulps (a float), or ("norm", eps): max |a - e| <=
     eps * max |e| for results whose small entries are rounding residue (the lower triangle of a Cholesky
     update)."""
-    from spmdsim.jax import _xla_cpu_isa
+    from spmdsim.jax.numerics import _xla_cpu_isa
     if not _xla_cpu_isa.current().avx512 and (primitive, dtype) in TOLERANCE_WITHOUT_AVX512:
         return TOLERANCE_WITHOUT_AVX512[(primitive, dtype)]
     return TOLERANCE.get((primitive, dtype), 0.0)

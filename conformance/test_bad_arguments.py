@@ -387,7 +387,7 @@ def test_bad_collective_argument_raises_jax_class(case, front_end):
 def test_an_empty_group_is_both_classes_jax_raises():
     """The NumPy front end never imports JAX: its error for an empty group is both classes JAX raises (the
     ValueError of all_gather's lowering, the RuntimeError, JaxRuntimeError, of psum's HLO verifier)."""
-    from spmdsim._primitives import EmptyGroupError
+    from spmdsim.primitives._primitives import EmptyGroupError
     with pytest.raises(EmptyGroupError, match=r"psum: axis_index_groups must cover all indices exactly once \(in "
                                               r"non-empty groups\)") as info:
         spmdsim.pmap(lambda v: spmdsim.lax.psum(v, "i", axis_index_groups=[_ALL, []]), axis_name="i")(X)

@@ -16,9 +16,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import spmdsim
-from spmdsim import _runtime
-from spmdsim.jax import _registry
-from spmdsim.jax._compare import SCHEMA_PATH, Against, distance
+from spmdsim.runtime import _runtime
+from spmdsim.jax.evaluation import _registry
+from spmdsim.jax.tools._compare import SCHEMA_PATH, Against, distance
 from spmdsim.testing import compare
 
 HERE = os.path.basename(__file__)
@@ -218,7 +218,7 @@ print(jax.pmap(lambda b: jax.lax.psum(jnp.exp(b), "i"), "i")(x)[0, 0])  # <- scr
 
 
 def test_the_command_finds_an_isa_pinned_without_fma_and_writes_valid_json(tmp_path):
-    from spmdsim.jax import _xla_cpu_isa
+    from spmdsim.jax.numerics import _xla_cpu_isa
     if not _xla_cpu_isa.model(_xla_cpu_isa._cpu_flags()).fma:
         pytest.skip("this CPU has no FMA: XLA:CPU computes exp without it too")
     script, out = tmp_path / "prog.py", tmp_path / "report.json"
@@ -401,7 +401,7 @@ class _Terminal:
 
 def test_a_long_comparison_shows_a_progress_bar_on_a_terminal_and_removes_it(monkeypatch):
     pytest.importorskip("rich")
-    from spmdsim.jax import _compare
+    from spmdsim.jax.tools import _compare
     started = []
     real = _compare._Progress.update
 
@@ -431,7 +431,7 @@ def test_a_long_comparison_shows_a_progress_bar_on_a_terminal_and_removes_it(mon
 
 
 def test_no_progress_bar_off_a_terminal_or_on_a_short_run(monkeypatch):
-    from spmdsim.jax import _compare
+    from spmdsim.jax.tools import _compare
     quiet = _Terminal()
     quiet.isatty = lambda: False
     monkeypatch.setattr(sys, "stderr", quiet)
@@ -453,8 +453,9 @@ HOST_SCRIPT = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
 import spmdsim
-from spmdsim import _primitives, _runtime
-from spmdsim.jax import _registry
+from spmdsim.primitives import _primitives
+from spmdsim.runtime import _runtime
+from spmdsim.jax.evaluation import _registry
 
 exp, stacked = _registry.PER_DEVICE["exp"], _registry.VECTORIZED["exp"]
 def exp_off_on_device_3(x, **params):  # a test double: one ulp more on global device 3
@@ -480,7 +481,7 @@ print(jax.process_index(), f(x)[0, 0])
 """
 
 
-@pytest.mark.skipif(pytest.importorskip("spmdsim._launch").mpiexec_path() is None, reason="no mpiexec")
+@pytest.mark.skipif(pytest.importorskip("spmdsim.tools._launch").mpiexec_path() is None, reason="no mpiexec")
 @pytest.mark.parametrize("executor", ["threads", "vectorized"])
 def test_the_command_under_hosts_compares_each_hosts_devices_and_host_0_reports_once(tmp_path, executor):
     pytest.importorskip("mpi4py")

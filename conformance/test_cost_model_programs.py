@@ -17,7 +17,7 @@ import pytest
 import spmdsim.jax as sj
 from spmdsim import cost
 from spmdsim.cost import collectives as C
-from spmdsim.jax import _map
+from spmdsim.jax.integration import _map
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S = jax.ShapeDtypeStruct

@@ -190,7 +190,7 @@ def test_shard_map_transformations_with_checks_on(case, check_vma, executor):
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_patched_jax_with_checks_on(executor):
-    from spmdsim.jax._patch import patched_jax
+    from spmdsim.jax.integration._patch import patched_jax
 
     def program():
         step = jax.pmap(body, axis_name="i", in_axes=(0, None))

@@ -13,7 +13,7 @@ from jax import lax
 
 import spmdsim
 import spmdsim.jax as sjax
-from spmdsim.jax._patch import patched_jax
+from spmdsim.jax.integration._patch import patched_jax
 from spmdsim.testing import assert_trees_match
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,7 +150,7 @@ def test_spmdsim_run_reports_virtual_devices_and_passes_arguments(tmp_path):
                       "len(jax.devices()), pmap.__module__, sys.argv[1:])\n")
     proc = spmdsim_run(script, "a", "--flag", "--devices", "5")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["5", "5", "5", "spmdsim.jax._api", "['a',", "'--flag']"]
+    assert proc.stdout.split() == ["5", "5", "5", "spmdsim.jax.integration._api", "['a',", "'--flag']"]
 
 
 def test_float32_psum_is_bit_exact_with_xla_cpu():

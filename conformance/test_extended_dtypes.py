@@ -5,7 +5,7 @@ XLA:CPU refuses to compile (LAPACK in float16, a platform_dependent without a cp
   key data's unit axes go before its trailing key axis, in both executors (the vectorized one added them after:
   a broadcast error).
 - A primitive registered with ``mlir.register_lowering(p, mlir.lower_fun(fun, multiple_results))`` is what XLA
-  computes for it: spmdsim evaluates ``fun``'s jaxpr (``spmdsim/jax/_lowered.py``), per device and vectorized,
+  computes for it: spmdsim evaluates ``fun``'s jaxpr (``spmdsim/jax/evaluation/_lowered.py``), per device and vectorized,
   and equals ``jax.pmap`` / ``jax.jit`` on it. A primitive whose lowering is written by hand still raises
   NotImplementedError naming it.
 

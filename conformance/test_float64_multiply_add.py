@@ -1,7 +1,7 @@
 """float64 multiply-adds as XLA:CPU computes them (issue 38.4): with FMA in the ISA (AVX2 on), XLA:CPU contracts a
 float64 multiply feeding an add into one fused multiply-add, as it does float32's, and spmdsim's contraction model
-(``spmdsim/jax/_contraction.py``) makes the same contractions with an exactly rounded float64 fused multiply-add
-(``spmdsim/jax/_xla_cpu_math.fma64``). Every test compares with ``jax.jit`` on the machine running it."""
+(``spmdsim/jax/evaluation/_contraction.py``) makes the same contractions with an exactly rounded float64 fused multiply-add
+(``spmdsim/jax/numerics/_xla_cpu_math.fma64``). Every test compares with ``jax.jit`` on the machine running it."""
 from __future__ import annotations
 
 import jax
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import spmdsim.jax as sjax
-from spmdsim.jax import _xla_cpu_isa
-from spmdsim.jax._xla_cpu_math import fma64
+from spmdsim.jax.numerics import _xla_cpu_isa
+from spmdsim.jax.numerics._xla_cpu_math import fma64
 
 pytestmark = pytest.mark.area("lax primitives vs XLA:CPU")
 

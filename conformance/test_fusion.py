@@ -1,4 +1,4 @@
-"""Chains of elementwise equations evaluated block by block (spmdsim/jax/_fusion.py) give every element the result the
+"""Chains of elementwise equations evaluated block by block (spmdsim/jax/compiled/_fusion.py) give every element the result the
 reference loop gives, bit for bit: in both executors, on arrays large enough to be fused, with NaN, infinities,
 signed zeros and subnormals among the values, single values and broadcasts mixed in, float16 and float32."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from jax import lax
 
 import spmdsim.jax as sj
-from spmdsim.jax import _fusion
+from spmdsim.jax.compiled import _fusion
 
 pytestmark = pytest.mark.area("performance: fusion")
 
@@ -66,10 +66,10 @@ def test_fused_chains_equal_the_reference_loop(executor, dtype):
 @pytest.mark.parametrize("kernel", ["fused run", "port"])
 def test_devices_compute_their_fused_runs_and_ports_one_at_a_time(kernel):
     """With the thread executor, a device computes a fused run, or a transcendental port over many blocks, start
-    to end before another device starts one (``spmdsim._threads.one_at_a_time``). Each block sleeps here, which
+    to end before another device starts one (``spmdsim.runtime._threads.one_at_a_time``). Each block sleeps here, which
     lets the other device run in between: its blocks must still come after all of the first device's."""
-    from spmdsim.jax import _xla_cpu_math
-    from spmdsim.jax._interpreter import PER_DEVICE
+    from spmdsim.jax.numerics import _xla_cpu_math
+    from spmdsim.jax.evaluation._interpreter import PER_DEVICE
 
     seen: list = []
 

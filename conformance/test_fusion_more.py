@@ -1,6 +1,6 @@
 """Results written into dying operands (issue 27): an elementwise equation computed by one NumPy ufunc writes its
 result into an operand of its shape and dtype that dies at it and that only the program holds, and a fused run of
-elementwise equations writes its last output into such an input (``spmdsim.jax._compiled._into_dead``,
+elementwise equations writes its last output into such an input (``spmdsim.jax.compiled._compiled._into_dead``,
 ``_fusion.FusedRun``). Expected values are the reference loop's (no compiled program, no reuse) bit for bit; the
 user's arrays and every value still in use must come out unchanged, and the paths must be taken."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import spmdsim.jax as sj
-from spmdsim import _buffers
-from spmdsim.jax import _compiled, _fusion
-from spmdsim.jax._interpreter import Vectorized
+from spmdsim.runtime import _buffers
+from spmdsim.jax.compiled import _compiled, _fusion
+from spmdsim.jax.evaluation._interpreter import Vectorized
 
 pytestmark = pytest.mark.area("performance: results into dying operands")
 
@@ -41,7 +41,7 @@ def _program(x, y):
 
 
 class _CountingEmpty:
-    """``spmdsim._buffers``, counting the arrays its ``empty`` makes (a fused run's outputs)."""
+    """``spmdsim.runtime._buffers``, counting the arrays its ``empty`` makes (a fused run's outputs)."""
 
     def __init__(self):
         self.count = 0
@@ -118,7 +118,7 @@ def test_a_shared_operand_is_not_written_into():
 def test_a_fused_multiply_add_writes_into_an_operand_that_dies(executor, monkeypatch):
     """XLA:CPU's contracted ``a * 0.5 + y`` (``xla_cpu_fma``) writes into the product ``a``, which dies there and
     only the program holds; the caller's ``y`` is never written. Bit for bit the reference loop's result."""
-    from spmdsim.jax import _xla_cpu_math
+    from spmdsim.jax.numerics import _xla_cpu_math
     into = []
     rounded_once = _xla_cpu_math.rounded_once
 

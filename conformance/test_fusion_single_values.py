@@ -1,4 +1,4 @@
-"""A fused run (spmdsim/jax/_fusion.py) whose operands include a single value of the run's rank, ``(1, 1, 1)``
+"""A fused run (spmdsim/jax/compiled/_fusion.py) whose operands include a single value of the run's rank, ``(1, 1, 1)``
 against ``(2, 131072, 1)`` (lax's size-1 broadcasting, as ``jax.random.uniform`` emits it for ``minval`` and
 ``maxval``): blocks index the leading axis, so a block has fewer axes than the run, and the single value must not
 add its own (random_lax_test's ``testLowProbabilityGumbel`` failed with "mul returned bfloat16[1, 16384, 1]").
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from spmdsim.jax._interpreter import PER_DEVICE  # the compiled, fused form a device thread runs
+from spmdsim.jax.evaluation._interpreter import PER_DEVICE  # the compiled, fused form a device thread runs
 
 pytestmark = pytest.mark.area("lax primitives vs XLA:CPU")
 

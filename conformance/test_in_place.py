@@ -11,7 +11,7 @@ import pytest
 from jax import lax
 
 import spmdsim.jax as sj
-from spmdsim.jax import _registry
+from spmdsim.jax.evaluation import _registry
 
 pytestmark = pytest.mark.area("performance: updates in place")
 

@@ -1,7 +1,7 @@
 """XLA:CPU's numerics on the ISA it compiles for (issue 26): spmdsim's model of it, and the differential tests
 under every ISA cap this machine supports.
 
-- :func:`spmdsim.jax._xla_cpu_isa.model` from CPU flags, ``--xla_cpu_max_isa`` and ``SPMDSIM_XLA_CPU_ISA``;
+- :func:`spmdsim.jax.numerics._xla_cpu_isa.model` from CPU flags, ``--xla_cpu_max_isa`` and ``SPMDSIM_XLA_CPU_ISA``;
 - each ISA-dependent behaviour against XLA:CPU here (float64 -> float16, float16 multiply-adds in the gamma
   sampler, float32 fused multiply-adds), and the model's other side computed by NumPy reasoning;
 - ``conformance/test_lax_ops.py`` and the bit-exactness tests in subprocesses under each lower cap (the native
@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from spmdsim.jax import _xla_cpu_isa as isa
-from spmdsim.jax import _xla_cpu_math
+from spmdsim.jax.numerics import _xla_cpu_isa as isa
+from spmdsim.jax.numerics import _xla_cpu_math
 
 pytestmark = pytest.mark.area("lax primitives vs XLA:CPU")
 
@@ -146,7 +146,7 @@ def test_lax_ops_and_bit_exactness_under_every_isa_cap():
     assert not failed, "\n".join(f"under --xla_cpu_max_isa={cap}:\n{out}" for cap, out in failed.items())
 
 
-# -- multiply-adds across equations (spmdsim/jax/_contraction.py) ----------------------------------------------
+# -- multiply-adds across equations (spmdsim/jax/evaluation/_contraction.py) ----------------------------------------------
 
 CONTRACTED = {  # each equal to XLA:CPU bit for bit on every value, on every ISA (fused or not)
     "a*b+c": lambda a, b, c, d: a * b + c, "c+a*b": lambda a, b, c, d: c + a * b,

@@ -181,7 +181,7 @@ def test_pmax_has_no_derivative_in_either():
 
 
 def test_missing_rule_names_primitive_params_and_line():
-    from spmdsim.jax import _interpreter
+    from spmdsim.jax.evaluation import _interpreter
 
     # sin: XLA lowers it by hand (not through mlir.lower_fun, whose program spmdsim would evaluate instead)
     saved = _interpreter.IMPL.pop("sin")
@@ -193,7 +193,7 @@ def test_missing_rule_names_primitive_params_and_line():
 
 
 def test_rule_returning_the_wrong_aval_is_reported_as_a_bug():
-    from spmdsim.jax import _interpreter
+    from spmdsim.jax.evaluation import _interpreter
 
     saved = _interpreter.IMPL["sin"]
     _interpreter.IMPL["sin"] = lambda x, **params: np.sin(x).astype(np.float64)
@@ -305,7 +305,7 @@ def test_vectorized_while_loop_that_devices_leave_one_by_one_makes_no_program_pe
     """The vectorized executor compiles a program per jaxpr and device count; devices that leave a while loop at
     different steps run the rest of it as a subset (the reference loop), so 64 trip counts make no 64 programs.
     The values are those of the thread executor."""
-    from spmdsim.jax import _compiled
+    from spmdsim.jax.compiled import _compiled
 
     def body(x):
         i = jax.lax.axis_index("i")
@@ -319,7 +319,7 @@ def test_vectorized_while_loop_that_devices_leave_one_by_one_makes_no_program_pe
         threads = sjax.pmap(body, "i")(x)
     assert programs <= 3, programs   # the body, the loop's condition, its body: once each for 64 devices
     assert np.asarray(vectorized).tobytes() == np.asarray(threads).tobytes()
-    from spmdsim.jax import _xla_cpu_isa
+    from spmdsim.jax.numerics import _xla_cpu_isa
     expected = np.ones(3, np.float32)
     for _ in range(63):  # a multiply feeding an add: one fused multiply-add where XLA:CPU has FMA
         expected = (expected.astype(np.float64) * 1.5 + 1.0).astype(np.float32) if _xla_cpu_isa.current().fma \
@@ -329,8 +329,8 @@ def test_vectorized_while_loop_that_devices_leave_one_by_one_makes_no_program_pe
 
 def _body_program(mapped):
     """The compiled per-device program of a called ``spmdsim.jax.pmap``'s body: (source, namespace)."""
-    from spmdsim.jax import _compiled
-    from spmdsim.jax._interpreter import PER_DEVICE
+    from spmdsim.jax.compiled import _compiled
+    from spmdsim.jax.evaluation._interpreter import PER_DEVICE
     (body,) = mapped._spmdsim_cache.values()
     return _compiled.program_source(body.jaxpr.jaxpr, PER_DEVICE)
 

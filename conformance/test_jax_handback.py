@@ -238,7 +238,7 @@ def test_a_map_larger_than_jaxs_platform_is_placed_as_jnp_asarray_places_it_ther
 
 
 def test_the_public_device_put_takes_over_when_the_fast_put_fails(monkeypatch):
-    from spmdsim.jax import _map
+    from spmdsim.jax.integration import _map
     f = sjax.pmap(lambda v: (v * 2, 2.0), axis_name="i")
     expected = handed_back([jax.pmap(lambda v: (v * 2, 2.0), axis_name="i")(X)])
     assert handed_back([f(X)]) == expected
@@ -329,7 +329,7 @@ def test_unreduced_and_reduced_specs_are_read_with_their_axes():
     per-dimension tuple, carrying the unreduced and reduced sets (conformance/test_unreduced.py runs them)."""
     from jax.sharding import PartitionSpec as P
 
-    from spmdsim.jax._specs import _spec_dims
+    from spmdsim.jax.integration._specs import _spec_dims
 
     assert _spec_dims(P("x", None), 3) == (("x",), (), ())
     reduced, unreduced = _spec_dims(P(None, reduced={"seq"}), 2), _spec_dims(P("x", unreduced={"seq"}), 2)

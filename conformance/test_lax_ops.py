@@ -25,9 +25,9 @@ from jax.extend import core as ext_core
 
 import spmdsim.jax as sjax
 from conformance.lax_records import RECORDS, TOLERANCE, WIDE, tolerance
-from spmdsim.jax._coverage import LEAD_OWNED
-from spmdsim.jax._interpreter import HIGHER_ORDER, REFERENCE
-from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
+from spmdsim.jax.tools._coverage import LEAD_OWNED
+from spmdsim.jax.evaluation._interpreter import HIGHER_ORDER, REFERENCE
+from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED
 
 DEVICES = 3
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
@@ -84,7 +84,7 @@ def _per_device_call(eqn):
 def check_vectorized(jaxpr, consts, device_args: list[list], problems: list, where: str = "") -> list[list]:
     """Evaluate ``jaxpr`` per device, checking every equation's vectorized rule on the stacked operands
     against the per-device results; returns each device's outputs."""
-    from spmdsim.jax._dtypes import numpy_dtype
+    from spmdsim.jax.evaluation._dtypes import numpy_dtype
 
     def read(env, v):
         if isinstance(v, ext_core.Literal):

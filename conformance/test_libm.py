@@ -1,4 +1,4 @@
-"""``lax.pow`` as XLA:CPU computes it: the C library's ``powf``/``pow`` (spmdsim/jax/_libm.py).
+"""``lax.pow`` as XLA:CPU computes it: the C library's ``powf``/``pow`` (spmdsim/jax/numerics/_libm.py).
 
 Found by ``spmdsim compare --against executor=vectorized`` on numpyro's NUTS sampler in ``jax.pmap``: the
 step-size adaptation's ``t ** 0.5`` at ``t = 3`` was ``1.7320508`` on the thread executor and ``1.7320509`` on
@@ -13,7 +13,8 @@ from jax import lax  # noqa: E402
 import ml_dtypes  # noqa: E402
 
 import spmdsim.jax as sjax  # noqa: E402
-from spmdsim.jax import _libm, _registry  # noqa: E402
+from spmdsim.jax.numerics import _libm  # noqa: E402
+from spmdsim.jax.evaluation import _registry
 
 pytestmark = pytest.mark.skipif(not _libm.available(), reason="no C library to call")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mpi4py")
-from spmdsim._launch import mpiexec_path  # noqa: E402
+from spmdsim.tools._launch import mpiexec_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "jax", "multihost_train.py")

@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from spmdsim._primitives import Batch
-from spmdsim.jax import _interpreter
+from spmdsim.primitives._primitives import Batch
+from spmdsim.jax.evaluation import _interpreter
 
 pytestmark = pytest.mark.area("JAX front end")
 

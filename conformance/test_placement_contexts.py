@@ -1,4 +1,4 @@
-"""Where a result JAX names no devices for is placed (``spmdsim.jax._map.to_jax`` with no sharding): as
+"""Where a result JAX names no devices for is placed (``spmdsim.jax.integration._map.to_jax`` with no sharding): as
 ``jnp.asarray`` places a new array in the caller's context, worked out without dispatching a conversion (from
 inside a jitted call of the same signature JAX refuses one as recursive: random_lax_test's
 ``RandomOutShardingTest``, run through ``python -m conformance.jax_suite --ops``)."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from spmdsim.jax import _map
+from spmdsim.jax.integration import _map
 
 pytestmark = pytest.mark.area("JAX front end")
 

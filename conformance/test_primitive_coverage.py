@@ -1,4 +1,4 @@
-"""Coverage by construction: every primitive JAX 0.10 can emit (``spmdsim.jax._coverage``) has a per-device
+"""Coverage by construction: every primitive JAX 0.10 can emit (``spmdsim.jax.tools._coverage``) has a per-device
 and a vectorized rule, except the listed exclusions (one reason each) and the collectives and higher-order
 primitives that live with the executors; every covered primitive is in the differential table."""
 import jax
@@ -8,8 +8,8 @@ from jax import lax
 
 import spmdsim.jax as sjax
 from conformance.lax_records import RECORDS
-from spmdsim.jax._coverage import EXCLUDED, LEAD_OWNED, PER_DEVICE_ONLY, enumerate_primitives
-from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
+from spmdsim.jax.tools._coverage import EXCLUDED, LEAD_OWNED, PER_DEVICE_ONLY, enumerate_primitives
+from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED
 
 pytestmark = pytest.mark.area("primitive coverage")
 

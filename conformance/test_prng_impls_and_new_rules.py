@@ -261,7 +261,7 @@ def test_key_shapes_inside_pmap(impl, program):
 def test_a_key_rule_called_by_hand_needs_its_equation():
     """The key data of a non-default impl does not say which impl it is: a rule called without its equation
     (no specialize, no evaluation under way) says so, rather than guess."""
-    from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
+    from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED
 
     with pytest.raises(TypeError, match="only known from its equation"):
         PER_DEVICE["random_bits"](np.zeros(4, np.uint32), bit_width=32, shape=(2,))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from spmdsim.jax import _xla_cpu_math, _xla_cpu_probe
+from spmdsim.jax.numerics import _xla_cpu_math, _xla_cpu_probe
 
 pytestmark = pytest.mark.area("lax primitives vs XLA:CPU")
 
@@ -44,7 +44,7 @@ def test_the_amd_zen4_profile_reproduces_its_recorded_table_in_every_binade():
     scaled by 4**k (k from -31 to 31: rsqrt(4**k x) = rsqrt(x) / 2**k)."""
     code = f"""
 import numpy as np
-from spmdsim.jax import _xla_cpu_math
+from spmdsim.jax.numerics import _xla_cpu_math
 d = np.load({str(AMD)!r})["ulp_vs_correct"].astype(np.int32)
 x = (np.arange(1 << 24, dtype=np.uint32) + np.uint32(127 << 23)).view(np.float32)
 expected = ((1 / np.sqrt(x.astype(np.float64))).astype(np.float32).view(np.int32) + d).view(np.float32)

@@ -30,7 +30,7 @@ def _numbers(result: dict) -> dict:
 @pytest.mark.area("examples-and-bits")
 @pytest.mark.parametrize("name", NAMES)
 def test_shard_map_example_under_spmdsim_equals_real_jax(name):
-    from spmdsim.jax._patch import patched_jax
+    from spmdsim.jax.integration._patch import patched_jax
     from spmdsim.testing import assert_trees_match
 
     real = _numbers(run_example(name))

@@ -88,7 +88,7 @@ def test_core_call_inside_a_map(executor):
     given to ``bind``) inside a jitted map."""
     from jax._src import api_util, core
     from jax._src import linear_util as lu
-    from spmdsim.jax._shard_map import jit_for  # the jit of `spmdsim run --executor E`
+    from spmdsim.jax.integration._shard_map import jit_for  # the jit of `spmdsim run --executor E`
 
     if jax.device_count() < 4:
         pytest.skip("needs 4 JAX devices")
@@ -114,7 +114,7 @@ def test_custom_partitioning_and_dead_primitive_inside_a_map(executor):
     JAX's DCE drops before XLA sees it: no rule needed)."""
     from jax._src import core
     from jax.experimental.custom_partitioning import custom_partitioning
-    from spmdsim.jax._shard_map import jit_for
+    from spmdsim.jax.integration._shard_map import jit_for
 
     if jax.device_count() < 4:
         pytest.skip("needs 4 JAX devices")
@@ -150,7 +150,7 @@ def test_histogram_of_a_varying_value_inside_a_map(executor):
     """shard_map_test's ``test_jnp_histogram``: JAX 0.12's ``jnp.histogram`` is a hi primitive (searchsorted by
     scan) whose expansion ``pvary``s along the map's axis: spmdsim traces that expansion with the map's axes bound
     and manual, as JAX traced the equation. Values as jax.shard_map's, eager and jitted."""
-    from spmdsim.jax._shard_map import jit_for
+    from spmdsim.jax.integration._shard_map import jit_for
 
     if jax.device_count() < 4:
         pytest.skip("needs 4 JAX devices")

@@ -1,4 +1,4 @@
-"""PartitionSpecs with ``unreduced`` / ``reduced`` mesh axes (issue 25; spmdsim/jax/_unreduced.py), each program
+"""PartitionSpecs with ``unreduced`` / ``reduced`` mesh axes (issue 25; spmdsim/jax/evaluation/_unreduced.py), each program
 run by spmdsim's jit of JAX's shard_map (both executors) and by JAX itself on the same CPU devices: the values
 bit for bit (partial sums reduced in XLA:CPU's rank order), the shardings, and each device's buffer of an
 unreduced result (its partial)."""
@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spmdsim.jax as sj
-from spmdsim.jax._shard_map import jit_for
+from spmdsim.jax.integration._shard_map import jit_for
 
 pytestmark = pytest.mark.area("shard_map under transformations")
 
@@ -189,7 +189,7 @@ def test_vmap_with_spmd_axis_name_splits_the_batch_over_that_mesh_axis(executor)
 def test_blocks_of_an_unreduced_spec_are_each_devices_partial():
     """The helpers an eager map uses: a device's block under P('y', unreduced={'x'}) is its x-partial's y-block;
     assembling those blocks gives the partials back (NumPy reasoning, 2x2 mesh)."""
-    from spmdsim.jax._unreduced import Spec, Unreduced, assemble_blocks, split_blocks
+    from spmdsim.jax.evaluation._unreduced import Spec, Unreduced, assemble_blocks, split_blocks
     axes = (("x", 2), ("y", 2))
     spec = Spec((("y",),), unreduced={"x"})
     partials = np.arange(8.0).reshape(2, 4)

@@ -1,4 +1,4 @@
-"""The fast forms of the windowed rules (spmdsim/jax/_windows.py, issue 27) against their references, bit for bit:
+"""The fast forms of the windowed rules (spmdsim/jax/rules/_windows.py, issue 27) against their references, bit for bit:
 the im2col patches (one strided view, copied in blocks) against the patches written one kernel offset at a time
 with a Python loop; reduce_window max/min (NumPy's maximum in place, the sign of zeros from the elements' bits)
 against the generic fold of XLA's max/min; select_and_scatter_add (the selection as a maximum of positions, the
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from jax.lax import ConvDimensionNumbers
 
-from spmdsim.jax import _windows
-from spmdsim.jax._numpy_rules import pad_array
-from spmdsim.jax._registry import PER_DEVICE, VECTORIZED
+from spmdsim.jax.rules import _windows
+from spmdsim.jax.rules._numpy_rules import pad_array
+from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED
 
 pytestmark = [pytest.mark.area("lax primitives vs XLA:CPU"),
               pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # inf - inf, NaN in products

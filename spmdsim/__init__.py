@@ -5,15 +5,15 @@ concrete NumPy blocks; the collectives in ``spmdsim.lax`` are barrier-synchronis
 The API mirrors ``jax.pmap``/``jax.shard_map``/``jax.vmap``/``jax.lax`` so code ports by changing an import.
 """
 from spmdsim import debug, errors, lax, show
-from spmdsim._reduction import ReductionOrder, current_reduction_order, set_reduction_order
-from spmdsim._output import set_ordered_output
-from spmdsim._devices import VirtualDevice, device_count, devices, local_device_count, set_device_count
-from spmdsim._hosts import local_devices, process_count, process_index
-from spmdsim._pmap import pmap, vmap
-from spmdsim._shard_map import Mesh, P, PartitionSpec, make_mesh, shard_map
-from spmdsim._threads import reuse_threads
-from spmdsim._trace import trace
-from spmdsim._tree import register_pytree_node
+from spmdsim.primitives._reduction import ReductionOrder, current_reduction_order, set_reduction_order
+from spmdsim.runtime._output import set_ordered_output
+from spmdsim.runtime._devices import VirtualDevice, device_count, devices, local_device_count, set_device_count
+from spmdsim.runtime._hosts import local_devices, process_count, process_index
+from spmdsim.frontend._pmap import pmap, vmap
+from spmdsim.frontend._shard_map import Mesh, P, PartitionSpec, make_mesh, shard_map
+from spmdsim.runtime._threads import reuse_threads
+from spmdsim.tools._trace import trace
+from spmdsim.runtime._tree import register_pytree_node
 from spmdsim.hosts import run_hosts
 from spmdsim.errors import (CollectiveDeadlockError, CollectiveError, CollectiveMismatchError, HostLostError,
                             ReplicationError, SpmdSimError)

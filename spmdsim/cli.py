@@ -15,10 +15,10 @@ __all__ = ["main", "UsageError", "ArgumentParser", "positive_int"]
 
 COMMANDS = {
     "demo": ("spmdsim.demo", "data-parallel linear regression on the diabetes table, on virtual devices"),
-    "run": ("spmdsim.jax._run", "run an unmodified JAX script with jax.pmap on virtual devices (needs jax)"),
+    "run": ("spmdsim.jax.tools._run", "run an unmodified JAX script with jax.pmap on virtual devices (needs jax)"),
     "debug": ("spmdsim.debug", "step through a program's collectives: breakpoints, values, every device side by side"),
     "conformance": ("spmdsim.conformance", "compare spmdsim with the installed jax.pmap; print and write a matrix"),
-    "compare": ("spmdsim.jax._compare", "find where a JAX script's values leave XLA:CPU's, equation by equation"),
+    "compare": ("spmdsim.jax.tools._compare", "find where a JAX script's values leave XLA:CPU's, equation by equation"),
 }
 
 USAGE = """usage: spmdsim COMMAND [options]

@@ -19,7 +19,7 @@ import pathlib
 import platform as _platform
 import sys
 
-from spmdsim._tables import print_table
+from spmdsim.tools._tables import print_table
 
 OUTCOMES = ("passed", "failed", "expected difference", "skipped")
 
@@ -73,7 +73,7 @@ def _environment(platform: str) -> dict:
     import jax
 
     import spmdsim
-    from spmdsim.jax import _xla_cpu_isa
+    from spmdsim.jax.numerics import _xla_cpu_isa
     devices = jax.devices()
     return {"spmdsim": spmdsim.__version__, "jax": jax.__version__, "platform": platform,
             "backend": jax.default_backend(), "device_count": len(devices),
@@ -116,7 +116,7 @@ def _markdown(env: dict, rows: list[tuple[str, collections.Counter]], total: col
     lines = [f"# spmdsim conformance against jax {env['jax']} ({env['backend']}, {env['device_count']} devices)", "",
              f"spmdsim {env['spmdsim']} · Python {env['python']} · {env['machine']} · device kind "
              f"`{env['device_kind']}` · {env['date']}", "",
-             f"XLA:CPU's instruction set, as spmdsim models it (`spmdsim/jax/_xla_cpu_isa.py`): "
+             f"XLA:CPU's instruction set, as spmdsim models it (`spmdsim/jax/numerics/_xla_cpu_isa.py`): "
              f"{env.get('xla_cpu_isa', 'not recorded')}. The ulp bounds below hold under every ISA cap the "
              f"machine supports (`conformance/test_isa.py` reruns the table under each).", "",
              "Each case runs on both spmdsim front ends (NumPy: `spmdsim.pmap` + `spmdsim.lax`; JAX: "

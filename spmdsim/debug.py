@@ -32,9 +32,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from spmdsim import _output, _runtime
-from spmdsim._rendezvous import RUNNING, WAITING
-from spmdsim._reports import cell_names
+from spmdsim.runtime import _output, _runtime
+from spmdsim.runtime._rendezvous import RUNNING, WAITING
+from spmdsim.runtime._reports import cell_names
 from spmdsim.errors import CollectiveError
 
 __all__ = ["Stop", "Breakpoint", "Session", "step", "DebuggerQuit", "main"]
@@ -721,7 +721,7 @@ class Session:
 def _keep_jupyter_output() -> None:
     """While a session holds a call across notebook cells, the call's ordered-output stream stays installed as
     ``sys.stdout``; ipykernel points output at the running cell through ``sys.stdout.set_parent``, so the
-    stream must pass that on (else later cells' output is lost). To be moved into spmdsim._output."""
+    stream must pass that on (else later cells' output is lost). To be moved into spmdsim.runtime._output."""
     stream = sys.stdout
     if isinstance(stream, _output.DeviceStream) and hasattr(stream.stream, "set_parent") \
             and "set_parent" not in vars(stream):
@@ -1008,7 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
         UsageError: bad options or breakpoints, no program, or a program that does not exist.
     """
     import spmdsim
-    from spmdsim._script import check_program, run_program, split_argv
+    from spmdsim.tools._script import check_program, run_program, split_argv
     from spmdsim.cli import UsageError
 
     ours, program = split_argv(list(sys.argv[1:] if argv is None else argv), ("--devices", "-b", "--break"))
@@ -1033,7 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.enter_context(spmdsim.set_device_count(n_devices))
             stack.enter_context(spmdsim.reuse_threads())
             if _jax_installed():
-                from spmdsim.jax._patch import patched_jax
+                from spmdsim.jax.integration._patch import patched_jax
                 stack.enter_context(patched_jax(n_devices))
             code = run_program(program, shown=prompt.errors_shown)
     except DebuggerQuit as e:

@@ -3,7 +3,7 @@
 Each function is the public half of JAX's ``jax/_src/lax/parallel.py``: it normalises its arguments the way
 JAX's wrapper does (axis names to a tuple, ``perm`` to pairs, bool to int32 for sums, ``all_to_all``'s unit
 axis, negative axes), folds Python-scalar constants without communicating, and binds the primitive of
-:mod:`spmdsim._primitives` for the leaves of its pytree operand (``None`` stays ``None``); the leaves travel
+:mod:`spmdsim.primitives._primitives` for the leaves of its pytree operand (``None`` stays ``None``); the leaves travel
 in one rendezvous. The primitive's checks, rule and rendezvous are shared with the JAX front end.
 
 Values are NumPy arrays. NumPy's dtypes are kept (float64 stays float64; JAX would have canonicalised it to
@@ -17,9 +17,11 @@ import operator
 
 import numpy as np
 
-from spmdsim import _primitives, _runtime, _tree
-from spmdsim._primitives import AxisError, bind, canonical_axis, split_axis_names
-from spmdsim._values import as_array, is_python_scalar
+from spmdsim.primitives import _primitives
+
+from spmdsim.runtime import _runtime, _tree
+from spmdsim.primitives._primitives import AxisError, bind, canonical_axis, split_axis_names
+from spmdsim.runtime._values import as_array, is_python_scalar
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pshuffle",
            "pswapaxes", "axis_index", "axis_size", "pbroadcast", "ragged_all_to_all", "psend", "precv", "pcast"]

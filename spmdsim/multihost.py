@@ -13,8 +13,10 @@ import zlib
 
 import numpy as np
 
-from spmdsim import _hosts, _tree, lax
-from spmdsim._shard_map import P, make_mesh, shard_map
+from spmdsim.runtime import _hosts, _tree
+
+from spmdsim import lax
+from spmdsim.frontend._shard_map import P, make_mesh, shard_map
 
 __all__ = ["process_allgather", "broadcast_one_to_all", "sync_global_devices", "assert_equal"]
 

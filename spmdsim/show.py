@@ -27,10 +27,12 @@ import textwrap
 import numpy as np
 
 import spmdsim
-from spmdsim import _runtime, _svg, lax
-from spmdsim._axes import Frame, Unnamed, frames_label, resolve_axes
-from spmdsim._svg import Picture
-from spmdsim._tables import print_table, text_table
+from spmdsim.runtime import _runtime
+from spmdsim.tools import _svg
+from spmdsim import lax
+from spmdsim.runtime._axes import Frame, Unnamed, frames_label, resolve_axes
+from spmdsim.tools._svg import Picture
+from spmdsim.tools._tables import print_table, text_table
 from spmdsim.errors import UnboundAxisError
 
 __all__ = ["sharding", "blocks", "collective", "Picture"]
@@ -134,7 +136,7 @@ def sharding(x, in_axes: int | None = 0, *, axis_size: int | None = None, mesh=N
                              f"{-x.ndim}..{x.ndim - 1}, or None)")
         ax = in_axes % x.ndim
         n = x.shape[ax]
-        from spmdsim._pmap import check_device_count
+        from spmdsim.frontend._pmap import check_device_count
         check_device_count(n, None)  # more blocks than devices: the error spmdsim.pmap raises for x
         rows = []
         for d in range(n):

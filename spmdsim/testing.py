@@ -189,7 +189,7 @@ def compare(fun: Callable, *args, against: str = "xla", ulps: int = 0, rtol: flo
             progress: bool = False, **map_kwargs):
     """Where do ``fun``'s values leave XLA:CPU's? Run it with every equation spmdsim evaluates compared, on the
     same operands, with what XLA:CPU computes (``spmdsim compare`` for a function; see
-    :mod:`spmdsim.jax._compare` for what each side computes).
+    :mod:`spmdsim.jax.tools._compare` for what each side computes).
 
     With ``map_kwargs`` (``axis_name``, ``in_axes``, ``executor``, ...), ``fun`` is a per-device function run as
     ``spmdsim.jax.pmap(fun, **map_kwargs)(*args)``; without, ``fun(*args)`` runs as under ``spmdsim run``: its
@@ -221,7 +221,7 @@ def compare(fun: Callable, *args, against: str = "xla", ulps: int = 0, rtol: flo
         assert not report, report.text()
     """
     import spmdsim
-    from spmdsim.jax import _compare
+    from spmdsim.jax.tools import _compare
 
     if map_kwargs:
         import spmdsim.jax as sjax
@@ -231,7 +231,7 @@ def compare(fun: Callable, *args, against: str = "xla", ulps: int = 0, rtol: flo
             report, result = _compare.compare_call(lambda: mapped(*args), against=against, ulps=ulps, rtol=rtol,
                                                    progress=progress)
     else:
-        from spmdsim.jax._patch import patched_jax
+        from spmdsim.jax.integration._patch import patched_jax
         with patched_jax(spmdsim.device_count()):
             report, result = _compare.compare_call(lambda: fun(*args), against=against, ulps=ulps, rtol=rtol,
                                                    progress=progress)

@@ -7,7 +7,7 @@
   (an endless Python loop), ``blocked`` (waits on an event, in C: forever, or with AFTER until the program
   sets it).
 - SCOPE: ``default`` (reused threads), ``reuse`` (inside ``spmdsim.reuse_threads()``) or ``fresh``
-  (``spmdsim._threads.REUSE = False``: a new thread per device per call).
+  (``spmdsim.runtime._threads.REUSE = False``: a new thread per device per call).
 - NESTED: ``1`` runs the call inside an outer pmap of size 1 (device 3's label is ``device 3 [o=0, i=3]``).
 - AFTER: ``after`` catches the KeyboardInterrupt and checks what happens next (see ``after_interrupt``).
 
@@ -32,7 +32,7 @@ import spmdsim
 FRONT, STALL, SCOPE, NESTED = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
 AFTER = len(sys.argv) > 5 and sys.argv[5] == "after"
 if SCOPE == "fresh":
-    spmdsim._threads.REUSE = False
+    spmdsim.runtime._threads.REUSE = False
 
 
 stalled = []  # device 3's thread, once it stalled
@@ -45,7 +45,7 @@ def stall(i) -> None:
     if int(i) != 3 or stalled:
         return
     stalled.append(threading.current_thread())
-    world = spmdsim._runtime.current_lane().world
+    world = spmdsim.runtime._runtime.current_lane().world
     while sum(lane.state == "waiting" for lane in world.lanes) < 7:
         time.sleep(0.001)
     os.write(1, b"stalling\n")

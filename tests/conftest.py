@@ -4,7 +4,7 @@ import threading
 import pytest
 
 import spmdsim
-from spmdsim import _threads
+from spmdsim.runtime import _threads
 
 
 # A run started in the background (`pytest &` in a script, nohup) inherits SIGINT ignored, and the processes

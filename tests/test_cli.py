@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import spmdsim
-from spmdsim._script import Program, split_argv
+from spmdsim.tools._script import Program, split_argv
 from spmdsim.cli import UsageError
 from terminal import ROOT, drive, jax_installed, spmdsim_command
 

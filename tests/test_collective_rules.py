@@ -6,8 +6,8 @@ from hypothesis.extra import numpy as hnp
 
 import ml_dtypes
 
-from spmdsim import _primitives
-from spmdsim._primitives import PRIMITIVES, apply_grouped
+from spmdsim.primitives import _primitives
+from spmdsim.primitives._primitives import PRIMITIVES, apply_grouped
 
 
 def rule(name):
@@ -252,7 +252,7 @@ def test_vectorized_results_given_to_every_rank_are_read_only_views_of_one_value
 def test_broadcast_view_is_np_broadcast_to(data):
     """broadcast_view gives np.broadcast_to's array (values, shape, dtype, read-only, no copy), made directly or
     by np.broadcast_to itself (other dtypes, strided or empty operands), and its error where shapes do not fit."""
-    from spmdsim._values import broadcast_view
+    from spmdsim.runtime._values import broadcast_view
     dtype = data.draw(st.sampled_from([np.float32, np.int8, np.bool_, np.complex64, ml_dtypes.bfloat16]))
     shape = data.draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=3))
     x = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape).astype(dtype)

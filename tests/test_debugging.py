@@ -185,7 +185,7 @@ def test_reduction_orders_match_a_numpy_statement_of_each(order, n):
 def test_the_vectorized_executors_stacked_fold_is_each_orders_fold(order, n, block):
     """fold_stacked (the vectorized psum: every group's n blocks stacked on axis 1; in the sequential order
     one accumulate for small blocks) gives, per group, the fold of that order."""
-    from spmdsim._reduction import ACCUMULATE_MAX_ELEMENTS, fold_stacked
+    from spmdsim.primitives._reduction import ACCUMULATE_MAX_ELEMENTS, fold_stacked
     assert 3 * 10 <= ACCUMULATE_MAX_ELEMENTS < 3 * 40
     rng = np.random.default_rng(n)
     x = (rng.standard_normal((3, n, *block)) * 10.0 ** rng.integers(-5, 6, (3, n, *block))).astype(np.float32)
@@ -198,7 +198,7 @@ def test_the_vectorized_executors_stacked_fold_is_each_orders_fold(order, n, blo
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.bool_, np.float16, np.complex64])
 def test_the_stacked_fold_keeps_the_dtype_wraps_and_propagates_nan(dtype):
-    from spmdsim._reduction import fold_stacked
+    from spmdsim.primitives._reduction import fold_stacked
     x = (np.arange(3 * 6 * 4).reshape(3, 6, 4) * 53).astype(dtype)   # int8/uint16 sums wrap
     if np.dtype(dtype).kind in "fc":
         x[1, 2, 3] = np.nan
@@ -217,7 +217,7 @@ def test_large_blocks_fold_chunk_by_chunk_as_the_whole_arrays_fold(dtype):
     """Blocks of a million elements and more are folded a cache-sized chunk at a time, the chunks spread over
     the CPUs: every element gets the same additions in the same order (overflow wraps, NaN and inf stay), bit
     for bit the fold of the whole arrays; a strided block takes the plain path."""
-    from spmdsim import _reduction
+    from spmdsim.primitives import _reduction
     rng = np.random.default_rng(5)
     blocks = [(rng.standard_normal((3, 400_001)) * 3e4).astype(dtype) for _ in range(5)]
     if np.dtype(dtype).kind in "fc":
@@ -236,7 +236,7 @@ def test_large_blocks_fold_chunk_by_chunk_as_the_whole_arrays_fold(dtype):
 
 def test_stacked_fold_of_bfloat16_accumulates_in_float32_unless_told():
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    from spmdsim._reduction import fold_stacked
+    from spmdsim.primitives._reduction import fold_stacked
     x = np.full((1, 8, 1), 1 / 3, dtype=ml_dtypes.bfloat16)
     x[0, 0] = 256
     exact = np.float32(256) + 7 * np.float32(x[0, 1, 0])

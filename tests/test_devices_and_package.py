@@ -51,8 +51,8 @@ def test_core_imports_and_runs_without_jax():
 def test_doctests_in_public_docstrings():
     import doctest
 
-    import spmdsim._devices
+    import spmdsim.runtime._devices
     import spmdsim.lax
-    for module in (spmdsim.lax, spmdsim._devices):
+    for module in (spmdsim.lax, spmdsim.runtime._devices):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0 and result.attempted > 0

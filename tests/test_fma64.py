@@ -1,4 +1,4 @@
-"""spmdsim.jax._xla_cpu_math.fma64, the exactly rounded float64 fused multiply-add (issue 38.4), against a correctly
+"""spmdsim.jax.numerics._xla_cpu_math.fma64, the exactly rounded float64 fused multiply-add (issue 38.4), against a correctly
 rounded reference: Python 3.13's math.fma where the interpreter has it, else exact rational arithmetic (fractions,
 rounded by CPython's correctly rounded integer division). Random bit patterns, ordinary magnitudes, ties,
 cancellations, subnormal and overflowing products and sums, infinities, NaNs and signed zeros; deterministic."""
@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from spmdsim.jax._xla_cpu_math import fma64
+from spmdsim.jax.numerics._xla_cpu_math import fma64
 
 SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -5e-324, 2.0 ** -1022, -(2.0 ** -1022),
                      2.0 ** -1022 - 2.0 ** -1074, 1.7976931348623157e308, -1.7976931348623157e308, 1.0, -1.0,
@@ -110,7 +110,7 @@ def test_fma64_speed_against_the_float32_path():
     """Elements per second, printed (``-s``): the float64 emulation is a few times slower than float32's
     multiply-add through float64 (about 40 NumPy operations per element against 3) but still tens of millions per
     second; the bound only catches a fall into the per-element path."""
-    from spmdsim.jax._xla_cpu_math import rounded_once
+    from spmdsim.jax.numerics._xla_cpu_math import rounded_once
     rng = np.random.default_rng(3806)
     a, b, c = rng.standard_normal((3, 1 << 20))
     a32, b32, c32 = (x.astype(np.float32) for x in (a, b, c))

@@ -15,7 +15,7 @@ import spmdsim
 import _host_programs as programs
 
 pytest.importorskip("mpi4py")
-from spmdsim._launch import mpiexec_path  # noqa: E402
+from spmdsim.tools._launch import mpiexec_path  # noqa: E402
 
 MPIEXEC = mpiexec_path()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

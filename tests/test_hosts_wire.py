@@ -24,8 +24,8 @@ import numpy as np  # noqa: E402
 
 import spmdsim  # noqa: E402
 from spmdsim import errors, lax  # noqa: E402
-from spmdsim._axes import Unnamed  # noqa: E402
-from spmdsim._reports import Signature  # noqa: E402
+from spmdsim.runtime._axes import Unnamed  # noqa: E402
+from spmdsim.runtime._reports import Signature  # noqa: E402
 from spmdsim.hosts import wire  # noqa: E402
 from spmdsim.hosts.messages import CallDesc  # noqa: E402
 

@@ -26,7 +26,7 @@ for line in s.stop.state:
 JAX_SHELL = r'''
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
-shell.run_cell(store_history=True, raw_cell="import jax, jax.numpy as jnp\nfrom spmdsim.jax._interpreter import site_of")
+shell.run_cell(store_history=True, raw_cell="import jax, jax.numpy as jnp\nfrom spmdsim.jax.evaluation._interpreter import site_of")
 shell.run_cell(store_history=True, raw_cell="""def loss_fn(x):
     return jnp.sin(x) * 2""")
 shell.run_cell(store_history=True, raw_cell="""print('SITE', site_of(jax.make_jaxpr(loss_fn)(1.0).jaxpr.eqns[0]))""")

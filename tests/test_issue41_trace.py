@@ -6,7 +6,7 @@ import numpy as np
 
 import spmdsim
 from spmdsim import lax
-from spmdsim._trace import Trace
+from spmdsim.tools._trace import Trace
 
 
 def _panels(svg: str) -> list[str]:

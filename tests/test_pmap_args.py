@@ -269,7 +269,7 @@ def test_too_many_devices_suggests_how_to_get_more():
     import pytest
 
     import spmdsim
-    from spmdsim import _devices
+    from spmdsim.runtime import _devices
 
     with pytest.raises(ValueError, match=r"spmdsim.set_device_count\(16\) or SPMDSIM_NUM_DEVICES=16"):
         spmdsim.pmap(lambda x: x)(np.zeros(16))

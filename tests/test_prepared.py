@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import _primitives
+from spmdsim.primitives import _primitives
 from spmdsim.errors import CollectiveMismatchError, UnboundAxisError
 
 PSUM_I = _primitives.prepare("psum", {"axes": ("i",), "axis_index_groups": None})

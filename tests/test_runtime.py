@@ -162,7 +162,7 @@ def test_user_except_exception_does_not_swallow_the_abort():
 def test_many_calls_leave_no_threads_or_memory_behind(monkeypatch):
     """With an idle time no test outlasts, so that the parked device threads cannot end by themselves during a
     long pause (gc.collect, a tracemalloc snapshot on a loaded machine) and make the count differ."""
-    from spmdsim import _threads
+    from spmdsim.runtime import _threads
     monkeypatch.setattr(_threads, "IDLE_SECONDS", 3600.0)
     f = spmdsim.pmap(lambda x: lax.psum(x, "i"), axis_name="i")
     x = np.ones(2)
@@ -260,7 +260,7 @@ def test_deadlock_is_reported_whichever_order_the_devices_get_there():
     The order is forced by waiting on the runtime's own state (no sleeps), so the test is deterministic."""
     import time
 
-    from spmdsim import _runtime
+    from spmdsim.runtime import _runtime
 
     def until(condition):
         deadline = time.monotonic() + 60  # only there to fail instead of hanging

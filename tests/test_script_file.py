@@ -1,7 +1,7 @@
 """``spmdsim run``/``spmdsim debug`` run a script as ``python SCRIPT.py`` does (issue 25, point 7c): ``__file__``
 and the code's file names absolute (Python 3.9 and later; JAX's error messages print them), ``sys.argv[0]`` as
 typed, the script's folder (symlinks resolved) first on ``sys.path``, a fresh ``__main__``. Compared with the same
-script under ``python`` itself; needs no jax (the runner, :func:`spmdsim._script.run_program`, imports none)."""
+script under ``python`` itself; needs no jax (the runner, :func:`spmdsim.tools._script.run_program`, imports none)."""
 import json
 import os
 import subprocess
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spmdsim._script import Program, run_program
+from spmdsim.tools._script import Program, run_program
 
 SCRIPT = """import json, os, sys
 def where():

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import spmdsim
-from spmdsim import P, _sharding, lax
+from spmdsim import P, lax
+from spmdsim.primitives import _sharding
 
 X = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
 

@@ -1,4 +1,4 @@
-"""What reused device threads guarantee (spmdsim/_threads.py): when a call returns or raises, no device thread
+"""What reused device threads guarantee (spmdsim/runtime/_threads.py): when a call returns or raises, no device thread
 runs user code or holds a reference to the call's data; parked threads end after the idle time, at
 interpreter exit and in a forked child; thread count and memory do not grow over many calls. (After Ctrl-C:
 tests/test_interrupt.py.)"""
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import _threads, lax
+from spmdsim.runtime import _threads
+from spmdsim import lax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(spmdsim.__file__)))
 
@@ -97,7 +98,7 @@ def test_parked_threads_end_at_interpreter_exit():
         "import numpy as np, spmdsim\n"
         "f = spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), axis_name='i')\n"
         "for _ in range(3): f(np.ones(8))\n"
-        "print('parked:', spmdsim._threads.idle_thread_count())\n")
+        "print('parked:', spmdsim.runtime._threads.idle_thread_count())\n")
     assert_prints(program, ["parked: 8", "left at exit: []"], SPMDSIM_IDLE_THREAD_SECONDS="60")
 
 
@@ -108,15 +109,15 @@ def test_a_forked_child_starts_with_no_parked_thread_and_its_calls_work():
         "import os, numpy as np, spmdsim\n"
         "f = spmdsim.pmap(lambda v: spmdsim.lax.psum(v, 'i'), axis_name='i')\n"
         "f(np.ones(8))\n"
-        "parked = spmdsim._threads.idle_thread_count()\n"
+        "parked = spmdsim.runtime._threads.idle_thread_count()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "    before = spmdsim._threads.idle_thread_count()\n"
+        "    before = spmdsim.runtime._threads.idle_thread_count()\n"
         "    ok = f(np.ones(8)).tolist() == [8.0] * 8\n"
-        "    print('child', before, ok, spmdsim._threads.idle_thread_count(), flush=True)\n"
+        "    print('child', before, ok, spmdsim.runtime._threads.idle_thread_count(), flush=True)\n"
         "    os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
-        "print('parent', parked, spmdsim._threads.idle_thread_count())\n")
+        "print('parent', parked, spmdsim.runtime._threads.idle_thread_count())\n")
     assert_prints(program, ["child 0 True 8", "parent 8 8"])
 
 
@@ -126,7 +127,7 @@ def test_a_forked_child_is_not_blocked_by_locks_its_parents_threads_held():
     lock) while another forks: the child has no such thread, and must still compute."""
     program = (
         "import os, threading, numpy as np\n"
-        "from spmdsim import _buffers, _threads\n"
+        "from spmdsim.runtime import _buffers, _threads\n"
         "held, done = threading.Event(), threading.Event()\n"
         "def holder():\n"
         "    with _threads._pool.one_at_a_time, _buffers._pool_lock:\n"

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import _threads, lax
+from spmdsim.runtime import _threads
+from spmdsim import lax
 
 
 def device_threads(n: int) -> list[threading.Thread]:

@@ -13,7 +13,7 @@ import pytest
 
 import spmdsim
 from spmdsim import lax
-from spmdsim._trace import CallEvent, _mapped_calls
+from spmdsim.tools._trace import CallEvent, _mapped_calls
 from terminal import jax_installed, spmdsim_command
 from test_pictures import SVG, legend, text_extent
 

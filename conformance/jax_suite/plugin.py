@@ -3,7 +3,7 @@
 The harness copies this file into its work folder and configures it through the environment:
 
 - ``SPMDSIM_JAX_SUITE_MODE``: ``jax`` (JAX as installed) or an spmdsim executor (``threads``,
-  ``vectorized``): then :func:`spmdsim.jax._patch.patched_jax` is entered in ``pytest_configure``, *before*
+  ``vectorized``): then :func:`spmdsim.jax.integration._patch.patched_jax` is entered in ``pytest_configure``, *before*
   the test modules are imported, so ``from jax import pmap, jit`` at a test module's top gets spmdsim's (as in
   ``spmdsim run``), and stays entered for the whole session.
 - ``SPMDSIM_JAX_SUITE_KIND``: ``maps`` (the default: pmap_test/shard_map_test, spmdsim's maps as above, 8 CPU
@@ -75,7 +75,7 @@ def pytest_configure(config):
         _patch = route_execution(MODE)
         _patch.__enter__()
     elif MODE != "jax":
-        from spmdsim.jax._patch import patched_jax
+        from spmdsim.jax.integration._patch import patched_jax
 
         _patch = patched_jax(N_DEVICES, MODE)
         _patch.__enter__()
@@ -101,8 +101,8 @@ class route_execution:
         self.local = threading.local()
 
     def evaluate(self, closed, args: list) -> list:
-        from spmdsim import _primitives
-        from spmdsim.jax import _dtypes, _interpreter
+        from spmdsim.primitives import _primitives
+        from spmdsim.jax.evaluation import _dtypes, _interpreter
 
         consts = [self.physical(c) if _dtypes.is_extended(v.aval.dtype) and not _dtypes.is_key(v.aval.dtype) else c
                   for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=True)]  # a closed-over FooArray
@@ -117,8 +117,9 @@ class route_execution:
         import numpy as np
         from jax._src import dispatch
         from jax._src.lax import lax as lax_internal
-        from spmdsim.jax import _dtypes, _map
-        from spmdsim.jax._map import to_jax, to_numpy
+        from spmdsim.jax.evaluation import _dtypes
+        from spmdsim.jax.integration import _map
+        from spmdsim.jax.integration._map import to_jax, to_numpy
 
         if getattr(self.local, "inside", False):
             return self.original(*args, jaxpr=jaxpr, out_shardings=out_shardings, **params)
@@ -182,7 +183,7 @@ class route_execution:
     @staticmethod
     def put_as_is(arr, aval, sharding):
         """``arr`` as a JAX array of its own dtype, which JAX would canonicalise (x64 off)."""
-        from spmdsim.jax import _map
+        from spmdsim.jax.integration import _map
 
         return _map._fast_put_like()(arr, aval.weak_type, sharding)
 

@@ -9,7 +9,7 @@
    JAX's test defaults are left as they are: ``jtu.JaxTestCase.setUp`` turns on ``jax_enable_checks`` (and
    strict dtype/rank promotion, ``jax_legacy_prng_key='error'``) for every test;
 2. runs each file with pytest in a subprocess, once on JAX and once per spmdsim executor with
-   :func:`spmdsim.jax._patch.patched_jax` entered for the whole session by ``plugin.py`` (before the test
+   :func:`spmdsim.jax.integration._patch.patched_jax` entered for the whole session by ``plugin.py`` (before the test
    modules are imported, so ``from jax import pmap`` in ``pmap_test.py`` gets spmdsim's pmap, as under
    ``spmdsim run``; ``shard_map_test.py``'s ``from jax._src.shard_map import shard_map`` reaches spmdsim
    because the patch replaces ``jax._src.shard_map._shard_map``, which that function calls);
@@ -397,17 +397,17 @@ def summary_lines(file: str, executor: str, c: dict) -> list[str]:
 OP_CAUSES = [
     (r"CustomElementTypesTest|Cannot interpret 'foo'",
      "extended dtypes other than PRNG keys (lax_test's custom element type `foo`, a physical representation by "
-     "`dtype._rules`): spmdsim's JAX front end knows the physical form of keys only (spmdsim/jax/_dtypes.py)"),
+     "`dtype._rules`): spmdsim's JAX front end knows the physical form of keys only (spmdsim/jax/evaluation/_dtypes.py)"),
     (r"primitive 'composite'",
      "no rule for `composite` (`lax.composite`): its value is its decomposition `jaxpr` "
-     "(`ex.eval_closed(jaxpr, args)` in spmdsim/jax/_control_flow.py, as for `closed_call`)"),
+     "(`ex.eval_closed(jaxpr, args)` in spmdsim/jax/rules/_control_flow.py, as for `closed_call`)"),
     (r"primitive 'call_exported'",
      "no rule for `call_exported` (`jax.export`'s serialized StableHLO: spmdsim evaluates jaxprs, not StableHLO)"),
     (r"QrInvalidDtype|Unsupported dtype float16",
      "a LAPACK-backed primitive of float16: XLA:CPU's lowering rejects it (NotImplementedError 'Unsupported dtype "
-     "float16'), spmdsim computes it in float32 (spmdsim/jax/_linalg.py's _compute_dtype)"),
+     "float16'), spmdsim computes it in float32 (spmdsim/jax/rules/_linalg.py's _compute_dtype)"),
     (r"perturb_singular",
-     "`tridiagonal_solve(perturb_singular=True)`: jaxlib's own kernel (ported in spmdsim/jax/_linalg.py)"),
+     "`tridiagonal_solve(perturb_singular=True)`: jaxlib's own kernel (ported in spmdsim/jax/rules/_linalg.py)"),
     (r"DebugInfs|DebugNans|FloatingPointError not raised",
      "`jax_debug_infs`/`jax_debug_nans`: XLA's executable checks its results (plugin.route_execution does too)"),
     (r"RandomOutShardingTest|should match the aval mesh|Mesh for all inputs should be equal",
@@ -474,7 +474,7 @@ def write_report(path: str, meta: dict, per_file: dict, changes: list[str]) -> N
            "; JAX's test defaults (`jax_enable_checks`, strict promotion, `filterwarnings = error`)",
            *([f"- `JAX_NUM_GENERATED_CASES={meta['generated_cases']}` (JAX's default: 10)"]
              if meta.get("generated_cases") else []),
-           *([f"- XLA:CPU model (spmdsim/jax/_xla_cpu_isa.py): {meta['isa']}"] if meta.get("isa") else []),
+           *([f"- XLA:CPU model (spmdsim/jax/numerics/_xla_cpu_isa.py): {meta['isa']}"] if meta.get("isa") else []),
            f"- report written {meta['date']}; machine: {meta['cores']} cores ({meta['machine']}), shared with other "
            f"work (the load average at each run's start is below); per-test limit {meta['test_timeout']:.0f} s", "",
            "| file | run | date | spmdsim at | load at start | wall time (s) | processes | complete |",
@@ -581,8 +581,8 @@ def _git_commit() -> str:
 
 def _isa() -> str:
     """The XLA:CPU model spmdsim's JAX front end follows in the runs (this CPU under XLA_FLAGS' cap, or
-    SPMDSIM_XLA_CPU_ISA): what spmdsim/jax/_xla_cpu_isa.py reads in a fresh process with this environment."""
-    proc = subprocess.run([sys.executable, "-c", "from spmdsim.jax import _xla_cpu_isa as m; print(m.current())"],
+    SPMDSIM_XLA_CPU_ISA): what spmdsim/jax/numerics/_xla_cpu_isa.py reads in a fresh process with this environment."""
+    proc = subprocess.run([sys.executable, "-c", "from spmdsim.jax.numerics import _xla_cpu_isa as m; print(m.current())"],
                           capture_output=True, text=True, cwd=REPO)
     return proc.stdout.strip() or "?"
 

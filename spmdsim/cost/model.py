@@ -190,7 +190,7 @@ def _site(eqn) -> str:
     """The user's line that made ``eqn`` (``spmdsim.jax``'s site), shortened: relative to the working
     directory, or from ``site-packages/`` on."""
     try:
-        from spmdsim.jax._interpreter import site_of
+        from spmdsim.jax.evaluation._interpreter import site_of
         site = site_of(eqn)
     except Exception:  # noqa: BLE001 - jax missing or no source info
         return ""
@@ -206,7 +206,7 @@ def _short(site: str) -> str:
 
 def _user_name(eqn) -> str:
     try:
-        from spmdsim.jax._names import user_name
+        from spmdsim.jax.evaluation._names import user_name
         return user_name(eqn)
     except Exception:  # noqa: BLE001
         return eqn.primitive.name

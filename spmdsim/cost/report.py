@@ -2,7 +2,7 @@
 "predicted on <hardware>" track in the Perfetto trace.
 
 - :class:`Predictor` (``with spmdsim.cost.predicting("tpu-v5e:2x4") as p:``) watches every top-level map
-  call the block makes (through ``spmdsim.jax._map.map_observer``, the hook ``spmdsim compare`` uses; nothing
+  call the block makes (through ``spmdsim.jax.integration._map.map_observer``, the hook ``spmdsim compare`` uses; nothing
   is installed without it), analyses each map's body jaxpr once (:func:`spmdsim.cost.model.analyze`) and
   counts its calls. ``p.report()`` prints the tables; ``p.predictions`` has the numbers.
 - :func:`predict` predicts without running: it traces ``fn(*args)`` with ``jax.make_jaxpr`` (arguments may be
@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from spmdsim._tables import print_table
+from spmdsim.tools._tables import print_table
 from spmdsim.cost.hardware import Topology, topology
 from spmdsim.cost.model import MapPrediction, analyze
 
@@ -167,7 +167,7 @@ class Predictor:
         self._previous = None
 
     def observe(self, args, params, outs) -> None:
-        """``spmdsim.jax._map.map_observer``'s signature: one top-level map call ended."""
+        """``spmdsim.jax.integration._map.map_observer``'s signature: one top-level map call ended."""
         end = time.perf_counter()
         key = (id(params["jaxpr"]), params["axes"])
         rec = self._maps.get(key)
@@ -185,7 +185,7 @@ class Predictor:
         rec.ends.append(end)
 
     def __enter__(self) -> "Predictor":
-        from spmdsim.jax import _map
+        from spmdsim.jax.integration import _map
         previous = self._previous = _map.map_observer
 
         def observer(args, params, outs):
@@ -197,7 +197,7 @@ class Predictor:
         return self
 
     def __exit__(self, *exc) -> None:
-        from spmdsim.jax import _map
+        from spmdsim.jax.integration import _map
         if _map.map_observer is self._observer:
             _map.map_observer = self._previous
 
@@ -221,7 +221,7 @@ class Predictor:
         ``tr.to_perfetto``): a track per map, each call's predicted step starting where the measured call
         started, its equations and collectives laid end to end (no overlap) for the first ``detailed_calls``
         calls of each map. Returns the number of events added."""
-        from spmdsim._trace import _mapped_calls
+        from spmdsim.tools._trace import _mapped_calls
         with open(path) as f:
             doc = json.load(f)
         events = doc["traceEvents"]

@@ -18,8 +18,8 @@ by ``mpiexec`` (``spmdsim run --hosts H``; see :mod:`spmdsim.hosts.transport`). 
 (:mod:`spmdsim.hosts.host`): the results are bit for bit those of one process with the same devices.
 
 **The seam.** This package is a backend of the core's one abstraction, the process group
-(:mod:`spmdsim._process_group`), kept as torch.distributed keeps its ``ProcessGroup`` backends (gloo, MPI) behind
-one interface: :class:`~spmdsim.hosts.host.Host` subclasses :class:`~spmdsim._process_group.ProcessGroup`, and a
+(:mod:`spmdsim.runtime._process_group`), kept as torch.distributed keeps its ``ProcessGroup`` backends (gloo, MPI) behind
+one interface: :class:`~spmdsim.hosts.host.Host` subclasses :class:`~spmdsim.runtime._process_group.ProcessGroup`, and a
 multi-host run installs it when it starts (:func:`run_hosts` enters it in each host's thread;
 :func:`~spmdsim.hosts.mpi.mpi_host` installs it for the MPI process), as ``init_process_group`` does. The core
 (runtime, primitives, axes, devices) never imports this package; this package sits one floor above it.
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from spmdsim import _devices, _process_group
+from spmdsim.runtime import _devices, _process_group
 from spmdsim.hosts import mpi
 from spmdsim.hosts.mpi import mpi_host
 from spmdsim.hosts.spoofed import run_spoofed

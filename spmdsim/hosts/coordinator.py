@@ -1,5 +1,5 @@
 """The coordinator's side of one global call on the thread executor (step 2 of :mod:`spmdsim.hosts.host`): the
-call's one :class:`~spmdsim._rendezvous.World` on host 0, and a *stand-in* lane there for every device of another
+call's one :class:`~spmdsim.runtime._rendezvous.World` on host 0, and a *stand-in* lane there for every device of another
 host, serving that device's messages (its collectives, nested calls and end) from a mailbox.
 """
 from __future__ import annotations
@@ -8,8 +8,10 @@ import collections
 import functools
 import threading
 
-from spmdsim import _output, _primitives, _runtime
-from spmdsim._rendezvous import DONE, RAISED, Aborted, World
+from spmdsim.runtime import _output, _runtime
+
+from spmdsim.primitives import _primitives
+from spmdsim.runtime._rendezvous import DONE, RAISED, Aborted, World
 from spmdsim.errors import HostLostError
 
 __all__ = ["CoordinatorCall"]

@@ -6,7 +6,7 @@ Host 0 is the **coordinator**. For each top-level mapped call (the k-th of every
    every host has either sent it or finished its program (or died): a host that finished is a
    CollectiveDeadlockError, calls over different meshes a CollectiveMismatchError, both naming the hosts; all
    hosts get the answer. No timeout: a host that has neither called nor finished is still computing.
-2. **One World.** The coordinator runs the call's :class:`~spmdsim._rendezvous.World` with a lane for every
+2. **One World.** The coordinator runs the call's :class:`~spmdsim.runtime._rendezvous.World` with a lane for every
    global device: its own devices run the function; every other device has a *stand-in* lane there (a thread
    serving that device's messages, :mod:`spmdsim.hosts.coordinator`). A device of another host runs the
    function on its host, in a :class:`~spmdsim.hosts.remote_world.RemoteWorld`, and each of its collectives is a
@@ -36,10 +36,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from spmdsim import _primitives, _runtime
-from spmdsim._process_group import ProcessGroup
-from spmdsim._rendezvous import World, ordinal
-from spmdsim._reports import format_table
+from spmdsim.primitives import _primitives
+
+from spmdsim.runtime import _runtime
+from spmdsim.runtime._process_group import ProcessGroup
+from spmdsim.runtime._rendezvous import World, ordinal
+from spmdsim.runtime._reports import format_table
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError, HostLostError, RemoteError
 from spmdsim.hosts.coordinator import CoordinatorCall
 from spmdsim.hosts.messages import COORDINATOR, FIX, CallDesc, describe_call, how_it_ended, portable, steps_text
@@ -53,7 +55,7 @@ __all__ = ["Host"]
 class Host(ProcessGroup):
     """One host of a multi-host run: ``index`` of ``count`` hosts, ``local`` devices, and its end of the
     ``transport`` to the others. Its host thread (spoofed) or main thread (MPI) makes the mapped calls. The process
-    group (see :mod:`spmdsim._process_group`) that :mod:`spmdsim.hosts` installs: the runtime hands it the
+    group (see :mod:`spmdsim.runtime._process_group`) that :mod:`spmdsim.hosts` installs: the runtime hands it the
     top-level mapped calls (:meth:`run`, :meth:`run_vectorized`)."""
 
     def __init__(self, index: int, count: int, local: int, transport):
@@ -390,7 +392,7 @@ class Host(ProcessGroup):
 
     def run_vectorized(self, fn: Callable, axes: tuple):
         """A top-level mapped call over the global mesh ``axes`` on the vectorized executor: ``fn(batch)`` computes
-        this host's devices (a :class:`~spmdsim._primitives.Batch` of the global mesh holding them), its
+        this host's devices (a :class:`~spmdsim.primitives._primitives.Batch` of the global mesh holding them), its
         collectives across hosts going through a :class:`VectorCall`. Returns ``fn``'s result; raises the error of
         the first host (in host order) that failed."""
         self._check_spans(axes)

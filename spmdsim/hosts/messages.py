@@ -6,8 +6,8 @@ from __future__ import annotations
 import traceback
 from typing import NamedTuple
 
-from spmdsim import _runtime
-from spmdsim._axes import Unnamed
+from spmdsim.runtime import _runtime
+from spmdsim.runtime._axes import Unnamed
 from spmdsim.errors import RemoteError
 from spmdsim.hosts import wire
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from spmdsim import _process_group
+from spmdsim.runtime import _process_group
 from spmdsim.errors import HostLostError
 from spmdsim.hosts.host import Host
 from spmdsim.hosts.transport import MPITransport

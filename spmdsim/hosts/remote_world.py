@@ -1,5 +1,5 @@
 """The devices of one global call that run on a host other than the coordinator (see
-:mod:`spmdsim.hosts.host`): a world with the methods the runtime calls on a :class:`~spmdsim._rendezvous.World`,
+:mod:`spmdsim.hosts.host`): a world with the methods the runtime calls on a :class:`~spmdsim.runtime._rendezvous.World`,
 whose every collective is a message to the device's stand-in on the coordinator (:mod:`spmdsim.hosts.coordinator`).
 """
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import functools
 import threading
 
-from spmdsim import _output, _runtime
-from spmdsim._rendezvous import JOINING, RUNNING, WAITING, Aborted
-from spmdsim._reports import TABLE_HEADER, format_table
+from spmdsim.runtime import _output, _runtime
+from spmdsim.runtime._rendezvous import JOINING, RUNNING, WAITING, Aborted
+from spmdsim.runtime._reports import TABLE_HEADER, format_table
 from spmdsim.errors import HostLostError
 from spmdsim.hosts.messages import COORDINATOR, shipped
 
@@ -27,7 +27,7 @@ class _Waiting:
 
 class RemoteWorld:
     """The devices of one global call that run on a host other than the coordinator, as the runtime sees a
-    world (see :class:`~spmdsim._rendezvous.World`): each collective, nested call and end is a message to the
+    world (see :class:`~spmdsim.runtime._rendezvous.World`): each collective, nested call and end is a message to the
     device's stand-in on the coordinator, whose answer it waits for. ``orders_output`` is False: their text
     goes to the coordinator with their messages."""
 
@@ -36,7 +36,7 @@ class RemoteWorld:
 
     def __init__(self, host, k: int):
         self.host, self.k = host, k
-        self.group = host  # the process group its devices run in (see spmdsim._process_group)
+        self.group = host  # the process group its devices run in (see spmdsim.runtime._process_group)
         self.lock = threading.Lock()
         self.lanes: list = []
         self.keys: dict = {}       # lane -> its key: (global device,) or a nested device's path

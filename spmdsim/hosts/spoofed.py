@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from spmdsim import _process_group
+from spmdsim.runtime import _process_group
 from spmdsim.hosts.host import Host
 from spmdsim.hosts.messages import how_it_ended
 from spmdsim.hosts.transport import Fabric

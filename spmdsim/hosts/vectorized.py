@@ -1,5 +1,5 @@
 """The hosts' side of one global call on the vectorized executor (see :class:`VectorCall`): the communicator
-that a :class:`~spmdsim._primitives.Batch` of a host's devices hands its collectives to.
+that a :class:`~spmdsim.primitives._primitives.Batch` of a host's devices hands its collectives to.
 """
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import math
 
 import numpy as np
 
-from spmdsim import _hosts, _primitives, _reduction
-from spmdsim._reports import Signature, describe, mismatch_text
+from spmdsim.runtime import _hosts
+
+from spmdsim.primitives import _primitives, _reduction
+from spmdsim.runtime._reports import Signature, describe, mismatch_text
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError, HostLostError
 from spmdsim.hosts.messages import portable
 

@@ -38,7 +38,7 @@ import struct
 import sys
 import numpy as np
 
-from spmdsim._axes import Unnamed
+from spmdsim.runtime._axes import Unnamed
 from spmdsim.errors import RemoteError
 
 __all__ = ["Malformed", "encode", "decode", "check", "roundtrip", "travels", "HEADER"]
@@ -67,7 +67,7 @@ def record_type(cls):
 
 
 def _records() -> dict:
-    from spmdsim._reports import Signature
+    from spmdsim.runtime._reports import Signature
     return {"Signature": Signature, **_RECORD_TYPES}
 
 

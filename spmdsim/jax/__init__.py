@@ -4,7 +4,7 @@ computed by NumPy.
 Requires jax (``python -m pip install "spmdsim[jax]"``); the rest of spmdsim does not. ``pmap`` traces the
 per-device function to a jaxpr once, then evaluates the jaxpr with NumPy once per virtual device, each in its
 own thread, sharing the runtime and the collective primitives with :mod:`spmdsim.lax`. It composes with every
-JAX transformation (see :mod:`spmdsim.jax._map`).
+JAX transformation (see :mod:`spmdsim.jax.integration._map`).
 """
 from spmdsim.jax import _versions
 
@@ -16,10 +16,12 @@ except ImportError as e:  # pragma: no cover - exercised in the jax-free test en
     raise ImportError("spmdsim.jax needs jax: python -m pip install \"spmdsim[jax]\" (or jax jaxlib). The core, "
                       "spmdsim.pmap and spmdsim.lax, works without it.") from e
 
-from spmdsim.jax import _collective_rules, _control_flow, _map, _numpy_rules, _prng  # noqa: F401  (register rules)
-from spmdsim.jax import _callbacks, _linalg, _special, _windows  # noqa: F401  (register rules)
-from spmdsim.jax._api import pmap
-from spmdsim.jax._interpreter import eval_closed_jaxpr, eval_jaxpr, supported_primitives
-from spmdsim.jax._shard_map import jit, shard_map
+from spmdsim.jax.rules import _collective_rules, _control_flow  # noqa: F401  (register rules)
+from spmdsim.jax.integration import _map  # noqa: F401
+from spmdsim.jax.rules import _numpy_rules, _prng  # noqa: F401  (register rules)
+from spmdsim.jax.rules import _callbacks, _linalg, _special, _windows  # noqa: F401  (register rules)
+from spmdsim.jax.integration._api import pmap
+from spmdsim.jax.evaluation._interpreter import eval_closed_jaxpr, eval_jaxpr, supported_primitives
+from spmdsim.jax.integration._shard_map import jit, shard_map
 
 __all__ = ["pmap", "shard_map", "jit", "eval_jaxpr", "eval_closed_jaxpr", "supported_primitives"]

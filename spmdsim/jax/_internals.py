@@ -29,7 +29,7 @@ from jax._src.sharding import IndivisibleError
 from jax._src.tree_util import prefix_errors
 from jax._src.util import weakref_lru_cache
 
-# JAX's own jit placing a spmdsim map (``spmdsim.jax._map``'s lowering): the shardings a jitted program's
+# JAX's own jit placing a spmdsim map (``spmdsim.jax.integration._map``'s lowering): the shardings a jitted program's
 # equations name (``dispatch.get_intermediate_shardings``, which picks the program's devices and mesh) and the
 # lowering's axis context (``sharding_impls.ShardingContext``).
 from jax._src import dispatch as jax_dispatch
@@ -56,7 +56,7 @@ def _first(name: str, *owners):
 
 try:  # JAX 0.12: float32 (and float16/bfloat16 through it) lgamma is JAX's own program, lowered by lower_fun
     from jax._src.lax.lgamma import lgamma_impl as lgamma_float32_program
-except ImportError:  # up to 0.11: CHLO's Lanczos approximation, XLA's (spmdsim.jax._xla_cpu_math.lgamma)
+except ImportError:  # up to 0.11: CHLO's Lanczos approximation, XLA's (spmdsim.jax.numerics._xla_cpu_math.lgamma)
     lgamma_float32_program = None
 
 # The abstract mesh of ``jax.sharding.use_abstract_mesh`` and the concrete mesh of ``jax.set_mesh``: thread-local

@@ -1,0 +1,176 @@
+"""XLA:CPU's fused multiply-adds across equations: a jaxpr rewritten before it is evaluated.
+
+XLA:CPU fuses the elementwise operations of a program into loops and compiles them with LLVM allowed to contract
+a multiply feeding an add into one fused multiply-add (``fma``: rounded once) where the instruction set has one:
+float32 and float64 with FMA (AVX2 and above), float16 with AVX512-FP16, never bfloat16 (:mod:`._xla_cpu_isa`;
+measured with jax 0.10.2 and 0.12.0.1: float64 contracts in exactly the patterns float32 does, inside loops too).
+A product used only by adds is fused into each of them (of an add of two products, the first operand's); a
+product that something else uses too (another multiply, the program's output), counting equal products as one
+as XLA's common-subexpression elimination does, is computed on its own and fused into none.
+``jax.random.uniform(k, shape, minval, maxval)`` computes ``u * (hi - lo) + lo`` this way, and so do flax's
+initialisers and every ``x * w + b`` inside a map.
+
+:func:`contract` rewrites a jaxpr the same way: each ``add``, ``add_any`` or ``sub`` of float32, float64 (float16) values
+that takes such a ``mul`` (or ``square``) of the same jaxpr becomes one equation of ``xla_cpu_fma`` (the
+multiply's operands and the addend), and the multiply's equation goes where nothing else uses it. Both executors
+and the reference loop evaluate the rewritten jaxpr (sub-jaxprs are rewritten when they are evaluated), so they
+agree with each other bit for bit; the rewrite is made once per jaxpr.
+
+float64's fused multiply-add is :func:`._xla_cpu_math.fma64` (exactly rounded from error-free transformations).
+Not modelled (XLA's result can still differ by an ulp there; measured): a product used by two sums that XLA
+fuses into one loop (``(p + c) - (p + d)``: XLA then contracts neither), complex128 products (XLA:CPU fuses one
+product of each part, as complex64's), products that feed an add through a reshape or from another jaxpr (a ``jit`` call's output: XLA inlines calls), and
+contractions inside reductions (``reduce_sum`` of a product).
+"""
+from __future__ import annotations
+
+
+import numpy as np
+from spmdsim.jax._internals import core
+from spmdsim.jax._internals import weakref_lru_cache
+
+from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_math
+from spmdsim.jax.evaluation._registry import per_device, vectorized
+
+__all__ = ["contract", "fma_p"]
+
+fma_p = core.Primitive("xla_cpu_fma")  # never bound: it only appears in jaxprs spmdsim rewrote for itself
+
+_PRODUCTS = ("mul", "square")
+_SUMS = ("add", "add_any", "sub")
+
+
+def _fused_dtypes() -> tuple:
+    isa = _xla_cpu_isa.current()
+    return tuple(np.dtype(d) for d, fused in ((np.float32, isa.fma), (np.float64, isa.fma), (np.float16, isa.fp16))
+                 if fused)
+
+
+def _plain(eqn) -> bool:
+    return all(v is None for k, v in eqn.params.items() if k in ("out_dtype", "accuracy"))
+
+
+def _key(eqn) -> tuple:
+    """Equal products are one product to XLA (its common-subexpression elimination)."""
+    return eqn.primitive.name, tuple(v if isinstance(v, core.Var) else (repr(np.asarray(v.val).tolist()), v.aval)
+                                     for v in eqn.invars)
+
+
+def _is_sum(eqn) -> bool:
+    return eqn.primitive.name in _SUMS and _plain(eqn)
+
+
+def _swapped_product(eqn, dot, uses: int):
+    """For ``eqn = transpose(dot)`` exchanging the two operands' free axes, of a ``dot_general`` without batch
+    axes used nowhere else: the equation ``dot_general(rhs, lhs)`` computing the transposed product directly
+    (None otherwise)."""
+    if eqn.primitive.name != "transpose" or dot is None or uses != 1:
+        return None
+    (lhs_c, rhs_c), (lhs_b, rhs_b) = dot.params["dimension_numbers"]
+    lhs, rhs = dot.invars
+    if lhs_b or rhs_b or lhs.aval.dtype != rhs.aval.dtype:
+        return None
+    lhs_free, rhs_free = lhs.aval.ndim - len(lhs_c), rhs.aval.ndim - len(rhs_c)
+    if tuple(eqn.params["permutation"]) != (*range(lhs_free, lhs_free + rhs_free), *range(lhs_free)):
+        return None
+    return core.new_jaxpr_eqn([rhs, lhs], eqn.outvars, dot.primitive,
+                              {**dot.params, "dimension_numbers": ((rhs_c, lhs_c), ((), ()))},
+                              dot.effects, dot.source_info, dot.ctx)
+
+
+def fold_transposed_products(jaxpr):
+    """``transpose(dot_general(a, b))`` as ``dot_general(b, a)``, where the transposition exchanges the product's
+    two free blocks (as XLA's algebraic simplifier does): the gradient of ``x @ w`` with respect to ``w`` is such
+    a pair. NumPy's transpose is a strided view, and every elementwise operation and collective after it read
+    the gradient across pages (8-14x slower on a (1024, 1024) block than in order); BLAS writes the swapped
+    product in order instead. The same sums of the same products."""
+    producer = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive.name == "dot_general"}
+    if not producer:
+        return jaxpr
+    uses: dict = {}
+    for v in [v for e in jaxpr.eqns for v in e.invars] + list(jaxpr.outvars):
+        if isinstance(v, core.Var):
+            uses[v] = uses.get(v, 0) + 1
+    eqns, folded = [], set()
+    for e in jaxpr.eqns:
+        operand = e.invars[0] if e.primitive.name == "transpose" and isinstance(e.invars[0], core.Var) else None
+        swapped = _swapped_product(e, producer.get(operand), uses.get(operand, 0)) if operand is not None else None
+        if swapped is None:
+            eqns.append(e)
+        else:
+            eqns.append(swapped)
+            folded.add(operand)
+    if not folded:
+        return jaxpr
+    return jaxpr.replace(eqns=[e for e in eqns if not (e.primitive.name == "dot_general" and e.outvars[0] in folded)])
+
+
+def contract(jaxpr):
+    """``jaxpr`` with XLA:CPU's multiply-add contractions made and transposed products folded (see the module
+    docstring and :func:`fold_transposed_products`); ``jaxpr`` itself when there are none."""
+    found = _contracted(jaxpr)
+    return jaxpr if found is None else found
+
+
+@weakref_lru_cache
+def _contracted(jaxpr):
+    """:func:`contract`'s new jaxpr, or None when it is ``jaxpr`` itself: a cached value that is its own weak key
+    would keep the jaxpr, and the arrays its equations close over, alive for good (lax_control_flow_test's
+    ``test_cond_memory_leak``)."""
+    found = _contract(jaxpr)
+    return None if found is jaxpr else found
+
+
+def _contract(jaxpr):
+    jaxpr = fold_transposed_products(jaxpr)
+    dtypes = _fused_dtypes()
+    if not dtypes or not any(e.primitive.name in _PRODUCTS for e in jaxpr.eqns):
+        return jaxpr
+    products = {e.outvars[0]: e for e in jaxpr.eqns
+                if e.primitive.name in _PRODUCTS and _plain(e) and np.dtype(e.outvars[0].aval.dtype) in dtypes}
+    # a product that anything but a sum uses (or the jaxpr returns) is computed as it is, and no sum fuses it
+    kept = {_key(products[v]) for e in jaxpr.eqns if not _is_sum(e) for v in e.invars
+            if isinstance(v, core.Var) and v in products}
+    kept.update(_key(products[v]) for v in jaxpr.outvars if isinstance(v, core.Var) and v in products)
+    fusible = {v for v, e in products.items() if _key(e) not in kept}
+    eqns, fused = [], set()
+    for e in jaxpr.eqns:
+        position = next((k for k, v in enumerate(e.invars) if isinstance(v, core.Var) and v in fusible), None) \
+            if _is_sum(e) else None
+        if position is None:
+            eqns.append(e)
+            continue
+        product = products[e.invars[position]]
+        fused.add(product.outvars[0])
+        a, b = product.invars * 2 if product.primitive.name == "square" else product.invars
+        sub = e.primitive.name == "sub"
+        eqns.append(core.new_jaxpr_eqn(
+            [a, b, e.invars[1 - position]], e.outvars, fma_p,
+            {"negate_product": sub and position == 1, "negate_addend": sub and position == 0},
+            e.effects, e.source_info, e.ctx))
+    if not fused:
+        return jaxpr
+    used = {v for e in eqns for v in e.invars if isinstance(v, core.Var)}
+    return jaxpr.replace(eqns=[e for e in eqns if not (e.outvars and e.outvars[0] in fused
+                                                       and e.outvars[0] not in used)])
+
+
+@per_device("xla_cpu_fma")
+def _fma(a, b, c, *, negate_product: bool, negate_addend: bool, out=None):
+    """``±a * b ± c`` rounded once, in the operands' dtype: float64 by :func:`._xla_cpu_math.fma64` (exact);
+    float32 or float16 through float64, where the product of two such values is exact, and so is the sum of
+    float16 values; a float32 sum is rounded to float64 first, which differs from one rounding in about one case
+    in 2**29 (as :func:`._xla_cpu_math.fma`). ``out``: an array of the result's shape and dtype to write into,
+    possibly an operand (``_compiled`` gives one that dies here)."""
+    dtype = np.result_type(a, b, c)
+    if dtype == np.float64:
+        return _xla_cpu_math.fma64(a, b, c, negate_product=negate_product, negate_addend=negate_addend, out=out)
+    return _xla_cpu_math.rounded_once(a, b, c, np.result_type(a, b, c), negate_product=negate_product,
+                                      negate_addend=negate_addend, out=out)
+
+
+@vectorized("xla_cpu_fma")
+def _stacked_fma(a, b, c, **params):
+    """:func:`_fma` on operands stacked on a device axis (a per-device scalar ``(n,)`` broadcast as ``(n, 1...)``)."""
+    ndim = max(np.ndim(a), np.ndim(b), np.ndim(c))
+    return _fma(*(np.reshape(x, np.shape(x) + (1,) * (ndim - np.ndim(x))) for x in (a, b, c)), **params)

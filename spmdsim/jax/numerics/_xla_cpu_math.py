@@ -1,0 +1,629 @@
+"""XLA:CPU's float32 transcendental functions, operation for operation, in NumPy.
+
+XLA:CPU (jaxlib 0.10) does not call a math library for float32 ``exp``, ``log``, ``log1p``, ``tanh``, ``erf``,
+``logistic`` and ``expm1``: it emits polynomial and rational approximations (Cephes' and Eigen's) whose
+multiply-adds LLVM contracts into fused multiply-adds, and it runs with denormals flushed to zero. NumPy's
+own functions are more accurate but differ from XLA:CPU in the last bits of 6-37% of float32 results (up to 6
+ulps), and a random sampler built on them (``jax.random.normal`` through ``erf_inv`` and ``log1p``, the
+rejection loop of ``jax.random.gamma`` through ``log``) then draws different samples. These functions repeat
+XLA's sequence of float32 operations, so their results equal XLA:CPU's bit for bit on every value we measured
+(hundreds of thousands per function, see ``conformance/test_lax_ops.py``), on an x86-64 CPU with FMA.
+
+- A fused multiply-add ``fma(a, b, c)`` is computed as ``float32(float64(a) * float64(b) + float64(c))``: the
+  product of two float32 values is exact in float64, so only the sum is rounded twice (to float64, then to
+  float32), which differs from one rounding in about one case in 2**29.
+- Inputs below the smallest normal float32 count as zero and results below it are flushed to zero, as XLA:CPU
+  does (FTZ/DAZ).
+- float16 and bfloat16 use the float32 functions (XLA:CPU upcasts them); float64 keeps NumPy/SciPy.
+
+XLA's results depend on its version and on the instruction set it compiles for: without FMA (a CPU before
+AVX2, or ``--xla_cpu_max_isa=AVX``) LLVM does not fuse, and :func:`fma` then rounds the product first, as XLA
+does (:mod:`._xla_cpu_isa` says which ISA is in effect). These ports follow jaxlib 0.10.2.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from spmdsim.runtime import _blas, _buffers, _threads
+from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_probe
+
+__all__ = ["exp", "log", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "digamma", "fma", "fma64", "multiply_add",
+           "ftz", "flush_subnormals"]
+
+f32, f64 = np.float32, np.float64
+_TINY = np.finfo(np.float32).tiny
+
+
+_CHUNK = 1 << 15  # elements of a float64 temporary that stay in a core's cache
+_PARALLEL = 1 << 20  # a fused multiply-add this large uses every CPU (see spmdsim.runtime._threads.in_parallel)
+
+
+def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_addend: bool = False,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """``±a * b ± c`` computed in float64 and rounded to ``dtype`` (float32 or float16) once: a fused multiply-add
+    (the product of two float32 or float16 values is exact in float64; a float32 sum is rounded to float64 first,
+    which differs from one rounding in about one case in 2**29). Operands broadcast. The float64 product lives in
+    a cache-sized temporary, a block at a time: 3-5x faster than float64 copies of large operands. ``out``: a
+    C-contiguous array of the result's shape and ``dtype`` to write into; it may be one of the operands (each
+    block of it is read before it is written)."""
+    combine = np.subtract if negate_addend else np.add
+    if out is None and np.size(a) <= _CHUNK and np.size(b) <= _CHUNK and np.size(c) <= _CHUNK:
+        # a block of a port or of a fused run: three NumPy calls, the same operations as below
+        product = np.multiply(a, b, dtype=f64)
+        return np.asarray(combine(-product if negate_product else product, c, dtype=f64).astype(dtype))
+    ops = [np.asarray(x) for x in (a, b, c)]
+    shapes = {x.shape for x in ops if x.ndim}
+    shape = next(iter(shapes)) if len(shapes) == 1 else np.broadcast_shapes(*(x.shape for x in ops))
+    ops = [_unbroadcast(x) for x in ops]
+    if out is None:
+        out = _buffers.empty(shape, dtype, faulted=True)
+    elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"rounded_once: out must be a C-contiguous {np.dtype(dtype)}{list(shape)} array, got "
+                         f"{out.dtype}{list(out.shape)}")
+
+    def product(x, y, temp) -> None:  # temp = ±x * y, exact
+        np.multiply(x, y, out=temp, dtype=f64)
+        if negate_product:
+            np.negative(temp, out=temp)
+
+    def compute(x, y, z, temp, target) -> None:  # target = ±x * y ± z, through the float64 temp
+        product(x, y, temp)
+        combine(temp, z, out=target, dtype=f64, casting="unsafe")
+
+    if out.size <= _CHUNK:
+        compute(*ops, np.empty(shape, f64), out)
+        return out
+    split = _flat_split(ops, shape)
+    if split is not None:
+        # (rows, inner) views, cut in blocks of _CHUNK along inner: a value broadcast over the rows is read again
+        rows, inner = math.prod(shape[:split]), math.prod(shape[split:])
+        flat = [x.reshape(()) if x.size == 1 else x.reshape(-1, 1 if x.size == rows else inner) for x in ops]
+        target = out.reshape(rows, inner)
+        width = min(inner, _CHUNK)
+        per_row = -(-inner // width)
+
+        def block_of(v, r: int, start: int):  # operand v's part of row r, columns start..start + width
+            return v if v.ndim == 0 else v[r, 0] if v.shape[1] == 1 else \
+                v[r if v.shape[0] > 1 else 0, start:start + width]
+
+        if rows > 1 and all(v.ndim == 0 or v.shape == (1, inner) for v in flat[:2]):
+            # the same product in every row (a replicated gradient times a scalar, added to each device's
+            # parameters): each block of it computed once, then added to the block of every row
+            def work(lo: int, hi: int) -> None:  # blocks lo..hi-1 of the columns
+                temp = np.empty(width, f64)
+                for block in range(lo, hi):
+                    start = block * width
+                    t = temp[:min(width, inner - start)]
+                    product(*(block_of(v, 0, start) for v in flat[:2]), t)
+                    for r in range(rows):
+                        combine(t, block_of(flat[2], r, start), out=target[r, start:start + width], dtype=f64,
+                                casting="unsafe")
+            count = per_row
+        else:
+            def work(lo: int, hi: int) -> None:  # blocks lo..hi-1, row-major over (rows, per_row)
+                temp = np.empty(width, f64)
+                for block in range(lo, hi):
+                    r, start = divmod(block, per_row)
+                    start *= width
+                    compute(*(block_of(v, r, start) for v in flat), temp[:min(width, inner - start)],
+                            target[r, start:start + width])
+            count = rows * per_row
+    else:  # blocks of rows; an operand with one row (or fewer axes) broadcasts whole
+        rows, inner = shape[0], out.size // shape[0]
+        step = max(1, _CHUNK // inner)
+        count = rows
+        cut = [x.ndim == len(shape) and x.shape[0] == rows for x in ops]
+
+        def work(lo: int, hi: int) -> None:
+            temp = np.empty((min(step, hi - lo),) + shape[1:], f64)
+            for start in range(lo, hi, step):
+                x, y, z = (v[start:min(start + step, hi)] if k else v for v, k in zip(ops, cut))
+                compute(x, y, z, temp[:min(step, hi - start)], out[start:min(start + step, hi)])
+    if out.size >= _PARALLEL:
+        _threads.in_parallel(work, count, cpus=_blas.cpus())
+    else:
+        work(0, count)
+    return out
+
+
+def _unbroadcast(x: np.ndarray) -> np.ndarray:
+    """``x`` with each axis it repeats (stride 0: a broadcast view, as a replicated value stacked over the devices)
+    cut to length 1: the same values once broadcast again, and read as the one array they are (a reshape of the
+    broadcast view would copy it)."""
+    if 0 in x.strides and x.size > 1:
+        return x[tuple(slice(0, 1) if stride == 0 and n > 1 else slice(None) for n, stride in zip(x.shape, x.strides))]
+    return x
+
+
+def _flat_split(ops: list, shape: tuple) -> int | None:
+    """The first axis ``k`` such that every operand is a scalar, holds ``shape[k:]`` whole (once, or once per
+    index of ``shape[:k]``), or one value per index of ``shape[:k]`` (a device's scalar): then each is a
+    ``(rows, inner)`` matrix, a row broadcast over the rows, or a ``(rows, 1)`` column; None if there is no such
+    axis (an operand broadcast inside the trailing axes), or if the rows would be short (a per-channel operand of
+    NHWC activations: blocks of rows then, see :func:`rounded_once`)."""
+    for k in range(len(shape)):
+        if math.prod(shape[k:]) < _CHUNK // 8:
+            return None
+        if all(x.size == 1 or _holds_from(x, shape, k) for x in ops):
+            return k
+    return None
+
+
+def _holds_from(x: np.ndarray, shape: tuple, k: int) -> bool:
+    padded = (1,) * (len(shape) - x.ndim) + x.shape
+    if padded[:k] == shape[:k] and all(d == 1 for d in padded[k:]):
+        return True
+    return padded[k:] == shape[k:] and (padded[:k] == shape[:k] or all(d == 1 for d in padded[:k]))
+
+
+def _fused(a, b, c) -> np.ndarray:
+    """float32 fused multiply-add, through float64 (see the module docstring)."""
+    return rounded_once(a, b, c, f32)
+
+
+def _unfused(a, b, c) -> np.ndarray:
+    """float32 multiply, rounded, then add: what XLA:CPU computes where the CPU (or the cap) has no FMA."""
+    return np.asarray(np.asarray(a, f32) * np.asarray(b, f32), f32) + np.asarray(c, f32)
+
+
+#: ``a * b + c`` in float32 as XLA:CPU computes a multiply feeding an add on this machine's ISA
+#: (:mod:`._xla_cpu_isa`): one rounding with FMA (AVX2 on), two without.
+fma = _fused if _xla_cpu_isa.current().fma else _unfused
+
+
+def multiply_add(a, b, c, dtype) -> np.ndarray:
+    """``a * b + c`` of ``dtype`` values as XLA:CPU computes a multiply feeding an add inside one program on
+    this machine's ISA: float32 by :func:`fma`; float16 rounded once (one fused float16 multiply-add) where
+    AVX512-FP16 is in effect, else the product rounded to float16 and then the sum; float64 rounded once by
+    :func:`fma64` where FMA is in effect (as float32); bfloat16 the product rounded, then the sum (measured, see
+    :mod:`._xla_cpu_isa`). The float16 fused form is computed in float64 (the product of two float16 values is
+    exact there) and rounded to float16."""
+    dtype = np.dtype(dtype)
+    if dtype == f32:
+        return fma(a, b, c)
+    if dtype == f64 and _xla_cpu_isa.current().fma:
+        return fma64(a, b, c)
+    if dtype == np.float16 and _xla_cpu_isa.current().fp16:
+        return rounded_once(a, b, c, dtype)
+    return np.asarray(np.asarray(a, dtype) * np.asarray(b, dtype) + np.asarray(c, dtype), dtype)
+
+
+# -- float64 fused multiply-adds, rounded once ---------------------------------------------------------------------
+#
+# The product of two float64 values needs 106 bits, so NumPy's float64 cannot hold it; an exactly rounded
+# ``a * b + c`` is computed from error-free transformations instead (Boldo & Melquiond, "Emulation of FMA and
+# correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008):
+#   p + pl = a * b        exactly (Dekker's product, Veltkamp's splitting by 2**27 + 1)
+#   uh + ul = c + p       exactly (Knuth's TwoSum)
+#   t = RO(ul + pl)       rounded to odd: the sum rounded to nearest, then, when inexact and its last bit is even,
+#                         moved one ulp towards the exact sum (TwoSum gives the error's sign)
+#   result = RN(uh + t)   which is RN(a * b + c) (their theorem, without underflow or overflow).
+# That holds where no step overflows or underflows (:func:`_fma64_core`'s domain: every element of ordinary
+# magnitude). Elsewhere (:func:`_fma64_edges`): IEEE's rules for infinities, NaNs and zeros; otherwise a and b are
+# scaled to [1/2, 1) by their exponents and c with them (c far below the product by a sticky value of its sign, c
+# far above it is the result), the core applied and the result scaled back, which is exact unless the result is
+# subnormal and the product below 2**-968; those few elements are computed exactly with Python's fractions.
+# Checked against Python 3.13's math.fma (a correctly rounded C fma) on tens of millions of random and adversarial
+# operands: random bit patterns, ties, cancellations, subnormal and overflowing products and sums, infinities,
+# NaNs and signed zeros (``tests/test_fma64.py``; bit for bit, every one).
+
+_SPLITTER = f64(2.0 ** 27 + 1)
+_F64_CHUNK = 1 << 13  # elements per block of fma64's temporaries (a dozen float64 arrays stay in a core's cache)
+
+
+def _two_sum(x, y):
+    """``(s, e)``: ``s = RN(x + y)`` and ``e`` its error, ``x + y = s + e`` exactly (Knuth)."""
+    s = x + y
+    v = s - x
+    return s, (x - (s - v)) + (y - v)
+
+
+def _fma64_core(a, b, c):
+    """``(RN(a * b + c), RN(a * b))`` by the algorithm above; exact where |a|, |b| < 2**995, 2**-966 <= |a b| <=
+    2**1020, |c| <= 2**1020 and the result is at least 2**-1000 in magnitude (:func:`fma64` checks)."""
+    t = _SPLITTER * a
+    ah = t - (t - a)
+    al = a - ah
+    t = _SPLITTER * b
+    bh = t - (t - b)
+    bl = b - bh
+    p = a * b
+    pl = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    uh, ul = _two_sum(c, p)
+    s, e = _two_sum(ul, pl)
+    bits = s.view(np.int64)
+    fix = ((bits & 1) == 0) & (e != 0)  # inexact and even: to odd, towards the exact sum
+    if fix.any():
+        s = (bits + np.where(fix, np.where((e > 0) == (s > 0), 1, -1), 0)).view(f64)
+    return uh + s, p
+
+
+def _fma64_block(a, b, c):
+    """:func:`fma64` of float64 operands of one shape (or scalars)."""
+    with np.errstate(all="ignore"):
+        v, p = _fma64_core(a, b, c)
+        magnitude = np.abs(p)
+        inside = ((magnitude >= 2.0 ** -966) & (magnitude <= 2.0 ** 1020) & (np.abs(c) <= 2.0 ** 1020)
+                  & (np.abs(a) < 2.0 ** 995) & (np.abs(b) < 2.0 ** 995) & (np.abs(v) >= 2.0 ** -1000))
+        if inside.all():
+            return v
+        v = np.array(v, f64)
+        edge = ~inside
+        a, b, c = np.broadcast_arrays(a, b, c)
+        v[edge] = _fma64_edges(a[edge], b[edge], c[edge])
+        return v
+
+
+def _fma64_edges(a, b, c):
+    """RN(a * b + c) of 1-d float64 arrays whose elements are outside :func:`_fma64_core`'s domain."""
+    out = np.empty(a.shape, f64)
+    finite = np.isfinite(a) & np.isfinite(b)
+    out[~finite] = a[~finite] * b[~finite] + c[~finite]  # an infinite or NaN product is exact
+    infinite_c = finite & ~np.isfinite(c)
+    out[infinite_c] = c[infinite_c]  # a finite product (even one past float64's range) and an infinite or NaN c
+    zero_product = finite & ((a == 0) | (b == 0)) & ~infinite_c
+    out[zero_product] = a[zero_product] * b[zero_product] + c[zero_product]  # an exact zero plus c
+    rest = finite & ~infinite_c & ~zero_product
+    zero_c = rest & (c == 0)
+    out[zero_c] = a[zero_c] * b[zero_c]  # the product rounded once; its sign when it rounds to zero
+    rest &= ~zero_c
+    if not rest.any():
+        return out
+    a, b, c = a[rest], b[rest], c[rest]
+    ma, ea = np.frexp(a)
+    mb, eb = np.frexp(b)
+    mc, ec = np.frexp(c)
+    e = ea.astype(np.int64) + eb  # |a b| < 2**e, the product's scaled form ma * mb in [1/4, 1), exact to 2**-106
+    shift = ec - e
+    above = shift > 60  # |c| >= 2**(ec - 1) > 2**58 |a b|: RN(c + a b) = c
+    below = shift < -110  # |c| < 2**-110 of the scaled product: only its sign matters (a sticky bit)
+    scaled_c = np.where(below, np.copysign(f64(2.0 ** -200), c), np.ldexp(mc, np.clip(shift, -110, 60).astype(np.int32)))
+    v, _ = _fma64_core(ma, mb, scaled_c)
+    result = np.where(above, c, np.ldexp(v, np.clip(e, -4000, 4000).astype(np.int32)))
+    # scaling back rounds a second time only where the result is subnormal; below a product of 2**-968 it can then
+    # be inexact (above, the exact result is a multiple of 2**-1074 and so representable): computed exactly
+    for k in np.flatnonzero(~above & (v != 0) & (np.frexp(v)[1] + e <= -1022) & (e < -968)):
+        result[k] = _fma64_exact(float(a[k]), float(b[k]), float(c[k]))
+    out[rest] = result
+    return out
+
+
+def _fma64_exact(a: float, b: float, c: float) -> float:
+    """RN(a * b + c) of finite nonzero values by exact rational arithmetic (a correctly rounded int division)."""
+    from fractions import Fraction
+    x = Fraction(a) * Fraction(b) + Fraction(c)
+    if x == 0:
+        return 0.0
+    r = x.numerator / x.denominator
+    return r if r != 0 else (0.0 if x > 0 else -0.0)
+
+
+def fma64(a, b, c, *, negate_product: bool = False, negate_addend: bool = False,
+          out: np.ndarray | None = None) -> np.ndarray:
+    """``±a * b ± c`` in float64 rounded once (IEEE's fusedMultiplyAdd, round to nearest even; subnormals kept),
+    as XLA:CPU computes a float64 multiply feeding an add where the ISA has FMA (see the block comment above).
+    Operands broadcast; computed a cache-sized block at a time. ``out``: a C-contiguous float64 array of the
+    result's shape to write into; it may be one of the operands."""
+    ops = [np.asarray(x, f64) for x in (a, b, c)]
+    if negate_product:
+        ops[0] = np.negative(ops[0])
+    if negate_addend:
+        ops[2] = np.negative(ops[2])
+    shape = np.broadcast_shapes(*(x.shape for x in ops))
+    size = math.prod(shape)
+    if out is None and size <= _F64_CHUNK:
+        return np.asarray(_fma64_block(*ops)).reshape(shape)
+    if out is None:
+        out = _buffers.empty(shape, f64, faulted=True)
+    elif out.shape != shape or out.dtype != f64 or not out.flags.c_contiguous:
+        raise ValueError(f"fma64: out must be a C-contiguous float64{list(shape)} array, got "
+                         f"{out.dtype}{list(out.shape)}")
+    # each operand flat (a broadcast one made whole first, unless it is a single value)
+    flat = [x.reshape(()) if x.size == 1 else
+            (x if x.shape == shape else np.broadcast_to(x, shape)).reshape(-1) for x in ops]
+    target = out.reshape(-1)
+    for start in range(0, size, _F64_CHUNK):
+        stop = min(start + _F64_CHUNK, size)
+        target[start:stop] = _fma64_block(*(x if x.ndim == 0 else x[start:stop] for x in flat))
+    return out
+
+
+def flush_subnormals(x: np.ndarray, dtype=None) -> np.ndarray:
+    """``x`` in ``dtype`` (default: its own), values below the dtype's smallest normal as zeros of their sign
+    (XLA:CPU's FTZ/DAZ). ``x`` itself where it has ``dtype`` and holds no such value."""
+    x = np.asarray(x)
+    dtype = x.dtype if dtype is None else np.dtype(dtype)
+    tiny = _TINIES.get(dtype)
+    if tiny is None:
+        tiny = _TINIES[dtype] = np.finfo(dtype).tiny
+    small = np.abs(x) < tiny
+    if not small.any() or not x[small].any():  # the common case: zeros, but no subnormal (then x itself where it
+        return x if x.dtype == dtype else x.astype(dtype)  # has the dtype: nothing writes into it)
+    return np.where(small, np.copysign(np.zeros((), dtype), x), x).astype(dtype)
+
+
+_TINIES: dict = {}  # dtype -> its smallest normal
+
+
+def _daz(x: np.ndarray) -> np.ndarray:
+    return flush_subnormals(np.asarray(x, f32))
+
+
+def ftz(x: np.ndarray) -> np.ndarray:
+    return flush_subnormals(x, f32)
+
+
+_BLOCK = 1 << 14  # elements per block of a function below: its temporaries stay in a core's cache
+
+
+def _blockwise(fn):
+    """``fn`` (elementwise, one operand) on a large array a block of ``_BLOCK`` elements at a time, in the calling
+    thread: each of its dozen or more steps then reads and writes cache instead of memory. Every element's
+    result is the same. (Not spread over the CPUs: a block's steps are NumPy calls of a few microseconds each, and
+    two threads trading the GIL around each of them took 1.4-1.7x the time of one thread here; for the same reason
+    one device thread at a time computes a large port, :func:`spmdsim.runtime._threads.one_at_a_time`.)"""
+    @functools.wraps(fn)
+    def blockwise(x):
+        x = np.asarray(x)
+        if x.size <= 2 * _BLOCK:
+            return fn(x)
+        flat = x.reshape(-1)
+        with _threads.one_at_a_time():  # (in a device thread)
+            first = fn(flat[:_BLOCK])
+            out = _buffers.empty(x.size, first.dtype)
+            out[:_BLOCK] = first
+            for start in range(_BLOCK, x.size, _BLOCK):
+                out[start:start + _BLOCK] = fn(flat[start:start + _BLOCK])
+        return out.reshape(x.shape)
+    return blockwise
+
+
+def _horner_fma(x: np.ndarray, coefficients) -> np.ndarray:
+    """``((c0 * x + c1) * x + c2) ...`` with fused multiply-adds, highest degree first: each step
+    ``float32(float64(p) * float64(x) + c)``, as :func:`fma` computes it, with ``x`` converted once."""
+    if fma is _unfused:  # no FMA on this ISA: each step rounded twice
+        p = np.full(x.shape, f32(coefficients[0]), f32)
+        for c in coefficients[1:]:
+            p = fma(p, x, f32(c))
+        return p
+    wide = np.asarray(x, f64)
+    temp, p = np.empty(wide.shape, f64), np.full(wide.shape, f32(coefficients[0]), f32)
+    for c in coefficients[1:]:
+        np.multiply(p, wide, out=temp)
+        np.add(temp, f64(f32(c)), out=p, casting="unsafe")
+    return p
+
+
+_EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+
+@_blockwise
+def exp(x: np.ndarray) -> np.ndarray:
+    """Cephes' expf: x = n log(2) + a with n = floor(x log2(e) + 1/2), e^a by a degree-7 polynomial, times 2^n."""
+    x = np.clip(_daz(x), f32(-87.8), f32(88.8))
+    n = np.clip(np.floor(fma(x, f32(1.44269504088896341), f32(0.5))), f32(-127), f32(127))
+    n = np.where(np.isnan(n), f32(0), n)
+    a = fma(f32(-0.693359375), n, x)
+    a = fma(f32(2.12194440e-4), n, a)
+    z = fma(_horner_fma(a, _EXP_P), a * a, a)
+    z = f32(1) + z
+    pow2 = ((n.astype(np.int32) + np.int32(0x7F)) << np.int32(23)).view(f32)
+    with np.errstate(over="ignore", under="ignore"):
+        out = z * pow2
+    return ftz(np.where(np.isnan(x), x, out))
+
+
+_LOG_P = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+          -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+
+
+@_blockwise
+def log(x: np.ndarray) -> np.ndarray:
+    """Cephes' logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a polynomial in m - 1 evaluated in
+    three interleaved parts, plus e log(2) in two pieces."""
+    x = _daz(x)
+    m = np.maximum(x, f32(_TINY))
+    bits = m.view(np.int32)
+    e = f32(1) + ((bits >> np.int32(23)) - np.int32(0x7F)).astype(f32)
+    m = ((bits & np.int32(~0x7F800000)) | f32(0.5).view(np.int32)).view(f32)
+    small = m < f32(0.707106781186547524)
+    shifted = np.where(small, m, f32(0))
+    m = m - f32(1)
+    e = e - np.where(small, f32(1), f32(0))
+    m = m + shifted
+    m2 = m * m
+    m3 = m2 * m
+    p = _LOG_P
+    y = fma(m, f32(p[0]), f32(p[1]))
+    y1 = fma(m, f32(p[3]), f32(p[4]))
+    y2 = fma(m, f32(p[6]), f32(p[7]))
+    y = fma(y, m, f32(p[2]))
+    y1 = fma(y1, m, f32(p[5]))
+    y2 = fma(y2, m, f32(p[8]))
+    y = fma(y, m3, y1)
+    y = fma(y, m3, y2)
+    y = fma(y, m3, f32(-2.12194440e-4) * e)
+    out = fma(f32(-0.5), m2, m)
+    out = out + y
+    out = fma(f32(0.693359375), e, out)
+    out = np.where(x == 0, f32(-np.inf), np.where(x == np.inf, f32(np.inf), np.where(x > 0, out, f32(np.nan))))
+    return np.asarray(out, f32)
+
+
+_LOG1P_NUMERATOR = (4.5270000862445199635215e-5, 4.9854102823193375972212e-1, 6.5787325942061044846969e0,
+                    2.9911919328553073277375e1, 6.0949667980987787057556e1, 5.7112963590585538103336e1,
+                    2.0039553499201281259648e1)
+_LOG1P_DENOMINATOR = (1.0, 1.5062909083469192043167e1, 8.3047565967967209469434e1, 2.2176239823732856465394e2,
+                      3.0909872225312059774938e2, 2.1642788614495947685003e2, 6.0118660497603843919306e1)
+
+
+@_blockwise
+def log1p(x: np.ndarray) -> np.ndarray:
+    """For |x| < sqrt(2) - 1, Cephes' rational approximation x - x^2/2 + x^3 P(x)/Q(x); else log(1 + x)."""
+    x = _daz(x)
+    x2 = x * x
+    ratio = _horner_fma(x, (0.0, *_LOG1P_NUMERATOR)) / _horner_fma(x, (0.0, *_LOG1P_DENOMINATOR))
+    small = fma(f32(-0.5), x2, (x * x2) * ratio)
+    small = x + small
+    with np.errstate(invalid="ignore"):
+        large = log(x + f32(1))
+    return np.asarray(np.where(np.abs(x) < f32(0.41421356237309504880), small, large), f32)
+
+
+_TANH_NUMERATOR = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+                   1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
+_TANH_DENOMINATOR = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
+
+
+@_blockwise
+def tanh(x: np.ndarray) -> np.ndarray:
+    """Eigen's rational (13, 6) approximation on x clamped to +-7.9988..., x itself for |x| < 0.0004."""
+    x = np.asarray(x, f32)
+    flushed = _daz(x)
+    clamp = f32(7.99881172180175781)
+    c = np.clip(flushed, -clamp, clamp)
+    c2 = c * c
+    numerator = c * _horner_fma(c2, _TANH_NUMERATOR)
+    with np.errstate(invalid="ignore"):
+        out = ftz(numerator / _horner_fma(c2, _TANH_DENOMINATOR))
+    return np.where(np.abs(x) < f32(0.0004), x, out).astype(f32)  # the small branch returns x unflushed
+
+
+_ERF_NUMERATOR = (0.00022905065861350646, 0.0034082910107109506, 0.050955695062380861, 0.18520832239976145,
+                  1.128379143519084)
+_ERF_DENOMINATOR = (-1.1791602954361697e-7, 0.000023547966471313185, 0.0010179625278914885,
+                    0.014070470171167667, 0.11098505178285362, 0.49746925110067538, 1.0)
+
+
+@_blockwise
+def erf(x: np.ndarray) -> np.ndarray:
+    """Eigen's rational (9, 12) approximation in x^2, +-1 beyond |x| >= 3.8325..."""
+    x = _daz(x)
+    x2 = x * x
+    with np.errstate(invalid="ignore"):
+        out = (x * _horner_fma(x2, _ERF_NUMERATOR)) / _horner_fma(x2, _ERF_DENOMINATOR)
+    return ftz(np.where(f32(3.832506856900711) <= np.abs(x), np.copysign(f32(1), x), out))
+
+
+@_blockwise
+def logistic(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)), with XLA's exp (XLA:CPU expands logistic so)."""
+    with np.errstate(over="ignore"):
+        return ftz(f32(1) / (f32(1) + exp(-np.asarray(x, f32))))
+
+
+@_blockwise
+def expm1(x: np.ndarray) -> np.ndarray:
+    """tanh(x/2) (exp(x) + 1) for |x| <= 1/2 (exp(x) - 1 beyond; x itself where x/2 flushes to zero)."""
+    x = np.asarray(x, f32)
+    half = ftz(_daz(x) * f32(0.5))
+    e = exp(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = ftz(np.where(np.abs(x) > f32(0.5), e - f32(1), tanh(half) * (e + f32(1))))
+    return np.where(half == 0, x, out).astype(f32)
+
+
+@_blockwise
+def rsqrt(x: np.ndarray) -> np.ndarray:
+    """XLA:CPU refines the CPU's rsqrt estimate (rsqrt14 on AVX-512) with Newton-Raphson steps; the estimate's
+    exact bits are the CPU's. Where this CPU's XLA:CPU was measured (:func:`._xla_cpu_probe.rsqrt_offsets`), its
+    bits, for every positive normal float32; otherwise the refinement started from the correctly rounded value
+    (equal to XLA:CPU's result for about 4 values in 5 on the Intel Xeon it was written on, one ulp apart
+    elsewhere). Zero, infinity and negatives: the correctly rounded value (+-inf, 0, NaN); subnormals are
+    flushed to a zero of their sign first, as XLA:CPU does (+-inf)."""
+    x = np.asarray(x, f32)
+    offsets = _xla_cpu_probe.rsqrt_offsets()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        flushed = np.where(np.abs(x) < f32(_TINY), np.copysign(f32(0), x), x)
+        y = (1 / np.sqrt(flushed.astype(f64))).astype(f32)
+        special = (x < f32(_TINY)) | (x == f32(np.inf)) | np.isnan(x)
+        if offsets is not None:
+            index = (x.view(np.int32) - np.int32(127 << 23)) & np.int32((1 << 24) - 1)
+            measured = (y.view(np.int32) + offsets[index]).view(f32)
+            return np.where(special, y, measured).astype(f32)
+        refined = y
+        for _ in range(2):
+            refined = fma(refined * f32(-0.5), fma(x * refined, refined, f32(-1)), refined)
+    return np.where(special, y, refined).astype(f32)
+
+
+# Lanczos' approximation with g = 7, n = 9, as StableHLO's CHLO decomposition (materializeLgamma) writes lgamma
+_LANCZOS_G = 7.0
+_LANCZOS_BASE = 0.99999999999980993227684700473478
+_LANCZOS = (676.520368121885098567009190444019, -1259.13921672240287047156078755283,
+            771.3234287776530788486528258894, -176.61502916214059906584551354, 12.507343278686904814458936853,
+            -0.13857109526572011689554707, 9.984369578019570859563e-6, 1.50563273514931155834e-7)
+
+
+def _lanczos(x: np.ndarray):
+    """What lgamma and digamma share: ``reflect`` (x < 1/2), ``z`` (-x there, x - 1 elsewhere), ``a(z)``,
+    ``t(z) = z + 7.5`` and ``log t(z)`` as CHLO writes them, in x's dtype (float32 with XLA:CPU's log1p)."""
+    c = x.dtype.type
+    reflect = x < c(0.5)
+    z = np.where(reflect, -x, x + c(-1))
+    a = np.full_like(z, c(_LANCZOS_BASE))
+    for k, coefficient in enumerate(_LANCZOS, 1):
+        a = a + c(coefficient) / (z + c(k))
+    log1p_ = log1p if x.dtype == f32 else np.log1p
+    log_t = log1p_(z * c(1 / (_LANCZOS_G + 0.5))) + c(np.log(_LANCZOS_G + 0.5))
+    return reflect, z, a, z + c(_LANCZOS_G + 0.5), log_t
+
+
+def _sin_cos(x: np.ndarray, fn) -> np.ndarray:
+    """float32 sin/cos: XLA:CPU has its own approximation (not ported); the float64 one, rounded, is the closest."""
+    return fn(x.astype(f64)).astype(x.dtype) if x.dtype == f32 else fn(x)
+
+
+@_blockwise
+def digamma(x: np.ndarray) -> np.ndarray:
+    """digamma of float32 or float64 as CHLO's decomposition (materializeDigamma) writes it:
+    ``log t + a'(z) / a(z) - 7 / t`` with ``a'(z) = -sum c_k / (z + k)^2`` (see :func:`_lanczos`); reflected below
+    1/2 as ``digamma(1 - x) - pi cos(pi x') / sin(pi x')`` with ``x' = x + |floor(x + 1/2)|``; NaN at the poles
+    (x <= 0, integral; at +-0 the jaxlib's value, :func:`._xla_cpu_probe.digamma_at_zero`). Bit for bit with XLA:CPU in float32 for x >= 1/2; below, its sin and cos (not ported)."""
+    x = np.asarray(x)
+    c = x.dtype.type
+    with np.errstate(all="ignore"):
+        reflect, z, a, t, log_t = _lanczos(x)
+        a_prime = np.zeros_like(z)
+        for k, coefficient in enumerate(_LANCZOS, 1):
+            term = z + c(k)
+            a_prime = a_prime - c(coefficient) / (term * term)
+        out = (log_t + a_prime / a) - c(_LANCZOS_G) / t
+        reduced = (x + np.abs(np.floor(x + c(0.5)))) * c(np.pi)
+        reflected = out - (_sin_cos(reduced, np.cos) * c(np.pi)) / _sin_cos(reduced, np.sin)
+        out = np.where(reflect, reflected, out)
+        out = np.where((x <= 0) & (x == np.floor(x)), c(np.nan), out)
+        out = np.where(x == 0, c(_xla_cpu_probe.digamma_at_zero()), out)
+    return out.astype(x.dtype)
+
+
+@_blockwise
+def lgamma(x: np.ndarray) -> np.ndarray:
+    """lgamma of float32 or float64 as XLA computes it: CHLO's Lanczos approximation (``z = x - 1``, or ``-x``
+    reflected below 1/2, ``a(z) = c0 + sum c_k / (z + k)``, ``log t(z) = log1p(z * (1/7.5)) + log(7.5)``: XLA's
+    simplifier turns the division by 7.5 into a multiplication by its rounded reciprocal,
+    ``lgamma = fma(z + 1/2 - t / log t, log t, log(2 pi) / 2) + log(a)``; reflection
+    ``log(pi) - log(sin(pi * |frac(x)|')) - lgamma(1 - x)``; +inf at +-inf), so lgamma(1) is 4.8e-7 in float32
+    and -5.8e-8 in float64 as in XLA, not 0. float32 with XLA:CPU's log, log1p and multiply-adds: equal to
+    XLA:CPU's result bit for bit where x >= 1/2; below, its float32 sin (an approximation of its own, not ported:
+    sin here is the float64 one, rounded) makes about 1 result in 1000 differ by an ulp or two. float64 with
+    NumPy's log, log1p and sin and unfused multiply-adds (XLA:CPU's differ in the last bits)."""
+    x = np.asarray(x)
+    dtype = x.dtype
+    c = dtype.type
+    log_ = log if dtype == f32 else np.log
+    with np.errstate(all="ignore"):
+        reflect, z, a, t, log_t = _lanczos(x)
+        s = (z + c(0.5)) - t / log_t
+        half_log_2pi = c((np.log(2) + np.log(np.pi)) / 2)
+        head = fma(s, log_t, half_log_2pi) if dtype == f32 else s * log_t + half_log_2pi
+        out = head + log_(a)
+        frac = np.abs(x) - np.floor(np.abs(x))
+        frac = np.where(c(0.5) < frac, c(1) - frac, frac)
+        denominator = log_(_sin_cos(c(np.pi) * frac, np.sin))
+        reflected = np.where(np.isfinite(denominator), (c(np.log(np.pi)) - denominator) - out, -denominator)
+        out = np.where(reflect, reflected, out)
+    return np.where(np.isinf(x), c(np.inf), out).astype(dtype)

@@ -1,0 +1,213 @@
+"""``spmdsim run [options] SCRIPT.py [args]`` (or ``-m MODULE [args]``): run an unmodified JAX script on
+virtual devices.
+
+``jax.pmap`` becomes :func:`spmdsim.jax.pmap` (also for ``from jax import pmap``, which runs after the
+replacement), and ``jax.device_count``, ``jax.local_device_count`` and ``jax.devices`` report the N virtual
+devices. Everything else, the user's ``jax.jit`` included, stays real JAX. The command line is parsed by
+:func:`spmdsim.tools._script.split_argv`: ``--devices``, ``--executor`` and ``--trace`` are spmdsim's wherever they
+stand before a ``--``.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from typing import Callable
+
+import spmdsim
+from spmdsim.runtime import _threads
+from spmdsim import hosts
+from spmdsim.tools._script import check_program, run_program, split_argv
+from spmdsim.cli import ArgumentParser, UsageError, positive_int
+
+VALUED = ("--devices", "--executor", "--trace", "--hosts", "--hardware")
+TRACE_FORMATS = {".json": "a Perfetto/Chrome trace", ".svg": "a timeline picture"}
+
+
+def parser() -> ArgumentParser:
+    """The options of ``spmdsim run`` (the program and its arguments are split off first)."""
+    p = ArgumentParser(
+        prog="spmdsim run",
+        usage="spmdsim run [options] SCRIPT.py [args]\n       spmdsim run [options] -m MODULE [args]",
+        description="Run an unmodified JAX script on virtual devices: jax.pmap and jax.shard_map (and jitted "
+                    "programs that contain them) are computed by spmdsim with NumPy; JAX's CPU platform gets the "
+                    "virtual devices; everything else stays real JAX.",
+        epilog="--devices, --executor and --trace are spmdsim's wherever they appear; arguments after -- all go "
+               "to the script.")
+    p.add_argument("--devices", type=positive_int, default=spmdsim.device_count(), metavar="N",
+                   help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
+    p.add_argument("--executor", choices=["threads", "vectorized"], default="threads",
+                   help="threads (default: one thread per device, the reference) or vectorized (all devices at "
+                        "once; for thousands of devices)")
+    p.add_argument("--trace", metavar="PATH", default=None,
+                   help="record every collective; PATH.json: a Perfetto trace (https://ui.perfetto.dev), "
+                        "PATH.svg: a timeline picture")
+    p.add_argument("--hosts", type=positive_int, default=None, metavar="H",
+                   help="a multi-host job: H host processes (started through mpiexec; needs the mpi extra), each "
+                        "with N/H of the N devices; jax.process_index() tells them apart")
+    p.add_argument("--hardware", metavar="CHIP:SHAPE", default=None,
+                   help="predict each mapped call's time on real chips (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, a100, "
+                        "h100, b200, or FILE.json), e.g. tpu-v5e:2x4 or h100:8; prints a table per map at the end "
+                        "and adds a predicted track to a --trace .json (see docs/cost_model.md)")
+    return p
+
+
+def _trace_format(path: str | None) -> str | None:
+    """``.json`` or ``.svg`` from ``--trace PATH``, checked before the script runs."""
+    if path is None:
+        return None
+    for suffix in TRACE_FORMATS:
+        if path.lower().endswith(suffix):
+            return suffix
+    raise UsageError(f"--trace {path}: expected a path ending in .json (a Perfetto trace) or .svg (a timeline "
+                     f"picture)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``spmdsim run``: returns the script's exit status.
+
+    Raises:
+        UsageError: bad options, no script, a script or module that does not exist, or jax not installed.
+    """
+    raw = list(sys.argv[1:] if argv is None else argv)
+    ours, program = split_argv(raw, VALUED)
+    args = parser().parse_args(ours)
+    if program is None:
+        raise UsageError("give the script to run: spmdsim run [options] SCRIPT.py [args], or -m MODULE [args]")
+    trace_format = _trace_format(args.trace)
+    check_program(program)
+    predictor = _predictor(args.hardware, args.devices)
+
+    host = host_of("run", raw, args, lambda: _host_argv(args, program))
+    if isinstance(host, int):  # this process launched the hosts, or ran one as its child: done
+        return host
+    from spmdsim.jax.integration._patch import patched_jax
+
+    _threads.keep_freed_memory()  # this process is spmdsim's: freed memory kept for reuse (see spmdsim.runtime._threads)
+
+    if host is None or host.index == 0:
+        as_hosts = "" if host is None else \
+            f" as {host.count} hosts ({host.local} device{'s' if host.local > 1 else ''} each, through MPI)"
+        print(f"spmdsim run: {program.name} on {args.devices} virtual devices{as_hosts}; replaced jax.pmap with "
+              f"spmdsim.jax.pmap and jax.shard_map with spmdsim's (values computed by NumPy, {args.executor} "
+              f"executor); JAX's CPU devices are the virtual devices; everything else is real JAX.", file=sys.stderr)
+    tracing = spmdsim.trace(values="summary") if trace_format else contextlib.nullcontext()
+    predicting = predictor if predictor is not None and (host is None or host.index == 0) else contextlib.nullcontext()
+    status = 1
+    try:
+        with patched_jax(args.devices, args.executor, host), tracing as tr, predicting:
+            try:
+                status = run_program(program)
+            finally:
+                if predictor is not None and (host is None or host.index == 0):
+                    predictor.report(file=sys.stderr)
+                if trace_format and (host is None or host.index == 0):  # host 0 has every host's events
+                    _write_trace(tr, args.trace, trace_format)
+                    if predictor is not None and trace_format == ".json":
+                        predictor.add_to_perfetto(args.trace, tr)
+                        print(f"spmdsim run: added the track 'predicted on {predictor.topology.label}' to "
+                              f"{args.trace}", file=sys.stderr)
+    finally:
+        if host is not None:
+            hosts.mpi.exit_process(host, "returned" if status == 0 else f"exited with status {status}")
+    if args.devices >= QUICK_EXIT_DEVICES:
+        _quick_exit(status)
+    return status
+
+
+# JAX's CPU client keeps threads per device and joins them when it is freed at interpreter exit: about 6 s with
+# 4096 devices, minutes with 16384. From this many virtual devices on, spmdsim run ends the process itself.
+QUICK_EXIT_DEVICES = 1024
+
+
+def _quick_exit(status: int) -> None:
+    """End the process with ``status`` after the program's ``atexit`` functions and a flush of the standard
+    streams, without freeing JAX's CPU client (see ``QUICK_EXIT_DEVICES``)."""
+    import atexit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def _whole_lines() -> None:
+    """A host's stdout and stderr write whole lines (line-buffered, even under PYTHONUNBUFFERED=1): ``mpiexec``
+    forwards each host's writes as they come, so a line written in pieces would be cut by another host's."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, io.TextIOWrapper):
+            continue
+        if isinstance(stream.buffer, io.RawIOBase):  # unbuffered: give it a buffer
+            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(stream.buffer), encoding=stream.encoding,
+                                                errors=stream.errors, line_buffering=True))
+        else:
+            stream.reconfigure(line_buffering=True)
+
+
+def host_of(command: str, raw: list[str], args, host_argv: Callable[[], list[str]]):
+    """Where this process stands in ``spmdsim COMMAND [--hosts H] ...`` (``args.devices``, ``args.hosts``):
+    the :class:`spmdsim.hosts.Host` it is when MPI started it (mpiexec, or ``--hosts H`` launching it), None for a
+    single process, or an exit status where it launched the H hosts (``host_argv()``: their command line) or ran
+    one as its child, and is done.
+
+    Raises:
+        UsageError: the devices do not split over the hosts, or ``--hosts`` disagrees with mpiexec's count.
+    """
+    if hosts.launched_by_mpi():
+        from spmdsim.tools import _launch
+        if os.environ.get(_launch.CHILD_ENV) != "1":
+            return _launch.run_as_host_child([command, *raw])
+        _whole_lines()
+        try:
+            host = hosts.mpi_host(args.devices)
+        except ValueError as e:  # the devices do not split over the processes mpiexec started
+            raise UsageError(f"--devices {args.devices}: {e}") from None
+        if args.hosts not in (None, host.count):
+            raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
+        return host
+    if args.hosts is not None and args.hosts > 1:
+        if args.devices % args.hosts:
+            raise UsageError(f"--devices {args.devices} cannot be split evenly over --hosts {args.hosts}")
+        from spmdsim.tools import _launch
+        return _launch.launch(args.hosts, host_argv())
+    return None
+
+
+def _host_argv(args, program) -> list[str]:
+    """The command line of each host process: this one's options, the program, ``--``, its arguments."""
+    argv = ["run", "--devices", str(args.devices), "--executor", args.executor]
+    if args.trace:
+        argv += ["--trace", args.trace]
+    if args.hardware:
+        argv += ["--hardware", args.hardware]
+    argv += [program.path] if program.path is not None else ["-m", program.module]
+    return argv + ["--", *program.args]
+
+
+def _predictor(hardware: str | None, devices: int):
+    """The cost model's :class:`spmdsim.cost.Predictor` for ``--hardware`` (None without it: nothing is
+    imported or installed), checked before the script runs."""
+    if hardware is None:
+        return None
+    from spmdsim.cost import Predictor
+    try:
+        return Predictor(hardware, devices)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e) if str(e).startswith("--hardware") else f"--hardware {hardware}: {e}") from None
+
+
+def _write_trace(tr, path: str, trace_format: str) -> None:
+    if trace_format == ".svg":
+        if not tr.events and not tr.calls:
+            print(f"spmdsim run: no mapped call ran, so no timeline was written to {path}", file=sys.stderr)
+            return
+        tr.to_svg(path)
+        print(f"spmdsim run: drew {len(tr.events)} collectives as a timeline in {path}", file=sys.stderr)
+    else:
+        tr.to_perfetto(path)
+        print(f"spmdsim run: wrote {len(tr.events)} collectives to {path} (open it in https://ui.perfetto.dev or "
+              f"chrome://tracing)", file=sys.stderr)
