@@ -13,7 +13,7 @@ import pytest
 
 from spmdsim.runtime import _threads
 from spmdsim.jax.numerics import _xla_cpu_math
-from spmdsim.jax.rules._numpy_rules import c_slices, matmul_slices
+from spmdsim.jax.rules._dot import c_slices, matmul_slices
 
 pytestmark = pytest.mark.area("performance: kernels")
 
@@ -136,7 +136,7 @@ def _xla_max(row: np.ndarray, largest: bool):
 @pytest.mark.parametrize("name", ["reduce_max", "reduce_min"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_float_max_and_min_reductions_order_signed_zeros_and_keep_the_first_nan(name, dtype):
-    from spmdsim.jax.rules._numpy_rules import PER_DEVICE
+    from spmdsim.jax.evaluation._registry import PER_DEVICE
     rng = np.random.default_rng(3)
     special = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 2.5], dtype)
     nans = np.array([0x7FC00001, 0xFFC00002, 0x7FC00003], np.uint32).view(np.float32).astype(dtype)
@@ -161,7 +161,8 @@ def test_float_max_and_min_reductions_order_signed_zeros_and_keep_the_first_nan(
 def test_sums_over_leading_axes_transpose_by_tiles(shape, axes):
     """The operand of a sum over consecutive axes is moved to ``(kept..., R)`` tile by tile: the same array as
     NumPy's transposed copy, so every sum adds the same values in the same order."""
-    from spmdsim.jax.rules._numpy_rules import PER_DEVICE, _canonical
+    from spmdsim.jax.evaluation._registry import PER_DEVICE
+    from spmdsim.jax.rules._reductions import _canonical
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     kept = [d for d in range(len(shape)) if d not in axes]
     moved = np.ascontiguousarray(np.transpose(x, kept + list(axes))).reshape(*(shape[d] for d in kept), -1)
@@ -237,7 +238,8 @@ def test_results_handed_to_jax_stay_the_callers(executor, shape):
 def test_large_vectorized_reductions_split_over_the_devices_as_each_device_reduces(name, dtype):
     """A vectorized reduction of a million elements or more runs one part of the devices per CPU: each device's
     result is, bit for bit, its own block reduced by the per-device rule."""
-    from spmdsim.jax.rules._numpy_rules import PER_DEVICE, SPLIT_ELEMENTS, VECTORIZED
+    from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED
+    from spmdsim.jax.rules._reductions import SPLIT_ELEMENTS
     rng = np.random.default_rng(11)
     x = (rng.standard_normal((5, 40, 90, 70)) * 100).astype(dtype)
     if np.dtype(dtype).kind == "f":
@@ -252,7 +254,7 @@ def test_large_vectorized_reductions_split_over_the_devices_as_each_device_reduc
 
 
 def test_select_n_reads_a_boolean_predicate_as_it_is():
-    from spmdsim.jax.rules._numpy_rules import PER_DEVICE
+    from spmdsim.jax.evaluation._registry import PER_DEVICE
     which = np.array([[True], [False]])
     a, b = np.arange(6, dtype=np.float32).reshape(2, 3), -np.ones(3, np.float32)
     got = PER_DEVICE["select_n"](which, a, b)

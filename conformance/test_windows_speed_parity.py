@@ -16,7 +16,7 @@ import pytest
 from jax.lax import ConvDimensionNumbers
 
 from spmdsim.jax.rules import _windows
-from spmdsim.jax.rules._numpy_rules import pad_array
+from spmdsim.jax.rules._structural import pad_array
 from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED
 
 pytestmark = [pytest.mark.area("lax primitives vs XLA:CPU"),
@@ -272,7 +272,7 @@ def test_select_and_scatter_add_is_the_window_by_window_scatter():
 
 def test_large_stacked_windows_split_over_the_devices_as_each_device_computes():
     """Max pooling, sum pooling and the max pooling's gradient of more than a million stacked elements run one
-    part of the devices per CPU (``_numpy_rules.by_devices``); each device's result is the per-device rule's on
+    part of the devices per CPU (``_reductions.by_devices``); each device's result is the per-device rule's on
     its own blocks, bit for bit, also where a NaN in one device's block sends only that part down the slow
     path."""
     rng = np.random.default_rng(8)

@@ -17,8 +17,9 @@ except ImportError as e:  # pragma: no cover - exercised in the jax-free test en
                       "spmdsim.pmap and spmdsim.lax, works without it.") from e
 
 from spmdsim.jax.rules import _collective_rules, _control_flow  # noqa: F401  (register rules)
+from spmdsim.jax.rules import _elementwise, _arithmetic, _structural, _reductions, _dot  # noqa: F401  (register rules)
 from spmdsim.jax.integration import _map  # noqa: F401
-from spmdsim.jax.rules import _numpy_rules, _prng  # noqa: F401  (register rules)
+from spmdsim.jax.rules import _prng  # noqa: F401  (register rules)
 from spmdsim.jax.rules import _callbacks, _linalg, _special, _windows  # noqa: F401  (register rules)
 from spmdsim.jax.integration._api import pmap
 from spmdsim.jax.evaluation._interpreter import eval_closed_jaxpr, eval_jaxpr, supported_primitives

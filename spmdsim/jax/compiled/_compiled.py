@@ -37,7 +37,8 @@ from spmdsim.primitives import _primitives
 from spmdsim.jax.evaluation._names import user_name
 from spmdsim.jax.evaluation._contraction import contract
 from spmdsim.jax.compiled import _fusion
-from spmdsim.jax.rules._numpy_rules import elementwise_vectorized, expand_to, splits
+from spmdsim.jax.rules._elementwise import elementwise_vectorized, expand_to
+from spmdsim.jax.rules._reductions import splits
 from spmdsim.jax.evaluation._registry import IN_PLACE, PER_DEVICE, compiled_form
 from spmdsim.jax.evaluation._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
@@ -320,7 +321,7 @@ def _ufunc_of(step: _Step, executor: Executor) -> np.ufunc | None:
 
 def _split_call(step: _Step, executor: Executor) -> Callable | None:
     """For an equation of the vectorized executor computed by one NumPy ufunc whose result is cut by devices
-    (``_numpy_rules.splits``): the call :func:`_split`, else None."""
+    (``_reductions.splits``): the call :func:`_split`, else None."""
     if executor.rules is PER_DEVICE or step.higher or step.operands_tuple or len(step.eqns) > 1 \
             or step.multiple or step.call is None or len(step.expected) != 1 or step.expected[0] is None:
         return None
@@ -354,7 +355,7 @@ def _split(ufunc: np.ufunc, shape: tuple, dtype, *operands, out: np.ndarray | No
 
 
 def _stacks(vectorized_rule, rule) -> bool:
-    """Whether ``vectorized_rule`` is ``rule`` on the stacked operands (``_numpy_rules.elementwise_vectorized``)."""
+    """Whether ``vectorized_rule`` is ``rule`` on the stacked operands (``_elementwise.elementwise_vectorized``)."""
     return getattr(vectorized_rule, "__code__", None) is _STACKED_CODE and \
         vectorized_rule.__closure__[0].cell_contents is rule
 

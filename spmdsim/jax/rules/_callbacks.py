@@ -155,3 +155,21 @@ def _pure_callback_v(*stacked, callback, result_avals, sharding=None, vmap_metho
 @vectorized("io_callback")
 def _io_callback_v(*stacked, callback, result_avals, sharding=None, ordered=False, **_):
     return _per_device_calls("io_callback", stacked, callback, result_avals, sharding)
+
+
+# -- jax.debug.print and jax.debug.callback: run per device on concrete values -------------------------------
+# What they print goes through spmdsim's ordered output: labelled with the device and released in device
+# order at each rendezvous. They have no vectorized rule on purpose: a callback is a per-device side effect (a
+# print per device, a user function called once per device with that device's values, in device order), which
+# a stacked evaluation cannot reproduce; the vectorized executor reports them as unsupported.
+
+@per_device("debug_print")
+def _debug_print(*args, fmt, in_tree, static_args=(), np_printoptions=(), **_):
+    import jax
+
+    positional, keywords = jax.tree_util.tree_unflatten(in_tree, list(args))
+    positional = list(positional)
+    for index, value in static_args:
+        positional.insert(index, value)
+    with np.printoptions(**dict(np_printoptions)):
+        print(fmt.format(*positional, **keywords))

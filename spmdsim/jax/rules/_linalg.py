@@ -27,8 +27,9 @@ import scipy.linalg.blas as _blas
 import scipy.linalg.lapack as _lapack
 
 from spmdsim.jax.evaluation._interpreter import eval_jaxpr
-from spmdsim.jax.rules._numpy_rules import LOW_FLOATS, matmul_slices, per_device, vectorized
-from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED
+from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED, per_device, vectorized
+from spmdsim.jax.rules._dot import matmul_slices
+from spmdsim.jax.rules._elementwise import LOW_FLOATS
 
 
 def _both(name: str):

@@ -34,7 +34,7 @@ from spmdsim.jax.evaluation import _dtypes
 
 from spmdsim.jax.numerics import _xla_cpu_math
 from spmdsim.jax.evaluation._interpreter import PER_DEVICE as per_device_executor
-from spmdsim.jax.rules._numpy_rules import LOW_FLOATS, elementwise, expand_to
+from spmdsim.jax.rules._elementwise import LOW_FLOATS, elementwise, expand_to
 from spmdsim.jax.evaluation._registry import PER_DEVICE, per_device, vectorized
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))

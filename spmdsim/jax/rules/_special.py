@@ -4,7 +4,7 @@
 JAX itself (``mlir.lower_fun`` of its ``*_impl`` in ``jax/_src/lax/special.py``: series and continued fractions
 in ``while`` loops): XLA:CPU runs that program, so spmdsim evaluates the same program, traced once per operand
 shapes and dtypes, with its own rules (:func:`_as_jax_lowers`). ``digamma`` (and ``lgamma``, in
-``_numpy_rules``) is CHLO's Lanczos approximation as XLA computes it (:mod:`._xla_cpu_math`). The others, by
+``_arithmetic``) is CHLO's Lanczos approximation as XLA computes it (:mod:`._xla_cpu_math`). The others, by
 ``scipy.special``:
 
 Every rule is elementwise (its vectorized twin is the same rule on the stacked operands). float32, float16 and
@@ -26,7 +26,7 @@ from spmdsim.jax._internals import jax_special, lgamma_float32_program
 
 from spmdsim.jax.evaluation._interpreter import PER_DEVICE as per_device_executor
 from spmdsim.jax.numerics import _xla_cpu_math
-from spmdsim.jax.rules._numpy_rules import LOW_FLOATS, both, elementwise, expand_to, via_f32
+from spmdsim.jax.rules._elementwise import LOW_FLOATS, both, elementwise, expand_to, via_f32
 
 
 def _in_float64(fn):

@@ -25,8 +25,11 @@ import math
 import numpy as np
 
 from spmdsim.runtime import _blas, _buffers, _threads
-from spmdsim.jax.rules._numpy_rules import LOW_FLOATS, PER_DEVICE, by_devices, eval_elementwise_jaxpr, is_float, \
-    matmul_slices, pad_array, per_device, product_dtypes, vectorized
+from spmdsim.jax.evaluation._registry import PER_DEVICE, per_device, vectorized
+from spmdsim.jax.rules._dot import matmul_slices, product_dtypes
+from spmdsim.jax.rules._elementwise import LOW_FLOATS, is_float
+from spmdsim.jax.rules._reductions import by_devices, eval_elementwise_jaxpr
+from spmdsim.jax.rules._structural import pad_array
 
 
 def _padded(x: np.ndarray, fill, padding, base_dilation) -> tuple[np.ndarray, np.ndarray]:

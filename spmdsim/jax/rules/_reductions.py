@@ -1,0 +1,392 @@
+"""NumPy rules for JAX's reductions in XLA:CPU's order of additions (``reduce_sum``, ``reduce_max``, ``argmax``,
+cumulative sums, the generic ``reduce`` with a reducer jaxpr), and sorting (``sort``, ``top_k``,
+``approx_top_k``); and how a large vectorized rule is spread over the CPUs (:func:`by_devices`). The conventions every rule keeps are :mod:`._elementwise`'s.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import numpy as np
+
+from spmdsim.runtime import _blas, _threads
+from spmdsim.jax.evaluation import _dtypes
+from spmdsim.jax.evaluation._registry import PER_DEVICE, per_device, vectorized
+from spmdsim.jax.rules._elementwise import LOW_FLOATS, both, expand_to, is_float, shift
+from spmdsim.jax.rules._arithmetic import _float_max, _float_min, _ordered_key
+
+
+# -- reductions ------------------------------------------------------------------------------------------
+
+def _canonical(x: np.ndarray, axes) -> np.ndarray:
+    """x with the reduced axes moved last and merged: ``(kept..., R)``, contiguous. Reducing its last axis
+    sums every output element in the same order whatever the leading (device) axes are."""
+    axes = tuple(sorted(int(a) for a in axes))
+    first = x.ndim - len(axes)
+    if axes == tuple(range(first, x.ndim)) and x.flags.c_contiguous:  # already so: a reshape, no copy
+        return x.reshape((*x.shape[:first], math.prod(x.shape[first:])))
+    kept = [d for d in range(x.ndim) if d not in axes]
+    shape = (*(x.shape[d] for d in kept), math.prod(x.shape[d] for d in axes))
+    consecutive = axes and axes == tuple(range(axes[0], axes[0] + len(axes)))
+    if consecutive and x.flags.c_contiguous and x.size >= _TILED_ELEMENTS:
+        # consecutive axes (a sum over a batch's leading axes): (before, R, after) -> (before, after, R) by tiles
+        before, after = math.prod(x.shape[:axes[0]]), math.prod(x.shape[axes[-1] + 1:])
+        if after >= _TILE:
+            return _transposed(x.reshape(before, shape[-1], after)).reshape(shape)
+    moved = np.transpose(x, kept + list(axes))
+    return np.asarray(moved, order="C").reshape(shape)
+
+
+_TILED_ELEMENTS, _TILE = 1 << 16, 64
+
+
+def _transposed(x: np.ndarray) -> np.ndarray:
+    """``x.transpose(0, 2, 1)`` copied tile by tile (64 x 64 elements of each matrix, some matrices at a time):
+    NumPy's own copy reads one of the two across pages, 3-6x slower on large matrices. The same values."""
+    batch, rows, columns = x.shape
+    out = np.empty((batch, columns, rows), x.dtype)
+    group = max(1, (1 << 18) // (_TILE * _TILE * x.itemsize))
+    for b in range(0, batch, group):
+        for r in range(0, rows, _TILE):
+            for c in range(0, columns, _TILE):
+                out[b:b + group, c:c + _TILE, r:r + _TILE] = x[b:b + group, r:r + _TILE, c:c + _TILE].transpose(0, 2, 1)
+    return out
+
+
+_TREE_WINDOW = 32  # XLA:CPU's TreeReductionRewriter window
+SPLIT_ELEMENTS = 1 << 20  # a vectorized rule over this many elements runs on every CPU (by_devices, _compiled._split)
+
+
+def splits(shape: tuple) -> bool:
+    """Whether a vectorized result of ``shape`` (the device axis first) is cut into one part of the devices per
+    CPU: at least ``SPLIT_ELEMENTS`` elements, over two devices or more."""
+    return len(shape) >= 2 and shape[0] >= 2 and math.prod(shape) >= SPLIT_ELEMENTS
+
+
+def by_devices(fn: Callable, *stacked: np.ndarray) -> np.ndarray:
+    """``fn(*stacked)`` for operands stacked on a device axis of one length, where each device's result depends
+    on its own blocks alone (a reduction, a window's pooling or its gradient): from ``SPLIT_ELEMENTS`` elements
+    on, one part of the devices per CPU (:func:`spmdsim.runtime._threads.in_parallel`: NumPy releases the GIL in its
+    loops), the parts' results joined along the device axis. The same values."""
+    n = stacked[0].shape[0] if stacked[0].ndim else 0
+    if n < 2 or sum(x.size for x in stacked) < SPLIT_ELEMENTS or any(x.ndim == 0 or x.shape[0] != n
+                                                                      for x in stacked):
+        return fn(*stacked)
+    parts: dict = {}
+
+    def part(lo: int, hi: int) -> None:
+        parts[lo] = fn(*(x[lo:hi] for x in stacked))
+    _threads.in_parallel(part, n, cpus=_blas.cpus())
+    return np.concatenate([parts[lo] for lo in sorted(parts)])
+
+
+def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
+    """A float16/bfloat16 sum or product as XLA:CPU computes the ``reduce`` (measured bit for bit on every
+    single-axis shape tried): in the operand's dtype, rounded after every step, from the identity, in XLA's
+    tree order. Where every reduced dimension has at least 32 elements, XLA's TreeReductionRewriter first
+    reduces windows of 32 along each of them (SAME padding with the identity, so the windows at the ends are
+    shorter), then reduces the windows' results the same way; otherwise the reduced elements are folded in
+    row-major order."""
+    dtype, axes = x.dtype, sorted(int(a) for a in axes)
+    if not axes:  # nothing reduced: XLA's reduce is the operand
+        return x
+    kept = [d for d in range(x.ndim) if d not in axes]
+    k, kept_shape = len(axes), tuple(x.shape[d] for d in kept)
+    columns = math.prod(kept_shape)
+    v = np.transpose(x, axes + kept).astype(np.float32).reshape(*(x.shape[a] for a in axes), columns)
+    identity = np.float32(1 if ufunc is np.multiply else 0)
+
+    def fold(rows: np.ndarray) -> np.ndarray:  # (groups, R, columns) -> (groups, columns)
+        acc = np.full((rows.shape[0], columns), identity, np.float32)
+        for j in range(rows.shape[1]):
+            acc = ufunc(acc, rows[:, j]).astype(dtype).astype(np.float32)
+        return acc
+
+    while not any(n < _TREE_WINDOW for n in v.shape[:k]):
+        counts = [-(-n // _TREE_WINDOW) for n in v.shape[:k]]
+        pads = [((c * _TREE_WINDOW - n) // 2, c * _TREE_WINDOW - n - (c * _TREE_WINDOW - n) // 2)
+                for c, n in zip(counts, v.shape[:k])]
+        v = np.pad(v, pads + [(0, 0)], constant_values=identity)
+        v = v.reshape(*(d for c in counts for d in (c, _TREE_WINDOW)), columns)
+        v = v.transpose(*range(0, 2 * k, 2), *range(1, 2 * k, 2), 2 * k)
+        v = fold(v.reshape(math.prod(counts), _TREE_WINDOW ** k, columns)).reshape(*counts, columns)
+    return fold(v.reshape(1, -1, columns) if columns else v.reshape(1, 0, 0)).astype(dtype).reshape(kept_shape)
+
+
+def _reduction(ufunc, name):
+    accumulate = ufunc in (np.add, np.multiply)
+
+    def rule(x, *, axes, out_sharding=None):
+        if x.dtype in LOW_FLOATS and accumulate:
+            return _low_precision_fold(x, axes, ufunc)
+        if x.dtype.kind == "f" and ufunc is np.maximum:
+            return _reduce_float_extremum(_canonical(x, axes), _float_max)
+        if x.dtype.kind == "f" and ufunc is np.minimum:
+            return _reduce_float_extremum(_canonical(x, axes), _float_min)
+        if x.dtype in LOW_FLOATS and ufunc in (np.maximum, np.minimum):
+            return rule(x.astype(np.float32), axes=axes).astype(x.dtype)
+        flat = _canonical(x, axes)
+        if flat.shape[-1] == 0 and not accumulate:
+            return np.full(flat.shape[:-1], _reduction_identity(ufunc, x.dtype), x.dtype)
+        return ufunc.reduce(flat, axis=-1, dtype=x.dtype if accumulate else None)
+
+    def specialized(eqn):
+        """The rule's last case for this equation, its reduced axes known: when they are the trailing ones, a
+        contiguous operand is reshaped to ``(kept..., R)`` without :func:`_canonical`'s steps (the same array)."""
+        aval, axes = eqn.invars[0].aval, tuple(sorted(eqn.params["axes"]))
+        if _dtypes.is_extended(aval.dtype):
+            return None
+        dtype, ndim = np.dtype(aval.dtype), len(aval.shape)
+        first = ndim - len(axes)
+        if dtype in LOW_FLOATS or dtype.kind == "f" and ufunc in (np.maximum, np.minimum) \
+                or axes != tuple(range(first, ndim)):
+            return None
+        flat_shape = (*aval.shape[:first], math.prod(aval.shape[first:]))
+        if flat_shape[-1] == 0 and not accumulate:
+            return None
+        reduce_dtype = dtype if accumulate else None
+
+        def reduce(x):
+            return ufunc.reduce(x.reshape(flat_shape) if x.flags.c_contiguous else _canonical(x, axes), axis=-1,
+                                dtype=reduce_dtype)
+        return reduce
+
+    rule.specialize = specialized
+    per_device(name)(rule)
+
+    vectorized(name)(lambda x, *, axes, out_sharding=None: by_devices(functools.partial(rule, axes=shift(axes)), x))
+
+
+def _reduction_identity(ufunc, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return ufunc in (np.minimum, np.bitwise_and)
+    if ufunc is np.bitwise_and:
+        return np.asarray(-1).astype(dtype) if dtype.kind == "i" else np.iinfo(dtype).max
+    if ufunc in (np.bitwise_or, np.bitwise_xor):
+        return 0
+    info = np.iinfo(dtype)
+    return info.min if ufunc is np.maximum else info.max
+
+
+def _reduce_float_extremum(x: np.ndarray, pick) -> np.ndarray:
+    """The max (``pick`` = :func:`_float_max`) or min of ``x``'s last axis as XLA computes it: NaN if any
+    element is NaN, -0.0 ordered below +0.0. NumPy's reduction where it is the same (not complex; rows whose
+    result is NaN are folded again one element at a time, for the NaN's bits); a zero result takes its sign
+    from the row's zeros."""
+    if x.shape[-1] == 0:
+        return np.full(x.shape[:-1], -np.inf if pick is _float_max else np.inf, x.dtype)
+    largest = pick is _float_max
+    if x.dtype.kind == "c" or x.ndim == 0:
+        return _fold_float_extremum(x, pick)
+    out = np.asarray((np.maximum if largest else np.minimum).reduce(x, axis=-1))
+    nan = np.isnan(out)
+    if nan.any():
+        out[nan] = _fold_float_extremum(x[nan], pick)
+    zero = out == 0
+    if zero.any():  # max: +0.0 if the row holds one, else -0.0; min: -0.0 if the row holds one, else +0.0
+        rows = x[zero]
+        wanted = ((rows == 0) & (np.signbit(rows) != largest)).any(axis=-1)
+        out[zero] = np.where(wanted == largest, np.zeros((), x.dtype), -np.zeros((), x.dtype))
+    return out
+
+
+def _fold_float_extremum(x: np.ndarray, pick) -> np.ndarray:
+    out = x[..., 0]
+    for k in range(1, x.shape[-1]):
+        out = pick(out, x[..., k])
+    return np.asarray(out, x.dtype)
+
+
+for _name, _ufunc in (("reduce_sum", np.add), ("reduce_prod", np.multiply), ("reduce_max", np.maximum),
+                      ("reduce_min", np.minimum), ("reduce_and", np.bitwise_and), ("reduce_or", np.bitwise_or),
+                      ("reduce_xor", np.bitwise_xor)):
+    _reduction(_ufunc, _name)
+
+
+def _argextremum(x, axis, index_dtype, largest: bool):
+    if x.dtype.kind == "c":
+        raise NotImplementedError("argmax/argmin of complex")
+    if is_float(x.dtype):  # NaN wins (the first one); -0.0 and +0.0 tie (the first one)
+        x32 = x.astype(np.float32) if x.dtype in LOW_FLOATS else x
+        nan = np.isnan(x32)
+        best = np.argmax(x32, axis=axis) if largest else np.argmin(x32, axis=axis)
+        return np.where(nan.any(axis=axis), np.argmax(nan, axis=axis), best).astype(index_dtype)
+    return (np.argmax(x, axis=axis) if largest else np.argmin(x, axis=axis)).astype(index_dtype)
+
+
+both("argmax", vectorized_rule=lambda x, *, axes, index_dtype: _argextremum(x, axes[0] + 1, index_dtype, True))(
+    lambda x, *, axes, index_dtype: _argextremum(x, axes[0], index_dtype, True))
+both("argmin", vectorized_rule=lambda x, *, axes, index_dtype: _argextremum(x, axes[0] + 1, index_dtype, False))(
+    lambda x, *, axes, index_dtype: _argextremum(x, axes[0], index_dtype, False))
+
+
+def _cumulative(fn, name):
+    def rule(x, *, axis, reverse):
+        if x.dtype in LOW_FLOATS:
+            return rule(x.astype(np.float32), axis=axis, reverse=reverse).astype(x.dtype)
+        y = np.flip(x, axis) if reverse else x
+        y = fn(y, axis)
+        return (np.flip(y, axis) if reverse else y).astype(x.dtype)
+
+    per_device(name)(rule)
+    vectorized(name)(lambda x, *, axis, reverse: rule(x, axis=axis + 1, reverse=reverse))
+
+
+def _accumulate_extremum(pick):
+    def fn(x, axis):
+        if x.dtype.kind != "f":
+            return (np.maximum if pick is _float_max else np.minimum).accumulate(x, axis=axis)
+        out = np.array(x, copy=True)
+        moved = np.moveaxis(out, axis, 0)
+        for k in range(1, moved.shape[0]):
+            moved[k] = pick(moved[k - 1], moved[k])
+        return out
+    return fn
+
+
+_cumulative(lambda x, a: np.cumsum(x, axis=a, dtype=x.dtype), "cumsum")
+_cumulative(lambda x, a: np.cumprod(x, axis=a, dtype=x.dtype), "cumprod")
+_cumulative(_accumulate_extremum(_float_max), "cummax")
+_cumulative(_accumulate_extremum(_float_min), "cummin")
+_cumulative(lambda x, a: np.logaddexp.accumulate(x, axis=a), "cumlogsumexp")
+
+
+# -- the generic reduce: a reducer jaxpr, evaluated on whole arrays ---------------------------------------------
+
+def eval_elementwise_jaxpr(jaxpr, consts, *args) -> list[np.ndarray]:
+    """Evaluate a scalar jaxpr (a reducer, a selector) on arrays of any shape with the per-device rules: its
+    equations are elementwise, so the same rules compute every element at once."""
+    env = {}
+    for v, a in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = np.asarray(a)
+    for v, a in zip(jaxpr.invars, args, strict=True):
+        env[v] = a
+
+    def read(v):
+        return np.asarray(v.val, dtype=np.dtype(v.aval.dtype)) if not hasattr(v, "count") and hasattr(v, "val") \
+            else env[v]
+
+    for eqn in jaxpr.eqns:
+        rule = PER_DEVICE.get(eqn.primitive.name)
+        if rule is None:
+            raise NotImplementedError(f"spmdsim has no NumPy rule for primitive {eqn.primitive.name!r} inside a "
+                                      f"reducer (params {dict(eqn.params)})")
+        invals = [read(v) for v in eqn.invars]
+        ndim = max((x.ndim for x in invals), default=0)
+        out = rule(*(expand_to(x, ndim) if x.ndim else x for x in invals), **eqn.params)
+        outs = out if eqn.primitive.multiple_results else [out]
+        for v, o in zip(eqn.outvars, outs, strict=True):
+            env[v] = np.asarray(o)
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _reduce_generic(*operands_and_inits, computation=None, jaxpr, dimensions):
+    """lax.reduce with any reducer: a sequential fold over the reduced axes in row-major order."""
+    n = len(operands_and_inits) // 2
+    operands, inits = operands_and_inits[:n], operands_and_inits[n:]
+    inner, consts = (jaxpr.jaxpr, jaxpr.consts) if hasattr(jaxpr, "consts") else (jaxpr, ())
+    flat = [_canonical(x, dimensions) for x in operands]
+    acc = [np.broadcast_to(np.asarray(i, x.dtype), f.shape[:-1]) for i, x, f in zip(inits, operands, flat,
+                                                                                    strict=True)]
+    for k in range(flat[0].shape[-1]):
+        acc = eval_elementwise_jaxpr(inner, consts, *acc, *(f[..., k] for f in flat))
+        acc = [np.asarray(a, x.dtype) for a, x in zip(acc, operands, strict=True)]
+    return [np.array(np.broadcast_to(a, f.shape[:-1])) for a, f in zip(acc, flat, strict=True)]
+
+
+per_device("reduce")(_reduce_generic)
+
+
+@vectorized("reduce")
+def _reduce_generic_v(*operands_and_inits, computation=None, jaxpr, dimensions):
+    n = len(operands_and_inits) // 2
+    operands, inits = operands_and_inits[:n], [np.asarray(i) for i in operands_and_inits[n:]]
+    if all(i.size == 0 or (i == i.reshape(-1)[0]).all() for i in inits):  # the usual case: literal inits
+        firsts = [i.reshape(-1)[0] for i in inits]
+        return _reduce_generic(*operands, *firsts, jaxpr=jaxpr, dimensions=shift(dimensions))
+    per_device = [_reduce_generic(*(x[d] for x in operands), *(i[d] for i in inits), jaxpr=jaxpr,
+                                  dimensions=dimensions) for d in range(operands[0].shape[0])]
+    return [np.stack(outs) for outs in zip(*per_device, strict=True)]
+
+
+# -- sorting ---------------------------------------------------------------------------------------------------
+
+def _sort_keys(x: np.ndarray) -> list[np.ndarray]:
+    """JAX's sort comparator on one operand, as lexicographic unsigned keys: floats with -0.0 = +0.0 and every
+    NaN equal and last; complex numbers by (real, imaginary)."""
+    if x.dtype.kind == "c":
+        return _sort_keys(np.real(x)) + _sort_keys(np.imag(x))
+    if is_float(x.dtype):
+        canonical = np.where(x == 0, np.zeros((), x.dtype), x)
+        canonical = np.where(np.isnan(canonical), np.asarray(np.nan, x.dtype), canonical).astype(x.dtype)
+        return [_ordered_key(canonical)]
+    return [_ordered_key(x)]
+
+
+def sort_order(keys: list[np.ndarray], axis: int) -> np.ndarray:
+    """The stable ascending order along ``axis`` of lexicographic keys (first key most significant)."""
+    moved = [np.moveaxis(k, axis, -1) for k in keys]
+    if len(moved) == 1:
+        order = np.argsort(moved[0], axis=-1, kind="stable")
+    else:
+        order = np.lexsort(tuple(reversed(moved)), axis=-1)
+    return np.moveaxis(order, -1, axis)
+
+
+@per_device("sort")
+def _sort(*operands, dimension, is_stable, num_keys):
+    keys = [k for x in operands[:num_keys] for k in _sort_keys(x)]
+    order = sort_order(keys, dimension)
+    return [np.take_along_axis(o, order, axis=dimension) for o in operands]
+
+
+vectorized("sort")(lambda *operands, dimension, is_stable, num_keys: _sort(
+    *operands, dimension=dimension + 1, is_stable=is_stable, num_keys=num_keys))
+
+
+def _top(x, k, axis, largest: bool):
+    """The first k along ``axis`` in XLA's order (total order, descending for top_k; ties: lower index)."""
+    key = _ordered_key(x)
+    key = ~key if largest else key
+    order = np.take(np.argsort(np.moveaxis(key, axis, -1), axis=-1, kind="stable"), np.arange(k), axis=-1)
+    order = np.moveaxis(order, -1, axis)
+    return [np.take_along_axis(x, order, axis=axis), order.astype(np.int32)]
+
+
+@per_device("top_k")
+def _top_k(x, *, k, axis=-1, **_):
+    return _top(x, int(k), axis % x.ndim, True)
+
+
+vectorized("top_k")(lambda x, *, k, axis=-1, **_: _top(x, int(k), axis % (x.ndim - 1) + 1, True))
+
+
+def _approx_top_k_size(x_shape, k, reduction_dimension, recall_target, aggregate_to_topk,
+                       reduction_input_size_override) -> int:
+    if aggregate_to_topk:
+        return int(k)
+    from spmdsim.jax._internals import jaxlib_ext as _jax
+
+    size = x_shape[reduction_dimension]
+    return int(_jax.approx_top_k_reduction_output_size(size, len(x_shape), int(k), recall_target, aggregate_to_topk,
+                                                       reduction_input_size_override)[0])
+
+
+@per_device("approx_top_k")
+def _approx_top_k(x, *, k, reduction_dimension, recall_target, is_max_k, reduction_input_size_override,
+                  aggregate_to_topk):
+    """XLA:CPU's fallback: an exact sort along the reduction dimension, the first entries kept."""
+    axis = reduction_dimension % x.ndim
+    size = _approx_top_k_size(x.shape, k, axis, recall_target, aggregate_to_topk, reduction_input_size_override)
+    return _top(x, size, axis, bool(is_max_k))
+
+
+@vectorized("approx_top_k")
+def _approx_top_k_v(x, *, k, reduction_dimension, recall_target, is_max_k, reduction_input_size_override,
+                    aggregate_to_topk):
+    axis = reduction_dimension % (x.ndim - 1)
+    size = _approx_top_k_size(x.shape[1:], k, axis, recall_target, aggregate_to_topk,
+                              reduction_input_size_override)
+    return _top(x, size, axis + 1, bool(is_max_k))
