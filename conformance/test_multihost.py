@@ -48,6 +48,14 @@ def no_process_left(marker: str) -> None:
     assert not left, f"processes left behind: {left}"
 
 
+def unlabelled(out: str) -> list[str]:
+    """The lines of hosts' output without their labels: under ``--hosts`` every line a host writes starts with
+    ``host h | `` (asserted here, for each line); mpiexec's own lines (``[mpiexec@machine] ...``) are left out."""
+    lines = [line for line in out.splitlines() if not line.startswith("[mpiexec@")]
+    assert all(re.match(r"host \d+ \| ", line) for line in lines), out
+    return [line.split(" | ", 1)[1] for line in lines]
+
+
 def spmdsim_run(*args, hosts: int | None = None, devices: int = 4, env=None) -> subprocess.CompletedProcess:
     """``python -m spmdsim run [--hosts H] --devices N ARGS``, bounded; afterwards no process of the run (those
     naming its script) may be left."""
@@ -75,7 +83,8 @@ def test_multihost_training_gives_the_one_process_numbers_bit_for_bit(hosts, tmp
     proc = spmdsim_run(EXAMPLE, "--out", str(tmp_path / "hosts"), hosts=hosts, devices=2 * hosts)
     assert proc.returncode == 0, proc.stderr
     lines = sorted(proc.stdout.splitlines())
-    assert [line.split(": loss")[0] for line in lines] == [f"host {h} of {hosts} (2 of {2 * hosts} devices)"
+    # each host prints its line once, labelled with the host that printed it (as device lines are with devices)
+    assert [line.split(": loss")[0] for line in lines] == [f"host {h} | host {h} of {hosts} (2 of {2 * hosts} devices)"
                                                            for h in range(hosts)]
     assert len({line.split(": loss")[1] for line in lines}) == 1  # every host's losses are the global ones
     one = spmdsim_run(EXAMPLE, "--out", str(tmp_path / "one"), devices=2 * hosts)  # one process, every shard
@@ -198,8 +207,9 @@ def test_a_killed_host_ends_every_other_host_within_5_seconds_naming_it(hosts):
     finally:
         proc.kill()
         no_process_left(CASES)
-    killed_at = float(next(line for line in out.splitlines() if line.startswith("killing at")).split()[-1])
-    lost = {line.split()[1]: float(line.split()[-1]) for line in out.splitlines() if " lost a host at " in line}
+    said = unlabelled(out)
+    killed_at = float(next(line for line in said if line.startswith("killing at")).split()[-1])
+    lost = {line.split()[1]: float(line.split()[-1]) for line in said if " lost a host at " in line}
     assert sorted(lost) == sorted(str(h) for h in range(hosts) if h != 1), out + err
     assert max(lost.values()) - killed_at < 5.0, lost
     assert proc.returncode != 0
@@ -223,7 +233,7 @@ def test_ctrl_c_on_the_launcher_stops_every_host():
     command = [sys.executable, "-m", "spmdsim", "run", "--devices", "4", "--hosts", "2", CASES, "sleeping"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        assert proc.stdout.readline().strip() == "waiting"
+        assert proc.stdout.readline().strip() == "host 0 | waiting"
         time.sleep(0.5)
         sent = time.time()
         proc.send_signal(signal.SIGINT)
@@ -233,7 +243,7 @@ def test_ctrl_c_on_the_launcher_stops_every_host():
         no_process_left(CASES)
     assert proc.returncode == 130
     assert err.count("KeyboardInterrupt") >= 2
-    interrupted = {line.split()[1]: float(line.split()[-1]) for line in out.splitlines() if " interrupted at " in line}
+    interrupted = {line.split()[1]: float(line.split()[-1]) for line in unlabelled(out) if " interrupted at " in line}
     assert sorted(interrupted) == ["0", "1"], out + err
     assert max(interrupted.values()) - sent < 5.0, interrupted
     assert "Ctrl-C caught" not in out, out
@@ -281,7 +291,8 @@ def test_jit_and_grad_around_a_pmap_across_hosts():
     the gradient of the sum over every host's outputs of psum(u * u) is 4 devices x 2u."""
     proc = spmdsim_run(CASES, "transforms", hosts=2)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.splitlines()) == ["host 0: [22.0, 23.0] [0.0, 8.0]", "host 1: [24.0, 25.0] [80.0, 88.0]"]
+    assert sorted(proc.stdout.splitlines()) == ["host 0 | host 0: [22.0, 23.0] [0.0, 8.0]",
+                                                "host 1 | host 1: [24.0, 25.0] [80.0, 88.0]"]
 
 
 def test_jax_distributed_initialize_checks_its_arguments_against_the_run():
@@ -354,7 +365,7 @@ def test_a_one_machine_run_listens_on_nothing_but_loopback(tmp_path):
     command = [sys.executable, "-m", "spmdsim", "run", "--devices", "4", "--hosts", "2", str(script)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
-        assert proc.stdout.readline().strip() == "[4. 4.]"
+        assert re.fullmatch(r"host [01] \| \[4\. 4\.\]", proc.stdout.readline().strip())
         pids = _process_tree(proc.pid)
         sockets = {(pid, *s) for pid in pids for s in _listening(pid)}
         out, err = proc.communicate(timeout=TIMEOUT)
@@ -366,3 +377,22 @@ def test_a_one_machine_run_listens_on_nothing_but_loopback(tmp_path):
     import ipaddress
     exposed = [s for s in sockets if not ipaddress.ip_address(s[1]).is_loopback and s[3]]
     assert not exposed, f"listening where others can reach: {exposed}"
+
+
+def test_each_host_labels_its_own_lines_whole(tmp_path):
+    """What the program prints on every host appears once per host, each line starting with the host that wrote
+    it (issue 41): a line printed in pieces stays one line, on stdout and stderr alike, and a last line without
+    its newline still comes out (at exit)."""
+    script = tmp_path / "printing_hosts.py"
+    script.write_text("import sys, jax\n"
+                      "h = jax.process_index()\n"
+                      "print('from', end=' '); print(f'host {h}')\n"
+                      "print(f'err {h}', file=sys.stderr)\n"
+                      "print('unfinished', end='')\n")
+    proc = spmdsim_run(str(script), hosts=2)
+    assert proc.returncode == 0, proc.stderr
+    body = [line for line in proc.stdout.splitlines() if "spmdsim run:" not in line]
+    assert sorted(body) == ["host 0 | from host 0", "host 0 | unfinished", "host 1 | from host 1",
+                            "host 1 | unfinished"]
+    assert sorted(line for line in proc.stderr.splitlines() if "err" in line) == ["host 0 | err 0",
+                                                                                  "host 1 | err 1"]

@@ -13,6 +13,7 @@ import contextlib
 import io
 import os
 import sys
+import threading
 from typing import Callable
 
 import spmdsim
@@ -21,7 +22,7 @@ from spmdsim import hosts
 from spmdsim.tools._script import check_program, run_program, split_argv
 from spmdsim.cli import ArgumentParser, UsageError, positive_int
 
-VALUED = ("--devices", "--executor", "--trace", "--hosts", "--hardware")
+VALUED = ("--devices", "--executor", "--trace", "--hosts", "--hardware", "--eager-shard-map")
 TRACE_FORMATS = {".json": "a Perfetto/Chrome trace", ".svg": "a timeline picture"}
 
 
@@ -40,6 +41,10 @@ def parser() -> ArgumentParser:
     p.add_argument("--executor", choices=["threads", "vectorized"], default="threads",
                    help="threads (default: one thread per device, the reference) or vectorized (all devices at "
                         "once; for thousands of devices)")
+    p.add_argument("--eager-shard-map", choices=["once", "per-device"], default="once",
+                   help="how an un-jitted jax.shard_map runs its body: once per call, on values holding every "
+                        "device's block, as JAX does (default), or once per device, each in its own thread "
+                        "(each device prints its own block, labelled; breakpoint() stops in one device)")
     p.add_argument("--trace", metavar="PATH", default=None,
                    help="record every collective; PATH.json: a Perfetto trace (https://ui.perfetto.dev), "
                         "PATH.svg: a timeline picture")
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     predicting = predictor if predictor is not None and (host is None or host.index == 0) else contextlib.nullcontext()
     status = 1
     try:
-        with patched_jax(args.devices, args.executor, host), tracing as tr, predicting:
+        with patched_jax(args.devices, args.executor, host, args.eager_shard_map), tracing as tr, predicting:
             try:
                 status = run_program(program)
             finally:
@@ -134,18 +139,65 @@ def _quick_exit(status: int) -> None:
     os._exit(status)
 
 
-def _whole_lines() -> None:
-    """A host's stdout and stderr write whole lines (line-buffered, even under PYTHONUNBUFFERED=1): ``mpiexec``
-    forwards each host's writes as they come, so a line written in pieces would be cut by another host's."""
+class HostLines(io.TextIOBase):
+    """A host's ``sys.stdout`` or ``sys.stderr`` under ``--hosts H``: each line it writes starts with ``host h | ``
+    (as a device's lines start with ``device k [...] | ``) and goes out whole, at once (``mpiexec`` forwards each
+    host's writes as they come, so a line written in pieces would be cut by another host's). What the program
+    prints on every host thus appears once per host, each copy saying whose it is. (MPICH's ``-prepend-pattern``
+    labels each chunk ``mpiexec`` reads, not each line.)"""
+
+    def __init__(self, stream, host: int):
+        self.stream, self.label = stream, f"host {host} | "
+        self._partial = ""
+        self._lock = threading.RLock()  # a signal handler that prints may interrupt a write
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", None)
+
+    @property
+    def errors(self):
+        return getattr(self.stream, "errors", None)
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *whole, self._partial = (self._partial + text).split("\n")
+            if whole:
+                self.stream.write("".join(f"{self.label}{line}\n" for line in whole))
+                self.stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        """Lines go out as they end; an unfinished one waits for its end (or for :meth:`close`)."""
+        with self._lock:
+            if not self.stream.closed:
+                self.stream.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._partial and not self.stream.closed:
+                self.stream.write(f"{self.label}{self._partial}\n")
+                self.stream.flush()
+            self._partial = ""
+
+
+def _label_host_lines(host: int) -> None:
+    """Label every line this host process writes to its stdout and stderr (see :class:`HostLines`); at exit the
+    last unfinished line goes out too."""
+    import atexit
     for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if not isinstance(stream, io.TextIOWrapper):
-            continue
-        if isinstance(stream.buffer, io.RawIOBase):  # unbuffered: give it a buffer
-            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(stream.buffer), encoding=stream.encoding,
-                                                errors=stream.errors, line_buffering=True))
-        else:
-            stream.reconfigure(line_buffering=True)
+        stream = HostLines(getattr(sys, name), host)
+        setattr(sys, name, stream)
+        atexit.register(stream.close)
 
 
 def host_of(command: str, raw: list[str], args, host_argv: Callable[[], list[str]]):
@@ -161,13 +213,13 @@ def host_of(command: str, raw: list[str], args, host_argv: Callable[[], list[str
         from spmdsim.tools import _launch
         if os.environ.get(_launch.CHILD_ENV) != "1":
             return _launch.run_as_host_child([command, *raw])
-        _whole_lines()
         try:
             host = hosts.mpi_host(args.devices)
         except ValueError as e:  # the devices do not split over the processes mpiexec started
             raise UsageError(f"--devices {args.devices}: {e}") from None
         if args.hosts not in (None, host.count):
             raise UsageError(f"--hosts {args.hosts}, but mpiexec started {host.count} processes")
+        _label_host_lines(host.index)
         return host
     if args.hosts is not None and args.hosts > 1:
         if args.devices % args.hosts:
@@ -179,7 +231,8 @@ def host_of(command: str, raw: list[str], args, host_argv: Callable[[], list[str
 
 def _host_argv(args, program) -> list[str]:
     """The command line of each host process: this one's options, the program, ``--``, its arguments."""
-    argv = ["run", "--devices", str(args.devices), "--executor", args.executor]
+    argv = ["run", "--devices", str(args.devices), "--executor", args.executor, "--eager-shard-map",
+            args.eager_shard_map]
     if args.trace:
         argv += ["--trace", args.trace]
     if args.hardware:
