@@ -1,8 +1,10 @@
 """An un-jitted shard_map runs eagerly, as in JAX 0.10 (issue 25): its body's values print as JAX's eager values
 ("On cpu:0 at mesh coordinates (i,) = (0,):" and the block), Python control flow works on values that are the same
 on every device and raises JAX's error on values that vary, JAX's eager errors come where JAX raises them. Each
-program runs on ``jax.shard_map`` and on spmdsim's side by side on the same CPU devices (spmdsim runs the body once
-per device, each device showing its own block: JAX's text is every device's, in device order)."""
+program runs on ``jax.shard_map`` and on spmdsim's side by side on the same CPU devices, in both of spmdsim's eager
+modes (issue 40): ``once`` (the default), the body's Python run once per call as JAX runs it, printing what JAX
+prints; ``per-device``, once per device, each device showing its own block (JAX's text is every device's, in device
+order)."""
 from __future__ import annotations
 
 import re
@@ -21,6 +23,7 @@ pytestmark = [pytest.mark.area("eager shard_map"),
               pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 JAX devices")]
 
 EXECUTORS = ["threads", "vectorized"]
+EAGER = ["once", "per-device"]
 
 
 def mesh_1d():
@@ -31,10 +34,10 @@ def mesh_2d():
     return Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("x", "y"))
 
 
-def both(executor):
+def both(executor, eager="once"):
     """(name, shard_map) for JAX's and spmdsim's."""
     return [("jax", jax.shard_map),
-            ("spmdsim", lambda f, **kw: sj.shard_map(f, executor=executor, **kw))]
+            ("spmdsim", lambda f, **kw: sj.shard_map(f, executor=executor, eager=eager, **kw))]
 
 
 def _by_device(texts: list[str]) -> str:
@@ -44,13 +47,14 @@ def _by_device(texts: list[str]) -> str:
     return "\n".join(sorted(texts, key=device))
 
 
+@pytest.mark.parametrize("eager", EAGER)
 @pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("mesh,spec,check_vma", [(mesh_1d, P("i"), True), (mesh_2d, P("x", "y"), True),
                                                  (mesh_2d, P("x"), True), (mesh_1d, P("i"), False)])
-def test_values_print_as_jax_eager_values(executor, mesh, spec, check_vma):
+def test_values_print_as_jax_eager_values(executor, eager, mesh, spec, check_vma):
     x = np.arange(16.0, dtype=np.float32).reshape(4, 4)
     printed = {}
-    for name, shard_map in both(executor):
+    for name, shard_map in both(executor, eager):
         texts, lock = [], threading.Lock()
 
         def body(b):
@@ -62,18 +66,22 @@ def test_values_print_as_jax_eager_values(executor, mesh, spec, check_vma):
         np.testing.assert_array_equal(np.asarray(out), x)
         printed[name] = texts
     (jax_b, jax_y, jax_type, jax_class), = printed["jax"]
+    if eager == "once":  # the body ran once, printing what JAX prints
+        assert printed["spmdsim"] == printed["jax"]
+        return
     assert len(printed["spmdsim"]) == 4
     assert _by_device([t[0] for t in printed["spmdsim"]]) == jax_b
     assert _by_device([t[1] for t in printed["spmdsim"]]) == jax_y
     assert {(t[2], t[3]) for t in printed["spmdsim"]} == {(jax_type, jax_class)}
 
 
+@pytest.mark.parametrize("eager", EAGER)
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_python_control_flow_on_values(executor):
+def test_python_control_flow_on_values(executor, eager):
     """JAX's test_eager_control_flow and test_axis_index_eager: ``if`` on a value the same on every device works;
     on a varying one (under check_vma=False, on any value) both raise TracerBoolConversionError."""
     x = jnp.arange(4.0).reshape(2, 2)
-    for name, shard_map in both(executor):
+    for name, shard_map in both(executor, eager):
         def f(b):
             return b if jax.lax.psum(b, ("x", "y")) < 0 else -b
         y = shard_map(f, mesh=mesh_2d(), in_specs=P("x", "y"), out_specs=P("x", "y"))(x)
@@ -89,8 +97,9 @@ def test_python_control_flow_on_values(executor):
                     jnp.arange(8.0))
 
 
+@pytest.mark.parametrize("eager", EAGER)
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_values_collectives_jit_and_keys_as_jax(executor):
+def test_values_collectives_jit_and_keys_as_jax(executor, eager):
     """A body with collectives, a jitted function, JAX's own jitted numpy functions, PRNG keys and a nested map,
     computed by spmdsim, equal JAX's."""
     x = jnp.arange(16.0).reshape(8, 2)
@@ -105,7 +114,7 @@ def test_values_collectives_jit_and_keys_as_jax(executor):
 
     keys = jax.random.split(jax.random.key(0), 4)
     outs = {}
-    for name, shard_map in both(executor):
+    for name, shard_map in both(executor, eager):
         mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
         outs[name] = shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=(P("x"), P("x")))(x, keys)
     for a, b in zip(outs["spmdsim"], outs["jax"], strict=True):
@@ -113,8 +122,9 @@ def test_values_collectives_jit_and_keys_as_jax(executor):
         assert a.sharding == b.sharding
 
 
+@pytest.mark.parametrize("eager", EAGER)
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_transformations_and_control_flow_inside_the_body(executor):
+def test_transformations_and_control_flow_inside_the_body(executor, eager):
     """custom_jvp functions, cond, fori_loop with a collective, grad, checkpoint and vmap inside an eager body."""
     def body(b):
         y = jax.nn.relu(b - 2) + jax.nn.softmax(b)
@@ -125,15 +135,16 @@ def test_transformations_and_control_flow_inside_the_body(executor):
 
     x = jnp.arange(8.0).reshape(4, 2)
     outs = {name: shard_map(body, mesh=mesh_2d(), in_specs=P("x"), out_specs=P("x"))(x)
-            for name, shard_map in both(executor)}
+            for name, shard_map in both(executor, eager)}
     np.testing.assert_allclose(np.asarray(outs["spmdsim"]), np.asarray(outs["jax"]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("eager", EAGER)
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_nested_eager_maps(executor):
+def test_nested_eager_maps(executor, eager):
     x = np.arange(16.0, dtype=np.float32).reshape(4, 4)
     outs, printed = {}, {}
-    for name, shard_map in both(executor):
+    for name, shard_map in both(executor, eager):
         texts, lock = [], threading.Lock()
 
         def inner(c):
@@ -148,14 +159,18 @@ def test_nested_eager_maps(executor):
         printed[name] = texts
     np.testing.assert_array_equal(np.asarray(outs["spmdsim"]), np.asarray(outs["jax"]))
     (jax_text,) = printed["jax"]
-    assert _by_device(printed["spmdsim"]) == jax_text
+    if eager == "once":
+        assert printed["spmdsim"] == [jax_text]
+    else:
+        assert _by_device(printed["spmdsim"]) == jax_text
 
 
+@pytest.mark.parametrize("eager", EAGER)
 @pytest.mark.parametrize("executor", EXECUTORS)
-def test_jax_eager_errors(executor):
+def test_jax_eager_errors(executor, eager):
     """JAX's eager rules: device_put to a device, a returned jax.Ref; an out_spec that replicates a varying value."""
     x = jnp.arange(8.0)
-    for name, shard_map in both(executor):
+    for name, shard_map in both(executor, eager):
         with pytest.raises(ValueError, match="got device"):
             shard_map(lambda b: b + jax.device_put(1.0, jax.devices()[0]), mesh=mesh_1d(), in_specs=P("i"),
                       out_specs=P("i"))(x)

@@ -4,7 +4,7 @@ JAX runs a ``shard_map`` called outside any transformation op by op (its ``Shard
 runs on values that hold every device's block, ``print(x)`` shows each device's block ("On cpu:0 at mesh
 coordinates (i,) = (0,):"), and Python control flow works on values that are the same on every device. spmdsim
 runs that body once per device, each in its own thread (the thread executor, :func:`spmdsim.runtime._runtime.run_mapped`),
-on a :class:`ShardMapTracer` holding that device's NumPy block:
+on a :class:`DeviceShardMapTracer` holding that device's NumPy block:
 
 - JAX's own ``shard_map`` front end checks the call (specs, divisibility, Explicit axes) and binds its primitive;
   the call is made under :data:`_EAGER` (JAX's eval trace, whose ``process_shard_map`` is :func:`run`), so that
@@ -35,14 +35,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spmdsim.runtime import _runtime
 
-from spmdsim.primitives import _sharding
+from spmdsim.primitives import _batch, _sharding
 from spmdsim.jax.evaluation import _dtypes, _unreduced
-from spmdsim.jax.evaluation._interpreter import PER_DEVICE, REFERENCE, eval_jaxpr
+from spmdsim.jax.evaluation._interpreter import PER_DEVICE, REFERENCE, Vectorized, eval_jaxpr
 from spmdsim.jax.integration._map import _numpy_spec, body_name, to_jax, to_numpy
 from spmdsim.jax.integration._placement import map_out_shardings
 from spmdsim.jax.integration._specs import _spec_dims
 
-__all__ = ["call", "runs_eagerly", "ShardMapTracer"]
+__all__ = ["call", "runs_eagerly", "EAGER_MODES", "ShardMapTracer", "DeviceShardMapTracer"]
 
 
 # -- JAX's configuration in the device threads ------------------------------------------------------------
@@ -79,7 +79,7 @@ class _CallerConfig:
 
 # -- the per-device values ---------------------------------------------------------------------------------
 
-class ShardMapTracer(core.Tracer):
+class DeviceShardMapTracer(core.Tracer):
     """One device's value in an eager shard_map's body: its NumPy block and its JAX type (the block's shape and
     dtype on the manual mesh, with the mesh axes it varies along). Printed as JAX prints its eager shard_map's
     values, for this device: ``On cpu:0 at mesh coordinates (i,) = (0,):`` and the block."""
@@ -104,6 +104,9 @@ class ShardMapTracer(core.Tracer):
         return f"On {trace.device} at mesh coordinates {names} = {trace.coords}:\n{_block_str(self.val, self.aval)}\n"
 
     __repr__ = __str__
+
+
+DeviceShardMapTracer.__name__ = "ShardMapTracer"  # as JAX names its eager values (``type(x).__name__``)
 
 
 def _block_str(val: np.ndarray, aval) -> str:
@@ -154,6 +157,29 @@ class _Traceback:
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
+def _block_aval(trace, shape, dtype, weak_type: bool, varying: frozenset):
+    """A block's JAX type on ``trace``'s manual mesh, varying along ``varying`` (under ``check_vma``); ``shape``:
+    its NumPy form's (for PRNG keys, with the key data's trailing axes)."""
+    if _dtypes.is_key(dtype):
+        shape = shape[:len(shape) - len(_dtypes.key_data_shape(dtype))]
+    aval = core.ShapedArray(tuple(shape), dtype, weak_type=weak_type)
+    return aval.update(sharding=NamedSharding(trace.manual_mesh, PartitionSpec(*(None,) * len(shape))),
+                       manual_axis_type=core.ManualAxisType(varying=varying) if trace.check else core.empty_mat)
+
+
+def _one_equation(mesh, prim, ins: list, params: dict):
+    """``prim`` bound to the tracers ``ins`` as a one-equation jaxpr, typed by JAX (its abstract evaluation: JAX's
+    errors, the varying-manual-axes checks; JAX's eager rules where they are errors); and its outputs' types."""
+    if prim in _JAX_EAGER_CHECKS:
+        jax_shard_map.eager_rules[prim](mesh, *(t.val for t in ins), **params)
+    out_avals, effects = prim.abstract_eval(*(t.aval for t in ins), **params)
+    out_avals = list(out_avals) if prim.multiple_results else [out_avals]
+    invars = [core.Var(t.aval) for t in ins]
+    outvars = [core.Var(a) for a in out_avals]
+    eqn = core.new_jaxpr_eqn(invars, outvars, prim, params, effects, _source_info())
+    return core.Jaxpr([], invars, outvars, [eqn], effects, _DEBUG_INFO), out_avals
+
+
 class _DeviceTrace(core.Trace):
     """One device's trace in an eager shard_map's body: primitives typed by JAX and computed by spmdsim's rules
     on this device's blocks (see the module docstring)."""
@@ -169,19 +195,12 @@ class _DeviceTrace(core.Trace):
         self.coords = tuple(int(position.get(name, 0)) for name in mesh.axis_names)
         self.device = mesh.devices[self.coords] if hasattr(mesh, "devices") else None
 
-    def aval(self, shape, dtype, weak_type: bool, varying: frozenset):
-        """A block's JAX type on the manual mesh, varying along ``varying`` (under ``check_vma``); ``shape``: its
-        NumPy form's (for PRNG keys, with the key data's trailing axes)."""
-        if _dtypes.is_key(dtype):
-            shape = shape[:len(shape) - len(_dtypes.key_data_shape(dtype))]
-        aval = core.ShapedArray(tuple(shape), dtype, weak_type=weak_type)
-        return aval.update(sharding=NamedSharding(self.manual_mesh, PartitionSpec(*(None,) * len(shape))),
-                           manual_axis_type=core.ManualAxisType(varying=varying) if self.check else core.empty_mat)
+    aval = _block_aval
 
-    def lift(self, x) -> ShardMapTracer:
+    def lift(self, x) -> DeviceShardMapTracer:
         """``x`` as this device's value: a constant (a Python or NumPy value, a ``jax.Array``) is the same on every
         device; an enclosing eager map's value is its block."""
-        if isinstance(x, ShardMapTracer):
+        if isinstance(x, DeviceShardMapTracer):
             if x._trace is self:
                 return x
             aval = x.aval
@@ -190,8 +209,8 @@ class _DeviceTrace(core.Trace):
         else:
             aval = core.typeof(x)
         mat = getattr(aval, "mat", core.empty_mat)
-        val = to_numpy(x.val if isinstance(x, ShardMapTracer) else x)
-        return ShardMapTracer(self, val, self.aval(val.shape, aval.dtype, aval.weak_type, mat.varying & self.manual))
+        val = to_numpy(x.val if isinstance(x, DeviceShardMapTracer) else x)
+        return DeviceShardMapTracer(self, val, self.aval(val.shape, aval.dtype, aval.weak_type, mat.varying & self.manual))
 
     stage_value = lift
 
@@ -201,16 +220,9 @@ class _DeviceTrace(core.Trace):
 
     def _computed(self, prim, tracers, params):
         ins = [self.lift(t) for t in tracers]
-        if prim in _JAX_EAGER_CHECKS:
-            jax_shard_map.eager_rules[prim](self.mesh, *(t.val for t in ins), **params)
-        out_avals, effects = prim.abstract_eval(*(t.aval for t in ins), **params)
-        out_avals = list(out_avals) if prim.multiple_results else [out_avals]
-        invars = [core.Var(t.aval) for t in ins]
-        outvars = [core.Var(a) for a in out_avals]
-        eqn = core.new_jaxpr_eqn(invars, outvars, prim, params, effects, _source_info())
-        values = eval_jaxpr(core.Jaxpr([], invars, outvars, [eqn], effects, _DEBUG_INFO), [], *(t.val for t in ins),
-                            executor=self.executor)
-        outs = [ShardMapTracer(self, v, self._typed(a)) for v, a in zip(values, out_avals, strict=True)]
+        jaxpr, out_avals = _one_equation(self.mesh, prim, ins, params)
+        values = eval_jaxpr(jaxpr, [], *(t.val for t in ins), executor=self.executor)
+        outs = [DeviceShardMapTracer(self, v, self._typed(a)) for v, a in zip(values, out_avals, strict=True)]
         return outs if prim.multiple_results else outs[0]
 
     def _typed(self, aval):
@@ -243,23 +255,27 @@ class _DeviceTrace(core.Trace):
 # -- the map -------------------------------------------------------------------------------------------------
 
 class _EagerTrace(core.EvalTrace):
-    """JAX's eval trace, except that the shard_map it meets runs on spmdsim's devices (:func:`run`), the jaxprs of
-    their primitives evaluated by ``executor`` (an :class:`~spmdsim.jax.evaluation._interpreter.PerDevice`)."""
+    """JAX's eval trace, except that the shard_map it meets runs on spmdsim's devices: the body once, as JAX runs
+    it (:func:`run_once`), or once per device (``per_device``, :func:`run`), its primitives evaluated by
+    ``executor`` (``"threads"``, ``"vectorized"`` or ``"reference"``)."""
 
-    def __init__(self, executor):
+    def __init__(self, executor: str, per_device: bool):
         super().__init__()
-        self.executor = executor
+        self.executor, self.per_device = executor, per_device
 
     def process_shard_map(self, prim, fun, args, *, mesh, in_specs, check_vma, newly_manual_axes, debug_info):
         if isinstance(mesh, mesh_lib.AbstractMesh):  # JAX's choice of the concrete mesh (the context's, the args')
             concrete = mesh_lib.get_concrete_mesh()
             mesh = jax_shard_map.get_mesh_from_args(args, concrete if not concrete.empty else mesh)
         with core.set_current_trace(core.eval_trace):  # as while JAX binds up to 0.11 (0.12: no trace at all)
-            return run(fun, args, mesh, in_specs, check_vma, newly_manual_axes, self.executor, outer=None,
-                       name=body_name(debug_info))
+            if self.per_device:
+                executor = REFERENCE if self.executor == "reference" else PER_DEVICE
+                return run(fun, args, mesh, in_specs, check_vma, newly_manual_axes, executor, outer=None,
+                           name=body_name(debug_info))
+            return run_once(fun, args, mesh, in_specs, check_vma, newly_manual_axes, self.executor, outer=None)
 
 
-_EAGER = {"threads": _EagerTrace(PER_DEVICE), "reference": _EagerTrace(REFERENCE)}
+EAGER_MODES = ("once", "per-device")
 
 
 def runs_eagerly(flat_args) -> bool:
@@ -267,11 +283,15 @@ def runs_eagerly(flat_args) -> bool:
     return type(core.trace_ctx.trace) is core.EvalTrace and not any(isinstance(x, core.Tracer) for x in flat_args)
 
 
-def call(fun, executor: str, *args, **kwargs):
-    """Call ``fun``, a function built by JAX's ``shard_map``, with its map run eagerly by spmdsim: one thread per
-    device whatever the ``executor`` (the body's Python runs per device; ``"reference"``: each primitive's jaxpr
-    by the reference loop)."""
-    with core.set_current_trace(_EAGER.get(executor, _EAGER["threads"])):
+def call(fun, executor: str, eager: str, *args, **kwargs):
+    """Call ``fun``, a function built by JAX's ``shard_map``, with its map run eagerly by spmdsim: ``eager="once"``
+    runs the body's Python once, as JAX does, on values holding every device's block (each primitive computed for
+    all devices by ``executor``: ``"threads"``, one thread per device, or ``"vectorized"``); ``"per-device"``
+    runs it once per device, each in its own thread (``"reference"``: each primitive's jaxpr by the reference
+    loop)."""
+    if eager not in EAGER_MODES:
+        raise ValueError(f"eager must be one of {EAGER_MODES}, got {eager!r}")
+    with core.set_current_trace(_EagerTrace(executor, eager == "per-device")):
         return fun(*args, **kwargs)
 
 
@@ -299,7 +319,7 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
             for b, s, x in zip(blocks, in_specs, args)]
         with caller, core.set_current_trace(trace), core.extend_axis_env_nd(env), \
                 mesh_lib.use_abstract_mesh(trace.manual_mesh), config._check_vma(check):
-            tracers = [ShardMapTracer(trace, b[i], t) for b, t in zip(blocks, types, strict=True)]
+            tracers = [DeviceShardMapTracer(trace, b[i], t) for b, t in zip(blocks, types, strict=True)]
             ans, out_specs = fun(*tracers).unpack_aux()
             outs = [trace.lift(x) for x in ans.vals]
         return ans, out_specs, [(o.val, o.aval) for o in outs]
@@ -307,26 +327,211 @@ def run(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: froze
     per_device = _runtime.run_mapped(device, axes, is_device=True, name=name)
     ans, out_specs, first = per_device[0]
     _check_same_types(per_device, axes)
-    out_avals = ans.update([a for _, a in first])
-    jax_shard_map._check_names(out_specs, out_avals)
-    if check:  # (a nested map is checked on the mesh as JAX sees it there: the outer map's axes manual)
-        jax_shard_map._check_mats(mesh if outer is None else outer.manual_mesh, out_specs, out_avals)
-    out_dims = tuple(_spec_dims(s, len(a.shape)) for s, a in zip(out_specs, out_avals.vals, strict=True))
+    out_avals = [a for _, a in first]
+    _check_outputs(ans, out_specs, out_avals, mesh, check, outer)
     outs = [_unreduced.assemble_blocks(np.stack([d[2][k][0] for d in per_device]), _numpy_spec(dims, a), axes)
-            for k, (dims, a) in enumerate(zip(out_dims, out_avals.vals, strict=True))]
+            for k, (dims, a) in enumerate(zip(_out_dims(out_specs, out_avals), out_avals, strict=True))]
     if outer is not None:
         return ans.update([
-            ShardMapTracer(outer, o, outer.aval(o.shape, a.dtype, a.weak_type,
+            DeviceShardMapTracer(outer, o, outer.aval(o.shape, a.dtype, a.weak_type,
                                                 frozenset(a.mat.varying) - _spec_axes(s) if check else frozenset()))
-            for o, (_, a), s in zip(outs, first, out_specs, strict=True)])
-    if set(mesh.axis_names) == manual:  # as JAX places them: by the out_specs as written
+            for o, a, s in zip(outs, out_avals, out_specs, strict=True)])
+    return ans.update(_placed(outs, out_avals, out_specs, mesh, manual, check, args))
+
+
+def _out_dims(out_specs, out_avals) -> tuple:
+    return tuple(_spec_dims(s, len(a.shape)) for s, a in zip(out_specs, out_avals, strict=True))
+
+
+def _check_outputs(ans, out_specs, out_avals: list, mesh, check: bool, outer) -> None:
+    """The outputs' specs against their types, as JAX checks them (a nested map on the mesh as JAX sees it
+    there: the outer map's axes manual)."""
+    jax_shard_map._check_names(out_specs, ans.update(out_avals))
+    if check:
+        jax_shard_map._check_mats(mesh if outer is None else outer.manual_mesh, out_specs, ans.update(out_avals))
+
+
+def _placed(outs: list, out_avals: list, out_specs, mesh, manual: frozenset, check: bool, args) -> list:
+    """A top-level eager map's outputs (whole NumPy values) as ``jax.Array``s placed as JAX places them."""
+    if set(mesh.axis_names) == manual:  # by the out_specs as written
         shardings = [NamedSharding(mesh, spec) for spec in out_specs]
     elif jax.sharding.AxisType.Explicit in mesh.axis_types:  # partial manual: the output's type's Explicit axes,
         shardings = [NamedSharding(mesh, _merged(core.unshard_aval(mesh, check, spec, a).sharding.spec, spec))
-                     for (_, a), spec in zip(first, out_specs, strict=True)]  # and the manual axes as written
+                     for a, spec in zip(out_avals, out_specs, strict=True)]  # and the manual axes as written
     else:
-        shardings = map_out_shardings(dict(api="shard_map", mesh=mesh, out_specs=out_dims), args)
-    return ans.update([to_jax(o, a, s) for o, (_, a), s in zip(outs, first, shardings, strict=True)])
+        shardings = map_out_shardings(dict(api="shard_map", mesh=mesh, out_specs=_out_dims(out_specs, out_avals)),
+                                      args)
+    return [to_jax(o, a, s) for o, a, s in zip(outs, out_avals, shardings, strict=True)]
+
+
+# -- the body run once, as JAX runs it ----------------------------------------------------------------------
+
+class ShardMapTracer(core.Tracer):
+    """A value of an eager shard_map's body run once, as JAX runs it: every device's block stacked on a leading
+    axis, one row per device of the mesh in row-major order (along the axes that are not manual, the same block),
+    and the block's JAX type. Prints as JAX's eager values print: each device's block under ``On cpu:0 at mesh
+    coordinates (i,) = (0,):``."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, trace: "_MeshTrace", val: np.ndarray, aval):
+        super().__init__(trace, aval)
+        self.val = val
+
+    def to_concrete_value(self):
+        """The block where it is the same on every device (JAX's rule: checked varying axes, none); else None,
+        so that ``bool``/``int`` raise JAX's concretization errors."""
+        if self._trace.check and not self.aval.mat.vur:
+            return self.val[0]
+        return None
+
+    def __str__(self) -> str:
+        mesh = self._trace.mesh
+        names = f"({', '.join(map(str, mesh.axis_names))},)"
+        return "\n".join(f"On {device} at mesh coordinates {names} = {index}:\n{_block_str(block, self.aval)}\n"
+                         for (index, device), block in zip(np.ndenumerate(mesh.devices), self.val, strict=True))
+
+    __repr__ = __str__
+
+
+class _MeshTrace(core.Trace):
+    """An eager shard_map's body run once: each primitive typed by JAX and computed by spmdsim for every device at
+    once, as a one-equation jaxpr (``executor``: ``"vectorized"``, the rows as the vectorized executor's batch;
+    else one thread per device, meeting in collectives as in a mapped call)."""
+
+    def __init__(self, mesh, manual: frozenset, check: bool, executor: str):
+        super().__init__()
+        self.mesh, self.manual, self.check, self.executor = mesh, manual, check, executor
+        self.manual_mesh = jax_shard_map._as_manual_mesh(mesh, manual)
+        self.axes = tuple(mesh.shape.items())
+        self.env = [(name, size) for name, size in self.axes if name in manual]
+
+    aval = _block_aval
+
+    def lift(self, x) -> ShardMapTracer:
+        """``x`` as a value of this body: a constant is the same on every device; an enclosing eager map's value
+        keeps its rows (the same mesh)."""
+        if isinstance(x, ShardMapTracer):
+            if x._trace is self:
+                return x
+            val, aval = x.val, x.aval
+        elif isinstance(x, core.Tracer):
+            raise TypeError(f"spmdsim: a value of another JAX transformation reached an eager shard_map's body: {x}")
+        else:
+            aval = core.typeof(x)
+            one = to_numpy(x)
+            val = np.broadcast_to(one, (self.mesh.size, *np.shape(one)))
+        mat = getattr(aval, "mat", core.empty_mat)
+        return ShardMapTracer(self, val, self.aval(val.shape[1:], aval.dtype, aval.weak_type, mat.varying & self.manual))
+
+    stage_value = lift
+
+    def process_primitive(self, prim, tracers, params, /):
+        with core.set_current_trace(core.eval_trace):  # as while JAX binds up to 0.11 (0.12: no trace at all)
+            ins = [self.lift(t) for t in tracers]
+            jaxpr, out_avals = _one_equation(self.mesh, prim, ins, params)
+            values = self._evaluate(jaxpr, [t.val for t in ins], prim.name)
+        outs = [ShardMapTracer(self, v, a if self.check else a.update(manual_axis_type=core.empty_mat))
+                for v, a in zip(values, out_avals, strict=True)]
+        return outs if prim.multiple_results else outs[0]
+
+    def _evaluate(self, jaxpr, stacked: list, name: str) -> list:
+        caller = _CallerConfig()
+        with caller, core.extend_axis_env_nd(self.env), mesh_lib.use_abstract_mesh(self.manual_mesh):
+            if self.executor == "vectorized":
+                ex = Vectorized(_batch.Batch(self.axes))
+                ex.compiled = False  # one equation, once: the reference loop
+                return [np.asarray(v) for v in ex.eval_jaxpr(jaxpr, [], stacked)]
+        executor = REFERENCE if self.executor == "reference" else PER_DEVICE
+
+        def device(i: int):
+            with caller, core.extend_axis_env_nd(self.env), mesh_lib.use_abstract_mesh(self.manual_mesh):
+                return eval_jaxpr(jaxpr, [], *(v[i] for v in stacked), executor=executor)
+        per_device = _runtime.run_mapped(device, self.axes, is_device=True, name=name)
+        return [np.stack([np.asarray(d[k]) for d in per_device]) for k in range(len(jaxpr.outvars))]
+
+    def process_call(self, call_primitive, fun, tracers, params, /):
+        with core.set_current_trace(self):
+            return fun.call_wrapped(*tracers)
+
+    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
+        with core.set_current_trace(self):
+            return fun.call_wrapped(*tracers)
+
+    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, *, out_trees, symbolic_zeros):
+        with core.set_current_trace(self):
+            return fun.call_wrapped(*tracers)
+
+    def process_shard_map(self, prim, fun, args, *, mesh, in_specs, check_vma, newly_manual_axes, debug_info):
+        """A shard_map inside this body (JAX requires the same mesh): its body once too, more axes manual."""
+        if check_vma != self.check:
+            raise ValueError(f"A shard_map nested in an eager shard_map must have the same check_vma "
+                             f"({self.check}), got {check_vma}.")
+        with core.set_current_trace(core.eval_trace):
+            return run_once(fun, [self.lift(x) for x in args], self.mesh, in_specs, check_vma, newly_manual_axes,
+                            self.executor, outer=self)
+
+
+def run_once(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: frozenset, executor: str,
+             outer: "_MeshTrace | None"):
+    """The eager shard_map as JAX runs it: ``fun`` (JAX's flattened body, returning its outputs with their
+    out_specs) run once on values holding every device's block of ``args``; returns JAX's FlatTree of the outputs
+    (``jax.Array``s; inside ``outer``, an enclosing eager map, its values)."""
+    new_axes = tuple((name, size) for name, size in mesh.shape.items() if name in newly_manual)
+    manual = newly_manual | (outer.manual if outer is not None else frozenset())
+    trace = _MeshTrace(mesh, manual, check, executor)
+    # each device's position among the newly manual axes' devices, and the devices that differ only there
+    coords = np.indices(mesh.devices.shape).reshape(len(mesh.axis_names), -1)
+    new = [i for i, name in enumerate(mesh.axis_names) if name in newly_manual]
+    rest = [i for i in range(len(mesh.axis_names)) if i not in new]
+    piece = np.ravel_multi_index(coords[new], [s for _, s in new_axes]) if new else np.zeros(mesh.size, int)
+    group = np.ravel_multi_index(coords[rest], [mesh.devices.shape[i] for i in rest]) if rest else \
+        np.zeros(mesh.size, int)
+
+    def split(value, spec):  # (devices, *whole) -> (devices, *block)
+        dims = _spec_dims(spec, np.ndim(value) - (outer is not None))
+        if outer is None:
+            return _unreduced.split_blocks(value, dims, new_axes)[piece]
+        return np.stack([_unreduced.split_blocks(value[d], dims, new_axes)[piece[d]] for d in range(mesh.size)])
+
+    if any(_unreduced.spec_unreduced(s) or _unreduced.spec_reduced(s) for s in in_specs) and outer is not None:
+        raise NotImplementedError("Eager shard_map + unreduced/reduced + partial manual is not implemented. "
+                                  "Please wrap your shard_map in `jax.jit`.")
+    values = [x.val if outer is not None else to_numpy(x) for x in args]
+    blocks = [split(v, s) for v, s in zip(values, in_specs, strict=True)]
+    if outer is None:  # each block's type as JAX traces the body with it
+        types = [core.shard_aval(mesh, newly_manual, check, s, core.typeof(x)) for s, x in zip(in_specs, args)]
+    else:
+        types = [trace.aval(b.shape[1:], x.aval.dtype, x.aval.weak_type,
+                            _spec_axes(s) | (frozenset(x.aval.mat.varying) if check else frozenset()))
+                 for b, s, x in zip(blocks, in_specs, args)]
+    with core.set_current_trace(trace), core.extend_axis_env_nd(trace.env), \
+            mesh_lib.use_abstract_mesh(trace.manual_mesh), config._check_vma(check):
+        tracers = [ShardMapTracer(trace, b, t) for b, t in zip(blocks, types, strict=True)]
+        ans, out_specs = fun(*tracers).unpack_aux()
+        outs = [trace.lift(x) for x in ans.vals]
+    out_avals = [o.aval for o in outs]
+    _check_outputs(ans, out_specs, out_avals, mesh, check, outer)
+    specs = [_numpy_spec(dims, a) for dims, a in zip(_out_dims(out_specs, out_avals), out_avals, strict=True)]
+
+    def assembled(o: ShardMapTracer, spec, devices):  # the value of these devices' blocks (in piece order)
+        return _unreduced.assemble_blocks(o.val[devices[np.argsort(piece[devices])]], spec, new_axes)
+
+    if outer is None:
+        first = np.flatnonzero(group == 0)
+        return ans.update(_placed([assembled(o, spec, first) for o, spec in zip(outs, specs)], out_avals, out_specs,
+                                  mesh, manual, check, args))
+    result = []
+    for o, spec, a, s in zip(outs, specs, out_avals, out_specs, strict=True):
+        if _unreduced.spec_unreduced(spec) or _unreduced.spec_reduced(spec):
+            raise NotImplementedError("Eager shard_map + unreduced/reduced + partial manual is not implemented. "
+                                      "Please wrap your shard_map in `jax.jit`.")
+        wholes = {g: assembled(o, spec, np.flatnonzero(group == g)) for g in np.unique(group)}
+        val = np.stack([wholes[g] for g in group])
+        result.append(ShardMapTracer(outer, val, outer.aval(val.shape[1:], a.dtype, a.weak_type,
+                                                         frozenset(a.mat.varying) - _spec_axes(s) if check
+                                                         else frozenset())))
+    return ans.update(result)
 
 
 def _merged(typed, written) -> PartitionSpec:

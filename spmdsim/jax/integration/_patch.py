@@ -41,8 +41,9 @@ def use_cpu_devices(n: int) -> bool:
 
 
 @contextlib.contextmanager
-def patched_jax(n_devices: int, executor: str = "threads", host=None):
-    """For the block: ``jax.pmap`` is :func:`spmdsim.jax.pmap` (with ``executor``), spmdsim has ``n_devices``
+def patched_jax(n_devices: int, executor: str = "threads", host=None, eager: str = "once"):
+    """For the block: ``jax.pmap`` is :func:`spmdsim.jax.pmap` (with ``executor``; an eager ``jax.shard_map``'s body
+    runs as ``eager`` says: once, as in JAX, or once per device), spmdsim has ``n_devices``
     virtual devices, and so has JAX's CPU platform (see :func:`use_cpu_devices`). ``host``: this process's
     :class:`~spmdsim.hosts.host.Host` in a multi-host run (see :func:`host_replacements`)."""
     import jax
@@ -60,7 +61,7 @@ def patched_jax(n_devices: int, executor: str = "threads", host=None):
 
     @functools.wraps(build)
     def shard_map(f, **kwargs):
-        return _shard_map.simulated(build(_shard_map.with_axis_errors(f), **kwargs), executor)
+        return _shard_map.simulated(build(_shard_map.with_axis_errors(f), **kwargs), executor, eager)
 
     replaced = [(jax, "pmap", pmap), (jax, "jit", _shard_map.jit_for(executor)),
                 (jax_shard_map, "_shard_map", shard_map)]

@@ -159,10 +159,13 @@ def _check_eager_device_puts(jaxpr) -> None:
 _PYTHON_SCALARS = (bool, int, float, complex)
 
 
-def simulated(fun, executor: str = "threads"):
+def simulated(fun, executor: str = "threads", eager: str = "once"):
     """``fun`` (a JAX function, e.g. one built by ``jax.shard_map``) run by spmdsim (see the module docstring):
-    eagerly outside any transformation (one thread per device whatever the ``executor``: the body is Python; also
-    not in a multi-host run), else traced by JAX once per argument structure and avals."""
+    eagerly outside any transformation (not in a multi-host run): the body once, as JAX runs it, or once per
+    device (``eager="per-device"``; see :func:`spmdsim.jax.integration._eager.call`), else traced by JAX once per
+    argument structure and avals."""
+    if eager not in _eager.EAGER_MODES:
+        raise ValueError(f"eager must be one of {_eager.EAGER_MODES}, got {eager!r}")
     cache: dict = {}
     lock = threading.Lock()
 
@@ -173,7 +176,7 @@ def simulated(fun, executor: str = "threads"):
             return fun(*args, **kwargs)
         flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
         if _hosts.current() is None and _eager.runs_eagerly(flat):  # JAX runs it op by op: see ._eager
-            return _eager.call(fun, executor, *args, **kwargs)
+            return _eager.call(fun, executor, eager, *args, **kwargs)
         # leaves that are not JAX arrays reach ``fun`` as they are, closed over by the traced function, as JAX's
         # shard_map passes them: an object with in_specs None (never cached: JAX keeps them by identity), a Python
         # number (a static shape under jit; cached by its value)
@@ -204,16 +207,19 @@ def simulated(fun, executor: str = "threads"):
 
 
 def shard_map(f=None, /, *, out_specs, in_specs=_INFER, mesh=None, axis_names=frozenset(),
-              check_vma: bool = True, executor: str = "threads"):
+              check_vma: bool = True, executor: str = "threads", eager: str = "once"):
     """``jax.shard_map`` on spmdsim's virtual devices, with every value computed by NumPy.
 
     Same signature and semantics as ``jax.shard_map`` (JAX 0.10): ``mesh`` a ``jax.sharding.Mesh`` (or
     None: the context mesh of ``jax.set_mesh``), ``in_specs`` (default: inferred from the arguments'
     shardings) and ``out_specs`` trees of ``PartitionSpec``, ``axis_names`` the manual axes, ``check_vma``
     JAX's varying-manual-axes checks. Called outside any transformation it runs eagerly, as JAX 0.10 does: ``f``
-    runs once per device, each in its own thread, on values that print as JAX's eager values (``On cpu:0 at
-    mesh coordinates (i,) = (0,):`` and the device's block) and that Python control flow can branch on where
-    they are the same on every device (whatever the ``executor``: the body is Python). Under ``jit``, ``grad``,
+    runs once per call on values that hold every device's block, print as JAX's eager values (``On cpu:0 at
+    mesh coordinates (i,) = (0,):`` and each device's block) and that Python control flow can branch on where
+    they are the same on every device; each primitive is computed for every device by the ``executor`` (threads:
+    one thread per device, meeting in collectives). ``eager="per-device"`` runs ``f`` once per device instead,
+    each in its own thread on its own block (printing that device's block, labelled by device; a debugger
+    stops in one device), as the NumPy front end's :func:`spmdsim.shard_map` does. Under ``jit``, ``grad``,
     ``vmap`` JAX traces ``f`` (so its errors and checks are JAX's own) and each device's block is computed by
     spmdsim in its own thread (``executor="vectorized"``: all at once). Composes with ``jit``, ``grad``,
     ``vmap`` and control flow like :func:`spmdsim.jax.pmap`.
@@ -231,8 +237,8 @@ def shard_map(f=None, /, *, out_specs, in_specs=_INFER, mesh=None, axis_names=fr
     """
     kwargs = dict(out_specs=out_specs, in_specs=in_specs, mesh=mesh, axis_names=axis_names, check_vma=check_vma)
     if f is None:
-        return lambda g: shard_map(g, executor=executor, **kwargs)
-    return simulated(real_shard_map(with_axis_errors(f), **kwargs), executor)
+        return lambda g: shard_map(g, executor=executor, eager=eager, **kwargs)
+    return simulated(real_shard_map(with_axis_errors(f), **kwargs), executor, eager)
 
 
 def jit(fun=None, /, **jit_kwargs):
