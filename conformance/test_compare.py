@@ -453,7 +453,7 @@ HOST_SCRIPT = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
 import spmdsim
-from spmdsim.primitives import _primitives
+from spmdsim.primitives import _batch
 from spmdsim.runtime import _runtime
 from spmdsim.jax.evaluation import _registry
 
@@ -464,7 +464,7 @@ def exp_off_on_device_3(x, **params):  # a test double: one ulp more on global d
     return np.nextafter(out, np.float32(np.inf)) if lane is not None and " device 3 " in f" {lane.label}" else out
 def stacked_off_on_device_3(x, **params):  # the same, in the vectorized executor (this host's devices stacked)
     out = np.array(stacked(x, **params))
-    present = _primitives.current_batch().present()
+    present = _batch.current_batch().present()
     if out.shape[0] == len(present) and 3 in present:
         k = list(present).index(3)
         out[k] = np.nextafter(out[k], np.float32(np.inf))

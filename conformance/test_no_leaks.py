@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from spmdsim.primitives._primitives import Batch
+from spmdsim.primitives._batch import Batch
 from spmdsim.jax.evaluation import _interpreter
 
 pytestmark = pytest.mark.area("JAX front end")

@@ -300,8 +300,7 @@ def test_a_planted_upward_import_is_caught(tmp_path):
 
 LINE_LIMIT = 800
 TOO_LONG_STILL = {  # modules to be split (issue 41, part 3): each may only shrink
-    "spmdsim/jax/tools/_compare.py": 1199, "spmdsim/jax/integration/_map.py": 1143, "spmdsim/debug.py": 1091,
-    "spmdsim/primitives/_primitives.py": 994}
+    "spmdsim/jax/tools/_compare.py": 1199, "spmdsim/jax/integration/_map.py": 1143, "spmdsim/debug.py": 1091}
 
 
 def test_no_module_is_longer_than_800_lines():
@@ -314,4 +313,6 @@ def test_no_module_is_longer_than_800_lines():
         if count > TOO_LONG_STILL.get(name, LINE_LIMIT):
             too_long[name] = count
     assert too_long == {}, f"split these modules (at most {LINE_LIMIT} lines): {too_long}"
-    assert all((PACKAGE.parent / name).exists() for name in TOO_LONG_STILL), "a split module: drop it from the list"
+    shorter = [name for name in TOO_LONG_STILL if not (PACKAGE.parent / name).exists()
+               or len((PACKAGE.parent / name).read_text().splitlines()) <= LINE_LIMIT]
+    assert shorter == [], f"split, or short enough now: drop them from TOO_LONG_STILL: {shorter}"

@@ -101,14 +101,14 @@ class route_execution:
         self.local = threading.local()
 
     def evaluate(self, closed, args: list) -> list:
-        from spmdsim.primitives import _primitives
+        from spmdsim.primitives import _batch
         from spmdsim.jax.evaluation import _dtypes, _interpreter
 
         consts = [self.physical(c) if _dtypes.is_extended(v.aval.dtype) and not _dtypes.is_key(v.aval.dtype) else c
                   for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=True)]  # a closed-over FooArray
         if self.executor == "threads":
             return _interpreter.PER_DEVICE.eval_jaxpr(closed.jaxpr, consts, args)
-        ex = _interpreter.Vectorized(_primitives.Batch((("device", 1),)))
+        ex = _interpreter.Vectorized(_batch.Batch((("device", 1),)))
         outs = ex.eval_jaxpr(closed.jaxpr, consts, [a[None] for a in args])
         return [o[0] for o in outs]
 

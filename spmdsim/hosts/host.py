@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from spmdsim.primitives import _primitives
+from spmdsim.primitives import _batch
 
 from spmdsim.runtime import _runtime
 from spmdsim.runtime._process_group import ProcessGroup
@@ -392,7 +392,7 @@ class Host(ProcessGroup):
 
     def run_vectorized(self, fn: Callable, axes: tuple):
         """A top-level mapped call over the global mesh ``axes`` on the vectorized executor: ``fn(batch)`` computes
-        this host's devices (a :class:`~spmdsim.primitives._primitives.Batch` of the global mesh holding them), its
+        this host's devices (a :class:`~spmdsim.primitives._batch.Batch` of the global mesh holding them), its
         collectives across hosts going through a :class:`VectorCall`. Returns ``fn``'s result; raises the error of
         the first host (in host order) that failed."""
         self._check_spans(axes)
@@ -403,7 +403,7 @@ class Host(ProcessGroup):
             self.call = call
         error, result = None, None
         try:
-            result = fn(_primitives.Batch(axes, np.arange(self.devices.start, self.devices.stop), comm=call))
+            result = fn(_batch.Batch(axes, np.arange(self.devices.start, self.devices.stop), comm=call))
         except BaseException as e:  # noqa: BLE001 - every host learns of it
             error = e
         finally:

@@ -1,5 +1,5 @@
 """The hosts' side of one global call on the vectorized executor (see :class:`VectorCall`): the communicator
-that a :class:`~spmdsim.primitives._primitives.Batch` of a host's devices hands its collectives to.
+that a :class:`~spmdsim.primitives._batch.Batch` of a host's devices hands its collectives to.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 
 from spmdsim.runtime import _hosts
 
-from spmdsim.primitives import _primitives, _reduction
+from spmdsim.primitives import _batch, _primitives, _reduction
 from spmdsim.runtime._reports import Signature, describe, mismatch_text
 from spmdsim.errors import CollectiveDeadlockError, CollectiveMismatchError, HostLostError
 from spmdsim.hosts.messages import portable
@@ -115,7 +115,7 @@ class VectorCall:
         present = batch.present()
         if all(box[p][1] == batch.sizes[p] for p in positions):  # every communicator lies within a host
             ids = None if len(present) == per_host else present - first
-            return _primitives.Batch(box, ids).collective(prim, named, operands, params, api, site, epilogue)
+            return _batch.Batch(box, ids).collective(prim, named, operands, params, api, site, epilogue)
         if len(present) != per_host:
             raise NotImplementedError(
                 f"{api} over {named!r} inside a cond or while branch that only some of a host's devices take, in a "
@@ -139,7 +139,7 @@ class VectorCall:
             raise self._mismatch(calls, step)
         if order is None:
             full = [np.concatenate([calls[h][3][i] for h in range(count)]) for i in range(len(operands))]
-            out = _primitives.Batch(batch.axes).collective(prim, named, full, params, api, site, epilogue)
+            out = _batch.Batch(batch.axes).collective(prim, named, full, params, api, site, epilogue)
             return [o[first:first + per_host] for o in out]
         return self._chain(step, order, box, positions, prim, operands, epilogue, signature.sizes)
 
@@ -162,7 +162,7 @@ class VectorCall:
             return None  # some groups lie on other hosts only
         ranges = []
         for h in range(self.host.count):
-            ranks = _primitives.Batch(batch.axes, np.arange(h * per_host, (h + 1) * per_host)).axis_index(
+            ranks = _batch.Batch(batch.axes, np.arange(h * per_host, (h + 1) * per_host)).axis_index(
                 tuple(batch.names[p] for p in positions), "psum")
             low = int(ranks.min())
             within = np.sort(np.unique(ranks))
@@ -174,7 +174,7 @@ class VectorCall:
 
     def _chain(self, step: int, order: list, box, positions: list, prim, operands: list, epilogue,
                sizes: tuple) -> list:
-        local = _primitives.Batch(box)
+        local = _batch.Batch(box)
         ufunc = _primitives.REDUCERS[prim.name]
         grouped = [local._to_groups(x, positions) for x in operands]  # (G, ranks here, *block), in rank order
         me = order.index(self.host.index)

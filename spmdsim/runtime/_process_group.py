@@ -16,7 +16,7 @@ What the core asks of a process group:
 - a **top-level mapped call** over devices: :meth:`ProcessGroup.run` (thread executor: ``body(j)`` runs this
   process's j-th device; the lanes it starts meet in a world, :class:`~spmdsim.runtime._rendezvous.World` or the
   backend's own with the same methods) and :meth:`ProcessGroup.run_vectorized` (the vectorized executor: the
-  :class:`~spmdsim.primitives._primitives.Batch` it hands ``fn`` carries a *communicator* whose ``collective`` computes the
+  :class:`~spmdsim.primitives._batch.Batch` it hands ``fn`` carries a *communicator* whose ``collective`` computes the
   collectives that leave the process).
 
 A group is in force for a thread (:func:`entered`: a spoofed host's thread, and the device threads of its

@@ -7,7 +7,7 @@ against the jaxpr, write the results. An :class:`Executor` says what a value is:
 - :class:`PerDevice` (the thread executor): one device's block. Rules come from
   :data:`~spmdsim.jax.evaluation._registry.PER_DEVICE`; a collective meets the other devices' threads in a rendezvous.
 - :class:`Vectorized`: every device's block at once, stacked on a leading device axis (the devices of a
-  :class:`~spmdsim.primitives._primitives.Batch`). Rules come from :data:`~spmdsim.jax.evaluation._registry.VECTORIZED`; a
+  :class:`~spmdsim.primitives._batch.Batch`). Rules come from :data:`~spmdsim.jax.evaluation._registry.VECTORIZED`; a
   collective applies its vectorized form along the device axis.
 
 Higher-order primitives (calls, ``cond``, ``while``, ``scan``, custom derivatives, remat, nested maps) are
@@ -27,7 +27,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 from jax.extend import core as ext_core
 
-from spmdsim.primitives import _primitives
+from spmdsim.primitives import _batch
 from spmdsim.runtime._values import error_state_switch
 from spmdsim.jax.evaluation import _dtypes, _registry
 from spmdsim.jax.evaluation._contraction import contract
@@ -168,7 +168,7 @@ class Executor:
 
     def diverged(self, calls: list, went_on: list, where: str) -> None:
         """Devices that this executor split (``cond``, ``while``) reached collectives apart: ``calls`` as in
-        :class:`~spmdsim.primitives._primitives.Diverged`, ``went_on``: ``(selection, what they did)`` for the others,
+        :class:`~spmdsim.primitives._batch.Diverged`, ``went_on``: ``(selection, what they did)`` for the others,
         ``where``: the construct that split them. Raises (only the vectorized executor gets here)."""
         raise AssertionError("unreachable: only the vectorized executor splits devices")
 
@@ -252,7 +252,7 @@ class Vectorized(Executor):
     kind = "vectorized"
     compiled = True
 
-    def __init__(self, batch: _primitives.Batch):
+    def __init__(self, batch: _batch.Batch):
         self.batch = batch
         self.rules = _registry.VECTORIZED
         self.n = batch.count if batch.ids is None else len(batch.ids)
@@ -267,7 +267,7 @@ class Vectorized(Executor):
         return None if found is None else ((self.n, *found[0]), found[1])
 
     def eval_jaxpr(self, jaxpr, consts, args, consume: bool = False):
-        with _primitives.vectorized_batch(self.batch):
+        with _batch.vectorized_batch(self.batch):
             consts = [np.broadcast_to(np.asarray(c), (self.n, *np.shape(c))) for c in consts]
             if self.compiled and _observer is None:
                 return _registry.COMPILED.eval_jaxpr(jaxpr, consts, args, self, consume)

@@ -56,9 +56,9 @@ def _axes_of(eqn) -> list:
             names += [n for n in getattr(mat, attr, ()) if n not in names]
     if not names:
         return []
-    from spmdsim.primitives import _primitives
+    from spmdsim.primitives import _batch
     from spmdsim.runtime import _runtime
-    lane, batch = _runtime.current_lane(), _primitives.current_batch()
+    lane, batch = _runtime.current_lane(), _batch.current_batch()
     sizes = dict((f.name, f.size) for f in lane.frames) if lane is not None else {}
     if batch is not None:
         sizes.update(batch.axes)

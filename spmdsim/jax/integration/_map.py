@@ -43,7 +43,8 @@ from spmdsim.jax._internals import pe
 
 from spmdsim.runtime import _buffers, _hosts, _runtime, _threads
 
-from spmdsim.primitives import _primitives, _sharding
+from spmdsim.primitives import _sharding
+from spmdsim.primitives._batch import Batch, Diverged, current_batch
 from spmdsim.runtime._values import broadcast_view, read_only
 from spmdsim.runtime import _axes
 from spmdsim.jax.evaluation import _dtypes, _unreduced
@@ -200,7 +201,7 @@ def simulate(args: list[np.ndarray], **params) -> list[np.ndarray]:
     if _unreduced.map_needs_partials(params["in_specs"], params["out_specs"]):
         return _simulate_partials(args, **params)
     outs = simulate_map(args, **params, observe=False)
-    if map_observer is not None and _runtime.current_lane() is None and _primitives.current_batch() is None:
+    if map_observer is not None and _runtime.current_lane() is None and current_batch() is None:
         map_observer(args, params, outs)
     return outs
 
@@ -414,7 +415,7 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
         return [_sharding.assemble(o, spec, local) for o, spec in zip(outs, out_specs, strict=True)]
     if ex is None:  # top level: the mesh alone
         stacked = [_split(x, spec, axes) for x, spec in zip(args, in_specs, strict=True)]
-        outs = Vectorized(_primitives.Batch(axes)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
+        outs = Vectorized(Batch(axes)).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
         return [_assemble_stacked(o, spec, axes) for o, spec in zip(outs, out_specs, strict=True)]
     # Nested in a vectorized body: every outer device's value splits into the inner mesh's blocks; the device
     # axis widens to (outer devices x inner devices), row-major.
@@ -426,10 +427,10 @@ def _simulate_vectorized(args, jaxpr, axes, in_specs, out_specs, ex: "Vectorized
         stacked.append(np.swapaxes(blocks, 0, 1).reshape(ex.n * inner, *blocks.shape[2:]))
     ids = None if outer.ids is None else (outer.ids[:, None] * inner + np.arange(inner)).ravel()
     try:
-        batch = _primitives.Batch(outer.axes + tuple(axes), ids, outer.comm)
+        batch = Batch(outer.axes + tuple(axes), ids, outer.comm)
         outs = Vectorized(batch).eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, stacked)
-    except _primitives.Diverged as d:  # a collective over an outer axis: the outer devices, as the outer batch counts
-        raise _primitives.Diverged([(np.unique(group // inner), *call) for group, *call in d.calls]) from None
+    except Diverged as d:  # a collective over an outer axis: the outer devices, as the outer batch counts
+        raise Diverged([(np.unique(group // inner), *call) for group, *call in d.calls]) from None
     result = []
     for o, spec in zip(outs, out_specs, strict=True):
         per_inner = np.swapaxes(o.reshape(ex.n, inner, *o.shape[1:]), 0, 1)

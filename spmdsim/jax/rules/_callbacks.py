@@ -37,7 +37,7 @@ import functools
 import jax
 import numpy as np
 
-from spmdsim.primitives import _primitives
+from spmdsim.primitives import _batch
 
 from spmdsim.runtime import _runtime
 from spmdsim.jax.evaluation._interpreter import current_site
@@ -61,7 +61,7 @@ def host_arguments(operands) -> list:
 
 def _in_map() -> bool:
     """Whether a map's device is evaluating (a lane of the thread executor, or a vectorized batch)."""
-    return _runtime.current_lane() is not None or _primitives.current_batch() is not None
+    return _runtime.current_lane() is not None or _batch.current_batch() is not None
 
 
 def check_results(name: str, outs, result_avals) -> list[np.ndarray]:
@@ -139,7 +139,7 @@ def _per_device_calls(name: str, stacked, callback, result_avals, sharding) -> l
     def call(k: int):
         return _invoke(name, callback, [x[k] for x in stacked], result_avals)
 
-    batch = _primitives.current_batch()
+    batch = _batch.current_batch()
     if batch is not None:
         per_device = batch.per_device(call)
     else:  # called directly on stacked operands (no executor): one call per row

@@ -5,14 +5,14 @@ scan. Each rule receives the :class:`~spmdsim.jax.evaluation._interpreter.Execut
 a different number of times (the thread executor runs each device's branch; the vectorized executor splits
 the devices by branch). A collective inside such a branch is exactly the program that hangs on real hardware:
 both executors report it. The thread executor's rendezvous sees it; in the vectorized executor a collective
-that a subset of devices reaches raises :class:`~spmdsim.primitives._primitives.Diverged`, and the rule that split the
+that a subset of devices reaches raises :class:`~spmdsim.primitives._batch.Diverged`, and the rule that split the
 devices reports it with what the other devices did (:meth:`Executor.diverged`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from spmdsim.primitives._primitives import Diverged
+from spmdsim.primitives._batch import Diverged
 from spmdsim.jax.evaluation._dtypes import is_token
 from spmdsim.jax.evaluation._interpreter import Executor, current_site, eqn_stack, higher_order
 from spmdsim.jax.evaluation._lowered import lowering_jaxpr

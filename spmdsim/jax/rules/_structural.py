@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from spmdsim.primitives._primitives import Batch
+from spmdsim.primitives._batch import Batch
 from spmdsim.runtime._values import broadcast_view
 from spmdsim.jax.evaluation import _dtypes
 from spmdsim.jax.evaluation._interpreter import Vectorized
