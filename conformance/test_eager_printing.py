@@ -63,6 +63,38 @@ print(c.shape, np.asarray(c)[:2].tolist())
 '''
 
 
+ERRORS = '''
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+def show(thunk):
+    try:
+        thunk()
+    except Exception as e:
+        print(type(e).__name__, e)
+
+mesh = Mesh(np.array(jax.devices()[:4]), ('i',))
+mesh2 = jax.make_mesh((4, 2), ('i', 'j'), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+x = np.arange(16).reshape(4, 4)
+# an output's rank too small for its out_specs (uvadlc's scatter_example): JAX names the type without {V:i}
+scatter = lambda x: jax.lax.psum_scatter(x, 'i', scatter_dimension=1)
+show(lambda: jax.shard_map(scatter, mesh=mesh, in_specs=P('i', None), out_specs=P('i', None))(x))
+show(lambda: jax.shard_map(lambda x: {'a': x, 'b': jnp.sum(x)}, mesh=mesh, in_specs=P('i'),
+                           out_specs={'a': P('i'), 'b': P('i')})(x))
+# an output varying where its out_specs say replicated (the collectives tutorial's identity with out_specs P()):
+# JAX's eager map finds it moving that one output to its spec, in jit(shard_map(_rem_singleton))
+show(lambda: jax.shard_map(lambda x: x, mesh=mesh, in_specs=P('i'), out_specs=P())(x))
+def three(x):
+    return x, jnp.sin(x), x * 2
+show(lambda: jax.shard_map(three, mesh=mesh, in_specs=P('i'), out_specs=(P('i'), P(), P()))(x))
+show(lambda: jax.shard_map(lambda x: {'a': x, 'b': [x]}, mesh=mesh2, in_specs=P('i', 'j'),
+                           out_specs={'a': P('i', 'j'), 'b': [P('i')]})(x))
+show(lambda: jax.shard_map(lambda x: x, mesh=mesh2, in_specs=P('i', 'j'), out_specs=P())(x))
+# under jit, the user's function and every output, with its type's varying axes
+show(lambda: jax.jit(jax.shard_map(three, mesh=mesh, in_specs=P('i'), out_specs=(P('i'), P(), P())))(x))
+show(lambda: jax.jit(jax.shard_map(scatter, mesh=mesh, in_specs=P('i', None), out_specs=P('i', None)))(x))
+'''
+
 def run(args: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=TIMEOUT,
                           env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", **env})
@@ -94,3 +126,25 @@ def test_per_device_bodies_on_request(program):
     assert sorted(line for line in lines if "Local x shape" in line) == [
         f"device {d} [x={d // 2}, y={d % 2}] | Local x shape (2, 2)" for d in range(8)]
     assert sum("On cpu:" in line for line in lines) == 16   # each device prints its own block, twice
+
+
+@pytest.fixture(scope="module")
+def errors_program(tmp_path_factory):
+    path = tmp_path_factory.mktemp("eager") / "eager_errors.py"
+    path.write_text(ERRORS)
+    jax_run = run([str(path)], {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert jax_run.returncode == 0, jax_run.stderr
+    return path, jax_run.stdout
+
+
+@pytest.mark.parametrize("options", [["--executor", "threads"], ["--executor", "vectorized"],
+                                     ["--eager-shard-map", "per-device"]])
+def test_an_eager_shard_map_s_out_specs_errors_read_as_jax_s(errors_program, options):
+    """The out_specs errors of an eager map name what JAX 0.10-0.12's eager map names: the rank error the types
+    without varying axes (``int32[1]``), the replication error ``_rem_singleton`` and one output; under jit, the
+    user's function and every failing output."""
+    path, expected = errors_program
+    sim = run(["-m", "spmdsim", "run", "--devices", "8", *options, str(path)], {})
+    assert sim.returncode == 0, sim.stderr
+    assert expected.count("'_rem_singleton'") == 4 and expected.count("int32[1]{V:i}") == 1
+    assert sim.stdout == expected

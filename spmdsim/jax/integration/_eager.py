@@ -345,10 +345,24 @@ def _out_dims(out_specs, out_avals) -> tuple:
 
 def _check_outputs(ans, out_specs, out_avals: list, mesh, check: bool, outer) -> None:
     """The outputs' specs against their types, as JAX checks them (a nested map on the mesh as JAX sees it
-    there: the outer map's axes manual)."""
-    jax_shard_map._check_names(out_specs, ans.update(out_avals))
+    there: the outer map's axes manual).
+
+    A top-level map as JAX 0.10-0.12's eager ``shard_map`` (``_shard_map_impl``) checks it: the ranks on the
+    outputs' global values' types, which have no varying axes (its error shows ``int32[1]``, not
+    ``int32[1]{V:i}``); the varying axes output by output where each is moved to its out_specs, by
+    ``jit(shard_map(_rem_singleton, in_specs=<its varying axes>, out_specs=<its spec>))``, whose error names
+    that function and that one output (``out_specs is P() ...``, no path)."""
+    if outer is not None:
+        jax_shard_map._check_names(out_specs, ans.update(out_avals))
+        if check:
+            jax_shard_map._check_mats(outer.manual_mesh, out_specs, ans.update(out_avals))
+        return
+    jax_shard_map._check_names(out_specs, ans.update([a.update(manual_axis_type=core.empty_mat) for a in out_avals]))
     if check:
-        jax_shard_map._check_mats(mesh if outer is None else outer.manual_mesh, out_specs, ans.update(out_avals))
+        for spec, a in zip(out_specs, out_avals, strict=True):
+            if isinstance(spec, PartitionSpec) and not jax_shard_map._valid_repeats(mesh, a.mat, spec):
+                raise ValueError(jax_shard_map._inout_vma_error(
+                    jax_shard_map._rem_singleton, mesh, jax.tree_util.tree_structure(0), spec, [a.mat]))
 
 
 def _placed(outs: list, out_avals: list, out_specs, mesh, manual: frozenset, check: bool, args) -> list:
