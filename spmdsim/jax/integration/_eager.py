@@ -272,7 +272,8 @@ class _EagerTrace(core.EvalTrace):
                 executor = REFERENCE if self.executor == "reference" else PER_DEVICE
                 return run(fun, args, mesh, in_specs, check_vma, newly_manual_axes, executor, outer=None,
                            name=body_name(debug_info))
-            return run_once(fun, args, mesh, in_specs, check_vma, newly_manual_axes, self.executor, outer=None)
+            return run_once(fun, args, mesh, in_specs, check_vma, newly_manual_axes, self.executor, outer=None,
+                            name=body_name(debug_info))
 
 
 EAGER_MODES = ("once", "per-device")
@@ -413,9 +414,10 @@ class _MeshTrace(core.Trace):
     once, as a one-equation jaxpr (``executor``: ``"vectorized"``, the rows as the vectorized executor's batch;
     else one thread per device, meeting in collectives as in a mapped call)."""
 
-    def __init__(self, mesh, manual: frozenset, check: bool, executor: str):
+    def __init__(self, mesh, manual: frozenset, check: bool, executor: str, name: str | None):
         super().__init__()
         self.mesh, self.manual, self.check, self.executor = mesh, manual, check, executor
+        self.name = name  # the user's function's: each primitive's mapped call is named after it
         self.manual_mesh = jax_shard_map._as_manual_mesh(mesh, manual)
         self.axes = tuple(mesh.shape.items())
         self.env = [(name, size) for name, size in self.axes if name in manual]
@@ -444,12 +446,12 @@ class _MeshTrace(core.Trace):
         with core.set_current_trace(core.eval_trace):  # as while JAX binds up to 0.11 (0.12: no trace at all)
             ins = [self.lift(t) for t in tracers]
             jaxpr, out_avals = _one_equation(self.mesh, prim, ins, params)
-            values = self._evaluate(jaxpr, [t.val for t in ins], prim.name)
+            values = self._evaluate(jaxpr, [t.val for t in ins])
         outs = [ShardMapTracer(self, v, a if self.check else a.update(manual_axis_type=core.empty_mat))
                 for v, a in zip(values, out_avals, strict=True)]
         return outs if prim.multiple_results else outs[0]
 
-    def _evaluate(self, jaxpr, stacked: list, name: str) -> list:
+    def _evaluate(self, jaxpr, stacked: list) -> list:
         caller = _CallerConfig()
         with caller, core.extend_axis_env_nd(self.env), mesh_lib.use_abstract_mesh(self.manual_mesh):
             if self.executor == "vectorized":
@@ -461,7 +463,7 @@ class _MeshTrace(core.Trace):
         def device(i: int):
             with caller, core.extend_axis_env_nd(self.env), mesh_lib.use_abstract_mesh(self.manual_mesh):
                 return eval_jaxpr(jaxpr, [], *(v[i] for v in stacked), executor=executor)
-        per_device = _runtime.run_mapped(device, self.axes, is_device=True, name=name)
+        per_device = _runtime.run_mapped(device, self.axes, is_device=True, name=self.name)
         return [np.stack([np.asarray(d[k]) for d in per_device]) for k in range(len(jaxpr.outvars))]
 
     def process_call(self, call_primitive, fun, tracers, params, /):
@@ -483,17 +485,18 @@ class _MeshTrace(core.Trace):
                              f"({self.check}), got {check_vma}.")
         with core.set_current_trace(core.eval_trace):
             return run_once(fun, [self.lift(x) for x in args], self.mesh, in_specs, check_vma, newly_manual_axes,
-                            self.executor, outer=self)
+                            self.executor, outer=self, name=body_name(debug_info))
 
 
 def run_once(fun, args: list, mesh, in_specs: tuple, check: bool, newly_manual: frozenset, executor: str,
-             outer: "_MeshTrace | None"):
+             outer: "_MeshTrace | None", name: str | None = None):
     """The eager shard_map as JAX runs it: ``fun`` (JAX's flattened body, returning its outputs with their
     out_specs) run once on values holding every device's block of ``args``; returns JAX's FlatTree of the outputs
-    (``jax.Array``s; inside ``outer``, an enclosing eager map, its values)."""
+    (``jax.Array``s; inside ``outer``, an enclosing eager map, its values). ``name``: the user's function's (a trace
+    names each primitive's mapped call after it)."""
     new_axes = tuple((name, size) for name, size in mesh.shape.items() if name in newly_manual)
     manual = newly_manual | (outer.manual if outer is not None else frozenset())
-    trace = _MeshTrace(mesh, manual, check, executor)
+    trace = _MeshTrace(mesh, manual, check, executor, name)
     # each device's position among the newly manual axes' devices, and the devices that differ only there
     coords = np.indices(mesh.devices.shape).reshape(len(mesh.axis_names), -1)
     new = [i for i, name in enumerate(mesh.axis_names) if name in newly_manual]
