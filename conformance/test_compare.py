@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 import spmdsim
 from spmdsim.runtime import _runtime
 from spmdsim.jax.evaluation import _registry
-from spmdsim.jax.tools._compare import SCHEMA_PATH, Against, distance
+from spmdsim.jax.tools._compare_report import SCHEMA_PATH, Against, distance
 from spmdsim.testing import compare
 
 HERE = os.path.basename(__file__)

@@ -20,7 +20,7 @@ import pytest
 from spmdsim.jax.evaluation import _contraction
 
 from spmdsim.jax.numerics import _xla_cpu_isa
-from spmdsim.jax.tools._compare import distance
+from spmdsim.jax.tools._compare_report import distance
 from spmdsim.testing import compare
 
 pytestmark = [pytest.mark.area("compare"),
@@ -102,7 +102,7 @@ def test_fused_run_found_in_process(monkeypatch, executor, dtype):
 
 def test_exit_status_counts_an_end_to_end_difference():
     """``bool(report)`` (the command's exit status 1) holds for a drift beyond the tolerance alone."""
-    from spmdsim.jax.tools._compare import Drift, Report
+    from spmdsim.jax.tools._compare_report import Drift, Report
     report = Report("xla", 0, None)
     report.drift.append(Drift(0, "pmap", 0, (4,), "float64", 3.0, 1e-16, beyond=True))
     assert report and not Report("xla", 0, None)

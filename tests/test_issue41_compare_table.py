@@ -3,7 +3,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from spmdsim.jax.tools._compare import Drift, Report  # noqa: E402
+from spmdsim.jax.tools._compare_report import Drift, Report  # noqa: E402
 
 
 def _report(n: int) -> Report:
