@@ -18,7 +18,7 @@ except ImportError as e:  # pragma: no cover - exercised in the jax-free test en
 
 from spmdsim.jax.rules import _collective_rules, _control_flow  # noqa: F401  (register rules)
 from spmdsim.jax.rules import _elementwise, _arithmetic, _structural, _reductions, _dot  # noqa: F401  (register rules)
-from spmdsim.jax.integration import _map  # noqa: F401
+from spmdsim.jax.integration import _map, _map_lowering, _map_rules  # noqa: F401  (the map primitive, its JAX rules)
 from spmdsim.jax.rules import _prng  # noqa: F401  (register rules)
 from spmdsim.jax.rules import _callbacks, _linalg, _special, _windows  # noqa: F401  (register rules)
 from spmdsim.jax.integration._api import pmap

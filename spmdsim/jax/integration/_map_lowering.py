@@ -1,0 +1,200 @@
+"""The lowering of :data:`spmdsim.jax.integration._map.spmdsim_map_p` (``jit``, and control flow that XLA runs): a
+host callback into the simulator; in JAX's own jit, with ``SPMDSIM_SHARDED_LOWERING=1``, a shard_map's boundary
+around it on the map's mesh (issue 39). Registered with JAX when this module is imported."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+
+import jax
+import numpy as np
+from spmdsim.jax._internals import core
+from spmdsim.jax._internals import mlir
+
+from spmdsim.runtime import _axes, _runtime
+from spmdsim.jax.evaluation import _dtypes, _unreduced
+from spmdsim.jax import _internals
+from spmdsim.jax.integration import _placement
+from spmdsim.jax.integration._map import _partials_body, global_avals, simulate, spmdsim_map_p, to_numpy
+
+
+def _callback_form(*args, **params):
+    out_avals = global_avals(params)
+    keys_in = [_dtypes.is_key(core.typeof(x).dtype) for x in args]
+    keys_out = [_dtypes.is_key(a.dtype) for a in out_avals]
+    args = [jax.random.key_data(x) if k else x for x, k in zip(args, keys_in, strict=True)]
+    shapes = [jax.ShapeDtypeStruct((*a.shape, *_dtypes.key_data_shape(a.dtype)), np.uint32) if k
+              else jax.ShapeDtypeStruct(a.shape, a.dtype) for a, k in zip(out_avals, keys_out, strict=True)]
+
+    def host(*values):
+        return simulate([to_numpy(v) for v in values], **params)
+
+    effects = params["jaxpr"].effects
+    if effects:  # a body with side effects (host callbacks): XLA must neither drop the map nor reorder it
+        from spmdsim.jax._internals import effects as jax_effects
+        from jax.experimental import io_callback
+        outs = io_callback(host, shapes, *args, ordered=bool(jax_effects.ordered_effects.filter_in(effects)))
+    else:
+        outs = jax.pure_callback(host, shapes, *args)
+    return [jax.random.wrap_key_data(o, impl=a.dtype) if k else o
+            for o, a, k in zip(outs, out_avals, keys_out, strict=True)]
+
+
+_plain_lowering = mlir.lower_fun(_callback_form, multiple_results=True)
+
+
+# In JAX's own jit (spmdsim's map imported into a program that ``spmdsim run`` does not run) the callback runs on
+# device 0, and XLA must see neither an unreduced or reduced value handed to it (Shardy aborts the process: the
+# maximal mesh of device 0 is not the map's) nor its results left there (the whole array on device 0, where JAX's
+# shard_map hands back the out_specs' NamedShardings). So the program names the map's mesh, as a shard_map
+# equation does (``dispatch.get_intermediate_shardings``: the jit's devices and mesh), and the lowering is a
+# shard_map's boundary around the callback: the operands constrained to the in_specs, the results to the
+# out_specs; an unreduced operand crosses as its partials stacked on a leading dimension split over its unreduced
+# axes (JAX's own shard_map stacks them, a reduced one is crossed as the plain value it is), an unreduced result
+# comes back the same way and is unstacked by JAX's shard_map into each device's partial.
+
+def _lowering(ctx, *args, **params):
+    mesh = _module_mesh(ctx, params)
+    if mesh is None:
+        return _plain_lowering(ctx, *args, **params)
+    in_shardings = _shardings_on(mesh, params["in_specs"])
+    out_shardings = _shardings_on(mesh, params["out_specs"])
+    args = [_constrain(ctx, x, aval, s) for x, aval, s in zip(args, ctx.avals_in, in_shardings, strict=True)]
+    outs = mlir.lower_fun(functools.partial(_sharded_callback_form, mesh=mesh), multiple_results=True)(
+        ctx, *args, **params)
+    return [_constrain(ctx, o, aval, s) for o, aval, s in zip(outs, ctx.avals_out, out_shardings, strict=True)]
+
+
+def _module_mesh(ctx, params):
+    """The map's mesh (abstract) when the jitted program being lowered spans its devices (a program on other
+    devices, or inside a JAX shard_map's manual computation: None, the plain callback)."""
+    from spmdsim.jax._internals import sharding_impls
+    context = ctx.module_context.axis_context
+    if type(context) is not sharding_impls.ShardingContext:
+        return None
+    mesh = params.get("mesh") if params["api"] == "shard_map" else _placement.map_mesh(params)
+    mesh = getattr(mesh, "abstract_mesh", mesh)
+    if mesh is None or mesh.size != context.num_devices or context.num_devices == 1:
+        return None
+    found = context.abstract_mesh
+    if found is not None and tuple(zip(found.axis_names, found.axis_sizes)) != \
+            tuple(zip(mesh.axis_names, mesh.axis_sizes)):
+        return None
+    return mesh
+
+
+def _shardings_on(mesh, specs) -> list:
+    return [jax.sharding.NamedSharding(mesh, _unreduced.partition_spec(
+        spec, lambda name: _placement.PMAP_AXIS if isinstance(name, _axes.Unnamed) else name)) for spec in specs]
+
+
+def _constrain(ctx, x, aval, sharding):
+    """``x`` constrained to ``sharding`` (a sharding_constraint op, as ``with_sharding_constraint`` lowers)."""
+    from spmdsim.jax._internals import config
+    if _dtypes.is_key(aval.dtype):
+        aval = core.physical_aval(aval)
+    if config.use_shardy_partitioner.value:
+        proto = sharding._to_sdy_sharding(aval.ndim)
+    else:
+        proto = sharding._to_xla_hlo_sharding(aval.ndim).to_proto()
+    return mlir.wrap_with_sharding_op(ctx, x, aval, proto)
+
+
+def _sharded_callback_form(*args, mesh, **params):
+    """:func:`_callback_form` with unreduced operands and results crossing as their stacked partials (JAX's
+    shard_map stacks and unstacks them on the map's mesh)."""
+    from spmdsim.jax._internals import jax_shard_map
+    P = jax.sharding.PartitionSpec
+    axes = params["axes"]
+    in_specs, out_specs = params["in_specs"], params["out_specs"]
+    if not _unreduced.map_needs_partials(in_specs, out_specs):
+        return _callback_form(*args, **params)
+    stacked_in = []
+    for x, spec, sharding in zip(args, in_specs, _shardings_on(mesh, in_specs), strict=True):
+        if _unreduced.spec_unreduced(spec):
+            names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
+            x = jax_shard_map.shard_map(lambda block: block[None], mesh=mesh, in_specs=sharding.spec,
+                                        out_specs=P(names, *_padded_parts(sharding.spec, x.ndim)), check_vma=False)(x)
+        stacked_in.append(x)
+    out_avals = global_avals(params)
+    shapes = [jax.ShapeDtypeStruct((math.prod(n for _, n in _unreduced.partials_axes(s, axes)), *a.shape), a.dtype)
+              if _unreduced.spec_unreduced(s) else jax.ShapeDtypeStruct(a.shape, a.dtype)
+              for a, s in zip(out_avals, out_specs, strict=True)]
+
+    # The body over the stacked partials, traced here (in the program's mesh context; the callback's thread has
+    # none): the plain map the simulator runs on them, as :func:`_simulate_partials` does.
+    with _no_mesh_context():
+        body, plain_in, plain_out = _partials_body(params["jaxpr"], in_specs, out_specs, axes, params.get("mesh"),
+                                                   params.get("check_vma", False))
+    plain = {**params, "jaxpr": body, "in_specs": plain_in, "out_specs": plain_out}
+
+    def host(*values):
+        return [_unreduced.total(o) for o in simulate([to_numpy(v) for v in values], **plain)]
+
+    outs = _host_call(host, shapes, stacked_in, params["jaxpr"].effects)
+    result = []
+    for o, spec, sharding in zip(outs, out_specs, _shardings_on(mesh, out_specs), strict=True):
+        if _unreduced.spec_unreduced(spec):
+            names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
+            o = jax_shard_map.shard_map(lambda block: block[0], mesh=mesh,
+                                        in_specs=P(names, *_padded_parts(sharding.spec, o.ndim - 1)),
+                                        out_specs=sharding.spec, check_vma=False)(o)
+        result.append(o)
+    return result
+
+
+@contextlib.contextmanager
+def _no_mesh_context():
+    """No ``jax.set_mesh`` / ``use_abstract_mesh`` context (a map's body is traced in its own, see
+    :class:`_axis_env`)."""
+    from spmdsim.jax._internals import abstract_mesh_context_manager, device_context
+    concrete = device_context.swap_local(None)
+    abstract = abstract_mesh_context_manager.swap_local(None)
+    try:
+        yield
+    finally:
+        abstract_mesh_context_manager.set_local(abstract)
+        device_context.set_local(concrete)
+
+
+def _padded_parts(spec, ndim: int) -> tuple:
+    parts = tuple(spec.partitions)
+    return parts + (None,) * (ndim - len(parts))
+
+
+def _host_call(host, shapes, args, effects):
+    if effects:
+        from spmdsim.jax._internals import effects as jax_effects
+        from jax.experimental import io_callback
+        return io_callback(host, shapes, *args, ordered=bool(jax_effects.ordered_effects.filter_in(effects)))
+    return jax.pure_callback(host, shapes, *args)
+
+
+def _intermediate_shardings(jaxpr):
+    """JAX's ``dispatch.get_intermediate_shardings``, and a spmdsim map's mesh by its specs, as JAX names a
+    shard_map's (a map over a concrete mesh: the program runs on its devices)."""
+    out = list(_jax_intermediate_shardings(jaxpr))
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is not spmdsim_map_p or _runtime.current_lane() is not None:
+            continue
+        params = eqn.params
+        mesh = params.get("mesh") if params["api"] == "shard_map" else _placement.map_mesh(params)
+        if not isinstance(mesh, jax.sharding.Mesh):
+            continue
+        try:
+            shardings = _shardings_on(mesh, (*params["in_specs"], *params["out_specs"]))
+        except Exception:  # noqa: BLE001 - a spec JAX does not take: the program names no mesh for it
+            continue
+        info = _internals.jax_dispatch.SourceInfo(eqn.source_info, eqn.primitive.name)
+        out.extend((s, info) for s in shardings)
+    return out
+
+
+_jax_intermediate_shardings = _internals.jax_dispatch.get_intermediate_shardings
+if os.environ.get("SPMDSIM_SHARDED_LOWERING") == "1":  # issue 39, in progress: opt in (see the README)
+    _internals.jax_dispatch.get_intermediate_shardings = _intermediate_shardings
+    mlir.register_lowering(spmdsim_map_p, _lowering)
+else:
+    mlir.register_lowering(spmdsim_map_p, _plain_lowering)
