@@ -409,6 +409,11 @@ class ShardMapTracer(core.Tracer):
     __repr__ = __str__
 
 
+# psend delivers into a mailbox that its precv, a later equation, reads: in a body run once, both go to the
+# trace's one batch of devices (the vectorized rules: the same values as the thread executor's).
+_POINT_TO_POINT = frozenset({"psend", "precv"})
+
+
 class _MeshTrace(core.Trace):
     """An eager shard_map's body run once: each primitive typed by JAX and computed by spmdsim for every device at
     once, as a one-equation jaxpr (``executor``: ``"vectorized"``, the rows as the vectorized executor's batch;
@@ -420,7 +425,8 @@ class _MeshTrace(core.Trace):
         self.name = name  # the user's function's: each primitive's mapped call is named after it
         self.manual_mesh = jax_shard_map._as_manual_mesh(mesh, manual)
         self.axes = tuple(mesh.shape.items())
-        self.env = [(name, size) for name, size in self.axes if name in manual]
+        self.env = [(axis, size) for axis, size in self.axes if axis in manual]
+        self.batch = _batch.Batch(self.axes)  # every device, for the whole body: psend's mailboxes last till precv
 
     aval = _block_aval
 
@@ -454,8 +460,8 @@ class _MeshTrace(core.Trace):
     def _evaluate(self, jaxpr, stacked: list) -> list:
         caller = _CallerConfig()
         with caller, core.extend_axis_env_nd(self.env), mesh_lib.use_abstract_mesh(self.manual_mesh):
-            if self.executor == "vectorized":
-                ex = Vectorized(_batch.Batch(self.axes))
+            if self.executor == "vectorized" or jaxpr.eqns[0].primitive.name in _POINT_TO_POINT:
+                ex = Vectorized(self.batch)
                 ex.compiled = False  # one equation, once: the reference loop
                 return [np.asarray(v) for v in ex.eval_jaxpr(jaxpr, [], stacked)]
         executor = REFERENCE if self.executor == "reference" else PER_DEVICE
