@@ -169,8 +169,11 @@ PLAN = {  # benchmark -> device counts; every benchmark runs every variant
     "scale": [4096],
     "call": [8, 64],
     "steps": [8, 64],
+    "nuts": [4],
+    "blackjax": [4],
 }
 SMALL_CALLS = ("call", "steps")  # run by spmdsim_small_calls; "steps" times 1000 calls per measurement
+END_TO_END = {"nuts": "numpyro", "blackjax": "blackjax"}  # benchmarks/mcmc.py programs, each run in a fresh process
 VARIANTS = ["numpy", "jax-threads", "jax-vectorized"]
 
 
@@ -203,7 +206,8 @@ def main(argv=None) -> int:
         return 0
     if args.fresh_threads:
         spmdsim.runtime._threads.REUSE = False
-    plan = {k: ([8] if args.quick else v) for k, v in PLAN.items() if not args.only or k in args.only}
+    plan = {k: ([8] if args.quick and k not in END_TO_END else v) for k, v in PLAN.items()
+            if not args.only or k in args.only}
     repeats = 2 if args.quick else args.repeats
     rows = []
     for bench, sizes in plan.items():
@@ -233,6 +237,8 @@ def main(argv=None) -> int:
 
 def measure_row(bench: str, n: int, reps: int, args) -> dict:
     """One benchmark at n devices: jax.pmap (in its subprocess), then each spmdsim variant."""
+    if bench in END_TO_END:
+        return end_to_end_row(bench, n, args)
     row = {"benchmark": bench, "devices": n, "jax": jax_side(bench, n, reps, args.jax_timeout)}
     for variant in VARIANTS:
         if variant == "jax-threads" and bench == "latency" and n > 256:
@@ -245,6 +251,41 @@ def measure_row(bench: str, n: int, reps: int, args) -> dict:
             row[variant] = spmdsim_side(bench, n, variant, reps)
     if bench == "large":
         row["numpy-bound"] = numpy_bound(reps)
+    return row
+
+
+def end_to_end(command: list, env: dict, timeout: float) -> dict:
+    """One run of a benchmarks/mcmc.py program in a fresh process, as a user runs it: its ``seconds`` (tracing
+    and compiling included) as ``first_s`` and ``median_s``, and the digest of its samples."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish within {timeout:.0f} s"}
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
+        return {"error": (lines[-1] if lines else f"exit {proc.returncode}").strip()[:300]}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"first_s": result["seconds"], "median_s": result["seconds"], "times_s": [result["seconds"]],
+            "digest": result["digest"]}
+
+
+def end_to_end_row(bench: str, n: int, args) -> dict:
+    """MCMC chains (issue 43), one per device, end to end: JAX with n forced CPU devices, then ``spmdsim run
+    --devices n`` with each executor (the JAX front end only: these programs call ``jax.pmap`` and
+    ``jax.shard_map`` themselves). Samples per chain: 300 (100 with --quick)."""
+    program = [os.path.join(ROOT, "benchmarks", "mcmc.py"), END_TO_END[bench], "100" if args.quick else "300"]
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    timeout = max(args.jax_timeout, 900.0)
+    row = {"benchmark": bench, "devices": n,
+           "jax": end_to_end([sys.executable, *program], {**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"},
+                             timeout),
+           "numpy": {"error": "no NumPy front end version (numpyro and blackjax are JAX programs)"}}
+    for variant, executor in (("jax-threads", "threads"), ("jax-vectorized", "vectorized")):
+        row[variant] = end_to_end([sys.executable, "-m", "spmdsim", "run", "--devices", str(n), "--executor", executor,
+                                   *program], env, timeout)
+    digests = {row[v].get("digest") for v in ("jax-threads", "jax-vectorized")}
+    if len(digests) != 1:
+        row["jax-vectorized"] = {"error": f"samples differ from the thread executor's: {sorted(map(str, digests))}"}
     return row
 
 

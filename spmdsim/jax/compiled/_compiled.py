@@ -42,6 +42,7 @@ from spmdsim.jax.rules._reductions import splits
 from spmdsim.jax.evaluation._registry import IN_PLACE, PER_DEVICE, compiled_form
 from spmdsim.jax.evaluation._interpreter import (HIGHER_ORDER, Executor, bad_result, eqn_stack, ignore_errors,
                                       restore_errors, site_of)
+from spmdsim.jax.evaluation._interpreter import eval_jaxpr as reference_eval_jaxpr
 
 __all__ = ["eval_jaxpr", "evaluator", "program_source"]
 
@@ -411,12 +412,20 @@ FUSION = os.environ.get("SPMDSIM_FUSION", "1") != "0"  # chains of elementwise e
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _program(jaxpr, executor: Executor) -> Callable:
+_PROGRAMS_PER_JAXPR = 12  # programs per jaxpr (vectorized: one per device count, see _program)
+
+
+def _program(jaxpr, executor: Executor) -> Callable | None:
+    """The compiled program of ``jaxpr`` for ``executor``'s key; None where ``jaxpr`` already has
+    ``_PROGRAMS_PER_JAXPR`` programs for other keys (the vectorized executor makes one per device count, and the
+    devices of a ``while`` or ``cond`` split into subsets of many counts: those run the reference loop)."""
     programs = _programs.get(jaxpr)
     if programs is None:
         programs = _programs[jaxpr] = {}
     program = programs.get(executor.program_key)
     if program is None:
+        if len(programs) >= _PROGRAMS_PER_JAXPR:
+            return None
         source, ns = program_source(jaxpr, executor)
         exec(compile(source, "<spmdsim: jaxpr>", "exec"), ns)  # noqa: S102 - our own generated code
         # taken out of its own globals: a cycle (run -> ns -> run) would outlive the jaxpr until the next garbage
@@ -428,14 +437,24 @@ def _program(jaxpr, executor: Executor) -> Callable:
 def evaluator(jaxpr, executor: Executor) -> Callable[[list, list], list[np.ndarray]]:
     """``evaluate(consts, args)``: ``jaxpr`` evaluated by its compiled function, looked up once; the same
     results and errors as the reference loop."""
-    return functools.partial(_run, _program(jaxpr, executor), executor)
+    program = _program(jaxpr, executor)
+    if program is None:
+        return functools.partial(_reference, jaxpr, executor)
+    return functools.partial(_run, program, executor)
+
+
+def _reference(jaxpr, executor: Executor, consts, args, consume: bool = False) -> list[np.ndarray]:
+    return reference_eval_jaxpr(jaxpr, consts, *args, executor=executor)
 
 
 def eval_jaxpr(jaxpr, consts, args, executor: Executor, consume: bool = False) -> list[np.ndarray]:
     """Evaluate ``jaxpr`` with its compiled function; the same results and errors as the reference loop.
     ``consume``: ``args`` is a list the caller gives up (a loop's carry): emptied once read, so that an argument
     the caller holds nowhere else can be updated in place (see :func:`_donating`)."""
-    return _run(_program(jaxpr, executor), executor, consts, args, consume)
+    program = _program(jaxpr, executor)
+    if program is None:
+        return reference_eval_jaxpr(jaxpr, consts, *args, executor=executor)
+    return _run(program, executor, consts, args, consume)
 
 
 def _run(run: Callable, executor: Executor, consts, args, consume: bool = False) -> list[np.ndarray]:

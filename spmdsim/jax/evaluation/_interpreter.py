@@ -301,19 +301,25 @@ class Vectorized(Executor):
         self.batch.diverged(calls, [(self.batch.subset(selection).ids, what) for selection, what in went_on], where)
 
     def partition(self, index, count):
-        index = np.clip(np.asarray(index).astype(np.int64), 0, count - 1)
+        index = np.asarray(index)
+        if index.size and index.ndim == 1 and (index.dtype.kind in "bi" or index.dtype.kind == "u" and
+                                               index.dtype.itemsize < 8):  # every device alike (the usual case)
+            first = index[0]
+            if (index == first).all():
+                return [(min(max(int(first), 0), count - 1), None)]
+        index = np.clip(index.astype(np.int64), 0, count - 1)
         values = np.unique(index)
         if len(values) == 1:
             return [(int(values[0]), None)]
         return [(int(v), index == v) for v in values]
 
     def subset(self, selection):
-        """The devices of ``selection``. They run the reference loop: a compiled program is made per device count,
-        and a ``while`` whose devices leave it one by one would make one per count."""
+        """The devices of ``selection``, evaluated as this executor evaluates (a compiled program is made per
+        device count; past a few counts per jaxpr, the reference loop: see ``._compiled``)."""
         if selection is None:
             return self
         sub = Vectorized(self.batch.subset(selection))
-        sub.compiled = False
+        sub.compiled = self.compiled
         return sub
 
     def select(self, x, selection):

@@ -38,6 +38,7 @@ _TINY = np.finfo(np.float32).tiny
 
 
 _CHUNK = 1 << 15  # elements of a float64 temporary that stay in a core's cache
+_SMALL = 1 << 10  # fewer elements: NumPy's per-call cost dominates (see rounded_once and _horner_fma)
 _PARALLEL = 1 << 20  # a fused multiply-add this large uses every CPU (see spmdsim.runtime._threads.in_parallel)
 
 
@@ -50,6 +51,16 @@ def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_add
     C-contiguous array of the result's shape and ``dtype`` to write into; it may be one of the operands (each
     block of it is read before it is written)."""
     combine = np.subtract if negate_addend else np.add
+    if out is None and getattr(a, "size", 1) <= _SMALL and getattr(b, "size", 1) <= _SMALL and \
+            getattr(c, "size", 1) <= _SMALL:
+        # a few elements (a scalar of a sampler's loop): each operand converted to float64 first, then
+        # operations of one dtype (NumPy's mixed-dtype and casting calls cost several times more); the same
+        # float64 operations and rounding as below
+        product = np.asarray(a, f64) * np.asarray(b, f64)
+        if negate_product:
+            product = -product
+        wide = product - np.asarray(c, f64) if negate_addend else product + np.asarray(c, f64)
+        return np.asarray(wide.astype(dtype))
     if out is None and np.size(a) <= _CHUNK and np.size(b) <= _CHUNK and np.size(c) <= _CHUNK:
         # a block of a port or of a fused run: three NumPy calls, the same operations as below
         product = np.multiply(a, b, dtype=f64)
@@ -390,6 +401,11 @@ def _horner_fma(x: np.ndarray, coefficients) -> np.ndarray:
             p = fma(p, x, f32(c))
         return p
     wide = np.asarray(x, f64)
+    if wide.size <= _SMALL:  # one dtype per call (see rounded_once): the same float64 steps, rounded alike
+        p = np.full(wide.shape, f32(coefficients[0]), f32)
+        for c in coefficients[1:]:
+            p = np.asarray((p.astype(f64) * wide + f64(f32(c))).astype(f32))
+        return p
     temp, p = np.empty(wide.shape, f64), np.full(wide.shape, f32(coefficients[0]), f32)
     for c in coefficients[1:]:
         np.multiply(p, wide, out=temp)

@@ -16,6 +16,7 @@ from spmdsim.primitives._batch import Diverged
 from spmdsim.jax.evaluation._dtypes import is_token
 from spmdsim.jax.evaluation._interpreter import Executor, current_site, eqn_stack, higher_order
 from spmdsim.jax.evaluation._lowered import lowering_jaxpr
+from spmdsim.jax.rules._lanes import compacted_while
 from spmdsim.jax._internals import scan_counts
 
 
@@ -99,6 +100,8 @@ def _while(ex: Executor, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncons
     cond_consts, body_consts = args[:cond_nconsts], args[cond_nconsts:cond_nconsts + body_nconsts]
     carry = list(args[cond_nconsts + body_nconsts:])
     batched = len(cond_jaxpr.out_avals[0].shape)  # the predicate's own axes (after a device axis, if any)
+    if not batched and ex.kind == "vectorized" and ex.compiled:  # the same values, less bookkeeping (see ._lanes)
+        return compacted_while(ex, cond_jaxpr, body_jaxpr, list(cond_consts), list(body_consts), carry)
     tokens = [is_token(aval) for aval in body_jaxpr.out_avals]
     while True:
         pred = ex.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0]

@@ -26,6 +26,7 @@ u64[2] state, with XLA's counters and its interleaving of the generated words, b
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import numpy as np
@@ -47,6 +48,12 @@ def _rotl(x, d):
 def threefry2x32(k1, k2, x1, x2):
     """The Threefry-2x32 hash with 20 rounds (Salmon et al. 2011), on broadcasting uint32 arrays."""
     k1, k2, x1, x2 = (np.asarray(a, dtype=np.uint32) for a in (k1, k2, x1, x2))
+    if k1.size <= _FEW and k2.size <= _FEW and x1.size <= _FEW and x2.size <= _FEW:
+        shape = np.broadcast_shapes(k1.shape, k2.shape, x1.shape, x2.shape)
+        if 0 < math.prod(shape) <= _FEW:  # a key or two (a sampler's loop): Python's integers, the same words
+            words = [np.broadcast_to(a, shape).ravel().tolist() for a in (k1, k2, x1, x2)]
+            y1, y2 = zip(*map(_threefry2x32_words, *words))
+            return np.array(y1, np.uint32).reshape(shape), np.array(y2, np.uint32).reshape(shape)
     ks = [k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA)]
     x = [x1 + ks[0], x2 + ks[1]]
     for block in range(5):
@@ -58,16 +65,42 @@ def threefry2x32(k1, k2, x1, x2):
     return x[0], x[1]
 
 
+_FEW = 16  # hashes of at most this many words are computed word by word (NumPy's per-call cost dominates)
+_MASK = 0xFFFFFFFF
+
+
+def _threefry2x32_words(k1: int, k2: int, x1: int, x2: int) -> tuple[int, int]:
+    """:func:`threefry2x32` of one pair of words, in Python's integers (uint32 arithmetic: modulo 2**32)."""
+    ks = (k1, k2, k1 ^ k2 ^ 0x1BD11BDA)
+    a, b = (x1 + k1) & _MASK, (x2 + k2) & _MASK
+    for block in range(5):
+        for r in _ROTATIONS[block % 2]:
+            a = (a + b) & _MASK
+            b = (((b << r) & _MASK) | (b >> (32 - r))) ^ a
+        a = (a + ks[(block + 1) % 3]) & _MASK
+        b = (b + ks[(block + 2) % 3] + block + 1) & _MASK
+    return a, b
+
+
 def _iota_2x32(shape):
     """The counters 0, 1, ... of ``shape`` as (high, low) uint32 words (JAX's iota_2x32_shape)."""
     flat = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.uint64).reshape(shape)
     return (flat >> np.uint64(32)).astype(np.uint32), (flat & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
 
+@functools.lru_cache(maxsize=256)
+def _counters(shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_iota_2x32` of ``shape``, read-only, made once per shape (a sampler splits its key at every step)."""
+    words = tuple(np.array(w, np.uint32) for w in _iota_2x32(shape))
+    for w in words:
+        w.flags.writeable = False
+    return words
+
+
 def _hash_counters(keys: np.ndarray, shape) -> tuple[np.ndarray, np.ndarray]:
     """threefry2x32 of every key (shape ``K + (2,)``) with the counters of ``shape``: two ``K + shape`` arrays."""
     shape = tuple(shape)
-    hi, lo = _iota_2x32(shape)
+    hi, lo = _counters(shape)
     expand = (Ellipsis,) + (np.newaxis,) * len(shape)
     return threefry2x32(keys[..., 0][expand], keys[..., 1][expand], hi, lo)
 

@@ -374,6 +374,12 @@ def _scatter(combine):
         it = iter(update_window_shape)
         window_sizes = [1 if d in dn.inserted_window_dims or d in dn.operand_batching_dims else next(it)
                         for d in range(operand.ndim)]
+        apply = combine if update_jaxpr is None or combine is not _assign else _update_computation(update_jaxpr,
+                                                                                                   update_consts)
+        if apply is _assign and indices.ndim == 1 and indices.dtype.kind == "i" and not dn.operand_batching_dims \
+                and uw == list(range(updates.ndim)):  # one window (``x.at[i].set(row)``): a slice, the same writes
+            return _scatter_one_window(operand, indices, updates, window_sizes, dn.scatter_dims_to_operand_dims,
+                                       _mode_name(mode).endswith("CLIP"), in_place)
         index, batch_shape, window_dims, in_bounds = _window_index(
             operand.shape, indices, window_sizes, start_index_map=dn.scatter_dims_to_operand_dims,
             collapsed=dn.inserted_window_dims, operand_batching=dn.operand_batching_dims,
@@ -386,8 +392,6 @@ def _scatter(combine):
         keep = np.broadcast_to(in_bounds.reshape(batch_shape + (1,) * len(window_dims)), upd.shape)
         out = operand if in_place else operand.copy()
         full_index = tuple(np.broadcast_to(i, upd.shape)[keep] for i in index)
-        apply = combine if update_jaxpr is None or combine is not _assign else _update_computation(update_jaxpr,
-                                                                                                   update_consts)
         apply(out, full_index, upd[keep])  # float16/bfloat16: rounded after every update, as XLA:CPU does
         return out
 
@@ -407,6 +411,23 @@ def _scatter(combine):
 
 def _assign(out, index, values):
     out[index] = values
+
+
+def _scatter_one_window(operand, indices, updates, window_sizes, start_index_map, clip: bool, in_place: bool):
+    """A ``scatter`` of one update window (indices of shape ``(k,)``) that assigns: the window's start as
+    :func:`_window_index` computes it (clamped into the operand; out of bounds, dropped unless ``clip``), written
+    as one slice."""
+    starts = [0] * operand.ndim
+    for k, d in enumerate(start_index_map):
+        starts[d] = int(indices[k])
+    inside = all(0 <= start <= dim - size for start, dim, size in zip(starts, operand.shape, window_sizes))
+    out = operand if in_place else operand.copy()
+    if inside or clip:
+        window = tuple(slice(min(max(start, 0), max(dim - size, 0)), None)
+                       for start, dim, size in zip(starts, operand.shape, window_sizes))
+        window = tuple(slice(w.start, w.start + size) for w, size in zip(window, window_sizes))
+        out[window] = updates.reshape(window_sizes)
+    return out
 
 
 def _update_computation(update_jaxpr, update_consts):

@@ -1,0 +1,65 @@
+"""Loops of small operations (issue 43): the vectorized executor's ``while`` whose devices leave at different
+iterations (``._lanes``), and the quick paths for tiny operands, give every device the values of the thread
+executor and of the reference loop, bit for bit."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import spmdsim.jax as sjax  # noqa: E402
+from spmdsim.jax.evaluation._interpreter import Vectorized  # noqa: E402
+
+
+def reference(run):
+    saved, Vectorized.compiled = Vectorized.compiled, False
+    try:
+        return run()
+    finally:
+        Vectorized.compiled = saved
+
+
+def lanes_leave_at_different_iterations(x):
+    """Each device iterates a number of times set by its own data, with a nested loop, a cond, a PRNG key and a
+    carry of several dtypes (a token-free pytree); some devices do not enter the loop at all."""
+    i = jax.lax.axis_index("i")
+    key = jax.random.fold_in(jax.random.PRNGKey(0), i)
+
+    def cond(c):
+        k, v, n, _ = c
+        return n < (i * 3) % 7
+
+    def body(c):
+        k, v, n, total = c
+        k, sub = jax.random.split(k)
+        step = jax.random.normal(sub, v.shape)
+        inner = jax.lax.while_loop(lambda t: t[0] < n % 3, lambda t: (t[0] + 1, jnp.exp(t[1] * 0.5) - 1.0),
+                                   (0, v))[1]
+        v = jax.lax.cond(n % 2 == 0, lambda a: a + step, lambda a: jnp.log1p(jnp.abs(a)) * step, inner)
+        return k, v, n + 1, total + jnp.sum(v).astype(jnp.float64 if jax.config.x64_enabled else jnp.float32)
+
+    k, v, n, total = jax.lax.while_loop(cond, body, (key, x, 0, jnp.float32(0)))
+    return v, n, total, jax.random.key_data(k)
+
+
+@pytest.mark.parametrize("devices", [3, 8])
+def test_a_while_whose_devices_leave_at_different_iterations_equals_the_thread_executor_bit_for_bit(devices):
+    x = np.linspace(-1, 1, devices * 5, dtype=np.float32).reshape(devices, 5)
+    threads = sjax.pmap(lanes_leave_at_different_iterations, axis_name="i", executor="threads")(x)
+    vectorized = sjax.pmap(lanes_leave_at_different_iterations, axis_name="i", executor="vectorized")(x)
+    definition = reference(lambda: sjax.pmap(lanes_leave_at_different_iterations, axis_name="i",
+                                             executor="vectorized")(x))
+    for a, b, c in zip(threads, vectorized, definition, strict=True):
+        a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
+        assert a.dtype == b.dtype == c.dtype and a.shape == b.shape == c.shape
+        assert a.tobytes() == b.tobytes() == c.tobytes()
+    assert len(set(np.asarray(threads[1]).tolist())) > 2  # the devices did leave at different iterations
+
+
+def test_a_while_that_no_device_enters_returns_its_operands():
+    def f(x):
+        return jax.lax.while_loop(lambda c: c[1] < 0, lambda c: (c[0] * 2, c[1] + 1), (x, 0))
+
+    x = np.arange(4, dtype=np.float32)
+    out = sjax.pmap(f, axis_name="i", executor="vectorized")(x)
+    assert np.array_equal(np.asarray(out[0]), x) and np.array_equal(np.asarray(out[1]), np.zeros(4, np.int32))
