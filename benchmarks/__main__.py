@@ -256,17 +256,23 @@ def measure_row(bench: str, n: int, reps: int, args) -> dict:
 
 def end_to_end(command: list, env: dict, timeout: float) -> dict:
     """One run of a benchmarks/mcmc.py program in a fresh process, as a user runs it: its ``seconds`` (tracing
-    and compiling included) as ``first_s`` and ``median_s``, and the digest of its samples."""
+    and compiling included) as ``first_s`` and ``median_s``, the digest of its samples, and the CPU time of the
+    whole process (``process_cpu_s``, user + system, start-up included: on a loaded machine a steadier measure
+    than the wall time)."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"did not finish within {timeout:.0f} s"}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
         return {"error": (lines[-1] if lines else f"exit {proc.returncode}").strip()[:300]}
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"first_s": result["seconds"], "median_s": result["seconds"], "times_s": [result["seconds"]],
-            "digest": result["digest"]}
+            "digest": result["digest"], "process_cpu_s": cpu}
 
 
 def end_to_end_row(bench: str, n: int, args) -> dict:
@@ -321,6 +327,9 @@ def print_row(row: dict) -> None:
     parts = [f"{v}={_ms(row[v])} ms" for v in VARIANTS]
     print(f"{_name(row):8s} N={row['devices']:5d}  jax={_ms(row['jax'])} ms  " + "  ".join(parts)
           + f"  load {_load(row)}" + (f"  ({row['jax']['error']})" if "error" in row["jax"] else ""), flush=True)
+    if "process_cpu_s" in row["jax"]:
+        print("  process CPU s: " + "  ".join(f"{v}={row[v]['process_cpu_s']:.1f}" for v in ["jax", *VARIANTS]
+                                              if "process_cpu_s" in row[v]), flush=True)
 
 
 def markdown(doc: dict) -> str:

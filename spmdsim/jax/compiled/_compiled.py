@@ -214,7 +214,7 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
                 ns[f"C{k}"], position = into
                 operands.insert(0, operands.pop(position))
             elif ns[f"C{k}"] is step.call:
-                ns[f"C{k}"] = _split_call(step, executor) or step.call
+                ns[f"C{k}"] = _split_call(step, executor) or _stacked_ufunc(step, executor) or step.call
             call = f"C{k}(({', '.join(operands)},))" if step.operands_tuple else \
                 f"C{k}({', '.join(['ex'] * step.higher + operands)})"
             lines.append(f"    {target}{f'ex.nullary({call}, {step.multiple})' if step.nullary else call}")
@@ -337,6 +337,26 @@ def _split_call(step: _Step, executor: Executor) -> Callable | None:
     except (TypeError, ValueError):
         return None
     return functools.partial(_split, ufunc, shape, dtype) if natural == dtype else None
+
+
+def _stacked_ufunc(step: _Step, executor: Executor) -> np.ufunc | None:
+    """For an equation of the vectorized executor computed by one NumPy ufunc whose operands have one rank (no
+    per-device scalar to broadcast as ``(n, 1, ...)``) and whose natural result dtype is the equation's: the ufunc
+    itself, called on the stacked operands (what its vectorized rule calls, without that rule's wrapping: small
+    operands of a loop pay it at every equation); else None."""
+    if executor.rules is PER_DEVICE or step.higher or step.operands_tuple or len(step.eqns) > 1 \
+            or step.multiple or step.call is None or len(step.expected) != 1 or step.expected[0] is None:
+        return None
+    if len({len(v.aval.shape) for v in step.eqn.invars}) != 1:
+        return None
+    ufunc = _ufunc_of(step, executor)
+    if ufunc is None:
+        return None
+    try:
+        natural = ufunc.resolve_dtypes(tuple(np.dtype(v.aval.dtype) for v in step.eqn.invars) + (None,))[-1]
+    except (TypeError, ValueError):
+        return None
+    return ufunc if natural == step.expected[0][1] else None
 
 
 def _split(ufunc: np.ufunc, shape: tuple, dtype, *operands, out: np.ndarray | None = None) -> np.ndarray:
