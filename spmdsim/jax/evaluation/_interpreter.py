@@ -231,7 +231,7 @@ class PerDevice(Executor):
         return evaluate
 
     def partition(self, index, count):
-        return [(int(np.clip(int(index), 0, count - 1)), None)]
+        return [(min(max(int(index), 0), count - 1), None)]
 
     def scanned(self, x, i):
         return x[i]

@@ -51,7 +51,9 @@ def threefry2x32(k1, k2, x1, x2):
     if k1.size <= _FEW and k2.size <= _FEW and x1.size <= _FEW and x2.size <= _FEW:
         shape = np.broadcast_shapes(k1.shape, k2.shape, x1.shape, x2.shape)
         if 0 < math.prod(shape) <= _FEW:  # a key or two (a sampler's loop): Python's integers, the same words
-            words = [np.broadcast_to(a, shape).ravel().tolist() for a in (k1, k2, x1, x2)]
+            size = math.prod(shape)
+            words = [a.ravel().tolist() * size if a.size == 1 else a.ravel().tolist() if a.shape == shape else
+                     np.broadcast_to(a, shape).ravel().tolist() for a in (k1, k2, x1, x2)]
             y1, y2 = zip(*map(_threefry2x32_words, *words))
             return np.array(y1, np.uint32).reshape(shape), np.array(y2, np.uint32).reshape(shape)
     ks = [k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA)]
