@@ -63,3 +63,35 @@ def test_a_while_that_no_device_enters_returns_its_operands():
     x = np.arange(4, dtype=np.float32)
     out = sjax.pmap(f, axis_name="i", executor="vectorized")(x)
     assert np.array_equal(np.asarray(out[0]), x) and np.array_equal(np.asarray(out[1]), np.zeros(4, np.int32))
+
+
+def test_threefry_of_a_few_words_equals_numpys_words():
+    from spmdsim.jax.rules import _prng
+    rng = np.random.default_rng(0)
+    k1, k2, x1, x2 = (rng.integers(0, 2**32, size=40, dtype=np.uint64).astype(np.uint32) for _ in range(4))
+    whole = _prng.threefry2x32(k1, k2, x1, x2)  # 40 words: NumPy's arrays
+    for lo, hi in [(0, 1), (3, 5), (10, 26)]:
+        few = _prng.threefry2x32(k1[lo:hi], k2[lo:hi], x1[lo:hi], x2[lo:hi])  # Python's integers
+        for a, b in zip(few, whole, strict=True):
+            assert a.dtype == np.uint32 and np.array_equal(a, b[lo:hi])
+    scalar = _prng.threefry2x32(k1[7], k2[7], x1[7:9], x2[7:9])  # a broadcast key
+    big = _prng.threefry2x32(np.full(40, k1[7]), np.full(40, k2[7]), x1, x2)
+    assert all(np.array_equal(a, b[7:9]) for a, b in zip(scalar, big, strict=True))
+
+
+@pytest.mark.parametrize("mode", ["clip", "drop", "promise_in_bounds"])
+def test_a_one_window_scatter_equals_the_general_scatter(mode):
+    """``x.at[i].set(row)`` (one window: a slice) against the same update as a batch of one window."""
+    from spmdsim.jax.evaluation._registry import PER_DEVICE
+    rule = PER_DEVICE["scatter"]
+    dnums = jax.lax.ScatterDimensionNumbers(update_window_dims=(0,), inserted_window_dims=(0,),
+                                            scatter_dims_to_operand_dims=(0,))
+    batched = jax.lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,),
+                                              scatter_dims_to_operand_dims=(0,))
+    mode = jax.lax.GatherScatterMode.from_any(mode)
+    operand = np.arange(40, dtype=np.float32).reshape(10, 4)
+    row = np.full(4, -1.0, np.float32)
+    for i in [-11, -1, 0, 3, 9, 10, 12]:
+        one = rule(operand, np.array([i], np.int32), row, dimension_numbers=dnums, mode=mode)
+        general = rule(operand, np.array([[i]], np.int32), row[None], dimension_numbers=batched, mode=mode)
+        assert one.tobytes() == general.tobytes() and one.dtype == general.dtype
