@@ -282,9 +282,8 @@ def end_to_end_row(bench: str, n: int, args) -> dict:
     program = [os.path.join(ROOT, "benchmarks", "mcmc.py"), END_TO_END[bench], "100" if args.quick else "300"]
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     timeout = max(args.jax_timeout, 900.0)
-    row = {"benchmark": bench, "devices": n,
-           "jax": end_to_end([sys.executable, *program], {**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"},
-                             timeout),
+    forced = {**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    row = {"benchmark": bench, "devices": n, "jax": end_to_end([sys.executable, *program], forced, timeout),
            "numpy": {"error": "no NumPy front end version (numpyro and blackjax are JAX programs)"}}
     for variant, executor in (("jax-threads", "threads"), ("jax-vectorized", "vectorized")):
         row[variant] = end_to_end([sys.executable, "-m", "spmdsim", "run", "--devices", str(n), "--executor", executor,
