@@ -299,8 +299,9 @@ def test_breakpoint_in_every_device_gives_one_device_pdb_prompt_at_a_time(tmp_pa
         "import numpy as np, spmdsim\nfrom spmdsim import lax\n\n"
         "def f(x):\n    mine = x * 10\n    breakpoint()\n    total = lax.psum(mine, 'i')\n    return total\n\n"
         "print(spmdsim.pmap(f, 'i')(np.arange(4.0)))\n")
-    # the first device to prompt steps over the psum (the others must reach it: they take their turns meanwhile)
-    out, code = drive(["bp.py"], ["p mine", "n"] + ["p mine", "c"] * 3 + ["p total", "c"], cwd=tmp_path,
+    # the first device to prompt runs past the psum to line 8 (the others must reach it: they take their turns
+    # meanwhile); `until 8`, not `n`: Python 3.13's pdb stops at the breakpoint() line itself, 3.11's at the next
+    out, code = drive(["bp.py"], ["p mine", "until 8"] + ["p mine", "c"] * 3 + ["p total", "c"], cwd=tmp_path,
                       env={"SPMDSIM_NUM_DEVICES": "4"})
     assert code == 0, out
     answers = re.findall(r"\(Pdb device (\d) \[i=\1\]\) p (mine|total)\n(?:np\.float64|array)\(([\d.]+)\)\n", out)
