@@ -146,6 +146,18 @@ def test_device_calls_group_into_mapped_calls():
         ["device 0 [j=0]", "device 1 [j=1]"]]
 
 
+def test_device_calls_group_by_the_runtimes_call_number_on_a_loaded_machine():
+    """A device of a short call that starts late (a loaded machine: after the others ended and later than the
+    heuristic's gap) stays in its call; the next call's devices, as early as they come, are the next call."""
+    calls = [CallEvent("device 0 [i=0]", 0.0, 1e-5, "returned", call=7),
+             CallEvent("device 1 [i=1]", 5e-3, 5.01e-3, "returned", call=7),     # 5 ms late, alone
+             CallEvent("device 1 [i=1]", 5.02e-3, 5.03e-3, "returned", call=8),  # the next call, at once
+             CallEvent("device 0 [i=0]", 5.04e-3, 5.05e-3, "returned", call=8)]
+    found = _mapped_calls(calls, [])
+    assert [[c.device for c in m.devices] for m in found] == [
+        ["device 0 [i=0]", "device 1 [i=1]"], ["device 1 [i=1]", "device 0 [i=0]"]]
+
+
 @needs_jax
 def test_spmdsim_run_trace_of_a_jax_script_names_what_the_user_wrote(tmp_path):
     (tmp_path / "two_maps.py").write_text(JAX_SCRIPT)

@@ -20,6 +20,7 @@ lanes still computing unwind at their next collective or when they finish.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from typing import Callable
@@ -195,6 +196,9 @@ class Rendezvous:
         return self.signature if self.conflicts is None else self.conflicts.get(rank, self.signature)
 
 
+_CALLS = itertools.count()
+
+
 class World:
     """Every lane of one top-level mapped call, and the open rendezvous, behind one lock. ``observers``: those
     of :data:`observers` that watch the calling thread. ``group``: the process group that made the call (see
@@ -203,6 +207,7 @@ class World:
 
     def __init__(self, group: ProcessGroup = SINGLE_PROCESS):
         me = threading.get_ident()
+        self.call = next(_CALLS)  # this top-level mapped call's number in the process (a trace groups by it)
         self.observers = [o for o in observers if getattr(o, "thread", None) in (None, me)]
         self.group = group
         self.failure_callbacks: list = []

@@ -179,7 +179,7 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
             if enters:
                 _process_group.leave()
         for observer in observed:
-            observer.lane(lane.label, start, time.perf_counter(), how, name=name)
+            observer.lane(lane.label, start, time.perf_counter(), how, name=name, call=getattr(world, "call", None))
 
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)

@@ -40,6 +40,7 @@ class CallEvent:
     end: float
     outcome: str   # "returned", "raised", "stopped"
     name: str = "mapped call"  # the mapped function's name, when the runtime gives it
+    call: int | None = None    # the top-level mapped call's number, when the runtime gives it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +129,12 @@ class Trace:
         with self._lock:
             self.events.append(event)
 
-    def lane(self, label: str, start: float, end: float, outcome: str, name: str | None = None) -> None:
-        """One device's run of the mapped function (``name``, when known: Perfetto's event is named after it)."""
+    def lane(self, label: str, start: float, end: float, outcome: str, name: str | None = None,
+             call: int | None = None) -> None:
+        """One device's run of the mapped function (``name``, when known: Perfetto's event is named after it;
+        ``call``: the number of the top-level mapped call it belongs to)."""
         with self._lock:
-            self.calls.append(CallEvent(label, start, end, outcome, name or "mapped call"))
+            self.calls.append(CallEvent(label, start, end, outcome, name or "mapped call", call))
 
     # -- reports ---------------------------------------------------------------------------------------
 
@@ -344,14 +347,18 @@ _SAME_CALL_S = 2e-3
 
 
 def _mapped_calls(calls: list, events: list) -> list[_MappedCall]:
-    """The trace's top-level mapped calls in time order: the device calls that overlap in time (a top-level call's
-    devices run together, its nested calls inside), or follow within ``_SAME_CALL_S`` on devices not yet seen;
-    each collective goes to the call during which it was released (collectives without a recorded call, such
-    as other hosts', make their own)."""
+    """The trace's top-level mapped calls in time order: the device calls of one call number (the runtime's), or
+    without one, those that overlap in time (a top-level call's devices run together, its nested calls inside) or
+    follow within ``_SAME_CALL_S`` on devices not yet seen; each collective goes to the call during which it was
+    released (collectives without a recorded call, such as other hosts', make their own)."""
     found: list[_MappedCall] = []
     for c in sorted(calls, key=lambda c: c.start):
         last = found[-1] if found else None
-        if last is None or c.start > last.end and (c.start - last.end >= _SAME_CALL_S or c.device in last.labels):
+        if c.call is not None and last is not None and last.devices and last.devices[-1].call is not None:
+            new = c.call != last.devices[-1].call
+        else:
+            new = last is None or c.start > last.end and (c.start - last.end >= _SAME_CALL_S or c.device in last.labels)
+        if new:
             last = _MappedCall(len(found), c.start, c.end)
             found.append(last)
         last.end = max(last.end, c.end)
