@@ -180,7 +180,34 @@ def _one_equation(mesh, prim, ins: list, params: dict):
     return core.Jaxpr([], invars, outvars, [eqn], effects, _DEBUG_INFO), out_avals
 
 
-class _DeviceTrace(core.Trace):
+class _BodyTrace(core.Trace):
+    """What both eager bodies' traces do alike: calls and custom derivatives run their function in the trace (an
+    eager body needs no derivative rule), a nested map must keep ``check_vma``, outputs are typed as checked."""
+
+    check: bool
+
+    def process_call(self, call_primitive, fun, tracers, params, /):
+        with core.set_current_trace(self):
+            return fun.call_wrapped(*tracers)
+
+    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
+        with core.set_current_trace(self):
+            return fun.call_wrapped(*tracers)
+
+    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, *, out_trees, symbolic_zeros):
+        with core.set_current_trace(self):
+            return fun.call_wrapped(*tracers)
+
+    def check_nested(self, check_vma: bool) -> None:
+        if check_vma != self.check:
+            raise ValueError(f"A shard_map nested in an eager shard_map must have the same check_vma "
+                             f"({self.check}), got {check_vma}.")
+
+    def _typed(self, aval):
+        return aval if self.check else aval.update(manual_axis_type=core.empty_mat)
+
+
+class _DeviceTrace(_BodyTrace):
     """One device's trace in an eager shard_map's body: primitives typed by JAX and computed by spmdsim's rules
     on this device's blocks (see the module docstring)."""
 
@@ -225,28 +252,9 @@ class _DeviceTrace(core.Trace):
         outs = [DeviceShardMapTracer(self, v, self._typed(a)) for v, a in zip(values, out_avals, strict=True)]
         return outs if prim.multiple_results else outs[0]
 
-    def _typed(self, aval):
-        if self.check:
-            return aval
-        return aval.update(manual_axis_type=core.empty_mat)
-
-    def process_call(self, call_primitive, fun, tracers, params, /):
-        with core.set_current_trace(self):
-            return fun.call_wrapped(*tracers)
-
-    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
-        with core.set_current_trace(self):
-            return fun.call_wrapped(*tracers)
-
-    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, *, out_trees, symbolic_zeros):
-        with core.set_current_trace(self):
-            return fun.call_wrapped(*tracers)
-
     def process_shard_map(self, prim, fun, args, *, mesh, in_specs, check_vma, newly_manual_axes, debug_info):
         """A shard_map inside this device's body: its devices nested in this one (JAX requires the same mesh)."""
-        if check_vma != self.check:
-            raise ValueError(f"A shard_map nested in an eager shard_map must have the same check_vma "
-                             f"({self.check}), got {check_vma}.")
+        self.check_nested(check_vma)
         with core.set_current_trace(core.eval_trace):
             return run(fun, [self.lift(x) for x in args], self.mesh, in_specs, check_vma, newly_manual_axes,
                        self.executor, outer=self, name=body_name(debug_info))
@@ -414,7 +422,7 @@ class ShardMapTracer(core.Tracer):
 _POINT_TO_POINT = frozenset({"psend", "precv"})
 
 
-class _MeshTrace(core.Trace):
+class _MeshTrace(_BodyTrace):
     """An eager shard_map's body run once: each primitive typed by JAX and computed by spmdsim for every device at
     once, as a one-equation jaxpr (``executor``: ``"vectorized"``, the rows as the vectorized executor's batch;
     else one thread per device, meeting in collectives as in a mapped call)."""
@@ -453,8 +461,7 @@ class _MeshTrace(core.Trace):
             ins = [self.lift(t) for t in tracers]
             jaxpr, out_avals = _one_equation(self.mesh, prim, ins, params)
             values = self._evaluate(jaxpr, [t.val for t in ins])
-        outs = [ShardMapTracer(self, v, a if self.check else a.update(manual_axis_type=core.empty_mat))
-                for v, a in zip(values, out_avals, strict=True)]
+        outs = [ShardMapTracer(self, v, self._typed(a)) for v, a in zip(values, out_avals, strict=True)]
         return outs if prim.multiple_results else outs[0]
 
     def _evaluate(self, jaxpr, stacked: list) -> list:
@@ -472,23 +479,9 @@ class _MeshTrace(core.Trace):
         per_device = _runtime.run_mapped(device, self.axes, is_device=True, name=self.name)
         return [np.stack([np.asarray(d[k]) for d in per_device]) for k in range(len(jaxpr.outvars))]
 
-    def process_call(self, call_primitive, fun, tracers, params, /):
-        with core.set_current_trace(self):
-            return fun.call_wrapped(*tracers)
-
-    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
-        with core.set_current_trace(self):
-            return fun.call_wrapped(*tracers)
-
-    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, *, out_trees, symbolic_zeros):
-        with core.set_current_trace(self):
-            return fun.call_wrapped(*tracers)
-
     def process_shard_map(self, prim, fun, args, *, mesh, in_specs, check_vma, newly_manual_axes, debug_info):
         """A shard_map inside this body (JAX requires the same mesh): its body once too, more axes manual."""
-        if check_vma != self.check:
-            raise ValueError(f"A shard_map nested in an eager shard_map must have the same check_vma "
-                             f"({self.check}), got {check_vma}.")
+        self.check_nested(check_vma)
         with core.set_current_trace(core.eval_trace):
             return run_once(fun, [self.lift(x) for x in args], self.mesh, in_specs, check_vma, newly_manual_axes,
                             self.executor, outer=self, name=body_name(debug_info))
