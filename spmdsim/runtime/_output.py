@@ -36,22 +36,16 @@ class set_ordered_output:
         _enabled = self.previous
 
 
-class DeviceStream(io.TextIOBase):
-    """Stands in for ``sys.stdout`` during a mapped call: device threads write into per-device buffers."""
+class StandInStream(io.TextIOBase):
+    """A text stream standing in for ``stream`` (``sys.stdout``, ``sys.stderr``): writable, with its file
+    descriptor, encoding and errors, so that ``input()`` (the debugger's prompt) reads through readline as it
+    would on the terminal itself. Subclasses say what ``write`` does."""
 
-    def __init__(self, stream, current_lane):
-        self.stream, self._current_lane = stream, current_lane
-        self._buffers: dict = {}
-        self._lock = threading.Lock()
-        self.users = 0
-        self.saved_hook = sys.breakpointhook
-        self.hook = functools.partial(_breakpoint, self)
+    stream: io.TextIOBase
 
     def writable(self) -> bool:
         return True
 
-    # The terminal's file descriptor and encoding: ``input()`` in a device thread (the debugger's prompt) then
-    # reads through readline, as it would on the terminal itself.
     def fileno(self) -> int:
         return self.stream.fileno()
 
@@ -62,6 +56,18 @@ class DeviceStream(io.TextIOBase):
     @property
     def errors(self):
         return getattr(self.stream, "errors", None)
+
+
+class DeviceStream(StandInStream):
+    """Stands in for ``sys.stdout`` during a mapped call: device threads write into per-device buffers."""
+
+    def __init__(self, stream, current_lane):
+        self.stream, self._current_lane = stream, current_lane
+        self._buffers: dict = {}
+        self._lock = threading.Lock()
+        self.users = 0
+        self.saved_hook = sys.breakpointhook
+        self.hook = functools.partial(_breakpoint, self)
 
     def write(self, text: str) -> int:
         lane = self._current_lane()

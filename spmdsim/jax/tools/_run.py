@@ -10,7 +10,6 @@ stand before a ``--``.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import sys
 import threading
@@ -19,6 +18,7 @@ from typing import Callable
 import spmdsim
 from spmdsim.runtime import _threads
 from spmdsim import hosts
+from spmdsim.runtime._output import StandInStream
 from spmdsim.tools._script import check_program, run_program, split_argv
 from spmdsim.cli import ArgumentParser, UsageError, positive_int
 
@@ -139,7 +139,7 @@ def _quick_exit(status: int) -> None:
     os._exit(status)
 
 
-class HostLines(io.TextIOBase):
+class HostLines(StandInStream):
     """A host's ``sys.stdout`` or ``sys.stderr`` under ``--hosts H``: each line it writes starts with ``host h | ``
     (as a device's lines start with ``device k [...] | ``) and goes out whole, at once (``mpiexec`` forwards each
     host's writes as they come, so a line written in pieces would be cut by another host's). What the program
@@ -151,22 +151,8 @@ class HostLines(io.TextIOBase):
         self._partial = ""
         self._lock = threading.RLock()  # a signal handler that prints may interrupt a write
 
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
     def isatty(self) -> bool:
         return self.stream.isatty()
-
-    @property
-    def encoding(self):
-        return getattr(self.stream, "encoding", None)
-
-    @property
-    def errors(self):
-        return getattr(self.stream, "errors", None)
 
     def write(self, text: str) -> int:
         with self._lock:
