@@ -35,7 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spmdsim.runtime import _runtime
 
-from spmdsim.primitives import _batch, _sharding
+from spmdsim.primitives import _batch
 from spmdsim.jax.evaluation import _dtypes, _unreduced
 from spmdsim.jax.evaluation._interpreter import PER_DEVICE, REFERENCE, Vectorized, eval_jaxpr
 from spmdsim.jax.integration._map import _numpy_spec, body_name, to_jax, to_numpy
