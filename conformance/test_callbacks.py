@@ -485,12 +485,7 @@ def test_vmap_of_an_ordered_io_callback_is_jaxs_value_error(executor):
         jax.vmap(sjax.pmap(f, executor=executor))(X3.T)
 
 
-@pytest.mark.parametrize("executor", [
-    "threads",
-    pytest.param("vectorized", marks=pytest.mark.xfail(strict=True, reason=(
-        "the vectorized while rule (spmdsim/jax/rules/_control_flow.py) evaluates cond_fun on every device at each "
-        "iteration, so devices that left the loop call its callbacks again"))),
-])
+@pytest.mark.parametrize("executor", EXECUTORS)   # the vectorized while runs only the devices still looping
 def test_io_callback_in_a_while_condition_runs_once_per_test_on_each_device(executor):
     rec = Recorder()
 

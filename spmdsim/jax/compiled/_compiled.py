@@ -347,7 +347,8 @@ def _stacked_ufunc(step: _Step, executor: Executor) -> np.ufunc | None:
     if executor.rules is PER_DEVICE or step.higher or step.operands_tuple or len(step.eqns) > 1 \
             or step.multiple or step.call is None or len(step.expected) != 1 or step.expected[0] is None:
         return None
-    if len({len(v.aval.shape) for v in step.eqn.invars}) != 1:
+    avals = [v.aval for v in step.eqn.invars]
+    if not all(hasattr(a, "shape") for a in avals) or len({len(a.shape) for a in avals}) != 1:  # (tokens: none)
         return None
     ufunc = _ufunc_of(step, executor)
     if ufunc is None:
