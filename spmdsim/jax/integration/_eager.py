@@ -1,25 +1,30 @@
 """An un-jitted ``shard_map``, run eagerly as JAX 0.10 runs it, with every value computed by spmdsim.
 
 JAX runs a ``shard_map`` called outside any transformation op by op (its ``ShardMapTrace``): the body's Python
-runs on values that hold every device's block, ``print(x)`` shows each device's block ("On cpu:0 at mesh
-coordinates (i,) = (0,):"), and Python control flow works on values that are the same on every device. spmdsim
-runs that body once per device, each in its own thread (the thread executor, :func:`spmdsim.runtime._runtime.run_mapped`),
-on a :class:`DeviceShardMapTracer` holding that device's NumPy block:
+runs once, on values that hold every device's block, ``print(x)`` shows each device's block ("On cpu:0 at mesh
+coordinates (i,) = (0,):"), and Python control flow works on values that are the same on every device.
 
 - JAX's own ``shard_map`` front end checks the call (specs, divisibility, Explicit axes) and binds its primitive;
-  the call is made under :data:`_EAGER` (JAX's eval trace, whose ``process_shard_map`` is :func:`run`), so that
-  binding starts the devices instead of XLA.
-- Each device's body runs under its own :class:`_DeviceTrace`, with the map's axes bound and manual as in JAX
-  (and the caller's JAX configuration, which is thread-local in JAX). Every primitive the body binds is typed by
-  JAX (its abstract evaluation: JAX's errors, the varying-manual-axes checks) and computed by spmdsim's
-  interpreter on that device's values, as a one-equation jaxpr: NumPy rules, collectives as rendezvous with the
-  other devices' threads, jitted functions and control flow through their sub-jaxprs.
-- The outputs are checked as JAX checks them (out_spec ranks, varying axes) and assembled by their out_specs.
+  the call is made under an :class:`_EagerTrace` (JAX's eval trace, whose ``process_shard_map`` is spmdsim's), so
+  that binding starts spmdsim's devices instead of XLA.
+- **Once per call, as JAX** (the default, :func:`run_once`): the body runs under a :class:`_MeshTrace` on
+  :class:`ShardMapTracer` values, every device's block stacked on a leading axis (one row per mesh device). Every
+  primitive the body binds is typed by JAX (its abstract evaluation: JAX's errors, the varying-manual-axes
+  checks) and computed by spmdsim for every device as a one-equation jaxpr: with the thread executor one thread
+  per device (collectives meet in the rendezvous: the debugger stops there, a trace records them), with the
+  vectorized one the rows as its batch.
+- **Once per device, on request** (``eager="per-device"``, :func:`run`): each device's body runs in its own
+  thread (:func:`spmdsim.runtime._runtime.run_mapped`) under its own :class:`_DeviceTrace`, on a
+  :class:`DeviceShardMapTracer` holding that device's block, with the map's axes bound and manual as in JAX and
+  the caller's JAX configuration (thread-local in JAX); each device prints its own block, labelled by spmdsim's
+  ordered output, and ``breakpoint()`` stops in one device.
+- The outputs are checked as JAX's eager map checks them (out_spec ranks, varying axes) and assembled by their
+  out_specs.
 
-A shard_map inside the body runs the same way, its devices nested in the caller's. JAX raises where JAX raises:
-``bool`` of a value that varies across devices (``TracerBoolConversionError``), ``device_put`` to a device, a
-returned ``jax.Ref`` (JAX's own eager rules). Differences: the body's Python (and so each ``print``) runs once
-per device, each device printing its own block, labelled by spmdsim's ordered output.
+A shard_map inside the body runs the same way, nested in the caller's. JAX raises where JAX raises: ``bool`` of a
+value that varies across devices (``TracerBoolConversionError``), ``device_put`` to a device, a returned
+``jax.Ref`` (JAX's own eager rules). Difference: in a partial-manual map ``print(x)`` works where JAX raises
+NameError.
 """
 from __future__ import annotations
 
