@@ -232,8 +232,9 @@ def shard_map(f=None, /, *, out_specs, in_specs=_INFER, mesh=None, axis_names=fr
     :class:`~spmdsim.errors.UnboundAxisError` (a NameError and an AssertionError, the classes JAX raises there)
     with a "did you mean" and the line of the call.
 
-    Differences from ``jax.shard_map``: partial-manual maps (``axis_names`` a subset of the mesh axes) run
-    the body once per coordinate of the manual axes on values that are whole along the others.
+    Differences from ``jax.shard_map``: where the body's values are per device (under a transformation, or eager
+    with ``eager="per-device"``), a partial-manual map (``axis_names`` a subset of the mesh axes) computes once per
+    coordinate of the manual axes on values that are whole along the others.
     """
     kwargs = dict(out_specs=out_specs, in_specs=in_specs, mesh=mesh, axis_names=axis_names, check_vma=check_vma)
     if f is None:
