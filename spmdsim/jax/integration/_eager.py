@@ -84,31 +84,49 @@ class _CallerConfig:
 
 # -- the per-device values ---------------------------------------------------------------------------------
 
-class DeviceShardMapTracer(core.Tracer):
-    """One device's value in an eager shard_map's body: its NumPy block and its JAX type (the block's shape and
-    dtype on the manual mesh, with the mesh axes it varies along). Printed as JAX prints its eager shard_map's
-    values, for this device: ``On cpu:0 at mesh coordinates (i,) = (0,):`` and the block."""
+class _BlockTracer(core.Tracer):
+    """A value of an eager shard_map's body: NumPy block(s) in ``val`` and the block's JAX type (its shape and dtype
+    on the manual mesh, with the mesh axes it varies along). Concrete where it is the same on every device (JAX's
+    rule: checked varying axes, none), else ``bool``/``int`` raise JAX's concretization errors; printed as JAX
+    prints its eager values, a block per device under ``On cpu:0 at mesh coordinates (i,) = (0,):``."""
 
     __slots__ = ("val",)
 
-    def __init__(self, trace: "_DeviceTrace", val: np.ndarray, aval):
+    def __init__(self, trace, val: np.ndarray, aval):
         super().__init__(trace, aval)
         self.val = val
 
+    def one_block(self) -> np.ndarray:
+        """A device's block (the same on every device where the value is concrete)."""
+        raise NotImplementedError
+
+    def blocks(self):
+        """``(device, its mesh coordinates, its block)`` for each device the value shows."""
+        raise NotImplementedError
+
     def to_concrete_value(self):
-        """The block where it is the same on every device (JAX's rule: checked varying axes, none); else None,
-        so that ``bool``/``int`` raise JAX's concretization errors."""
-        trace = self._trace
-        if trace.check and not self.aval.mat.vur:
-            return self.val
+        if self._trace.check and not self.aval.mat.vur:
+            return self.one_block()
         return None
 
     def __str__(self) -> str:
-        trace = self._trace
-        names = f"({', '.join(map(str, trace.mesh.axis_names))},)"
-        return f"On {trace.device} at mesh coordinates {names} = {trace.coords}:\n{_block_str(self.val, self.aval)}\n"
+        names = f"({', '.join(map(str, self._trace.mesh.axis_names))},)"
+        return "\n".join(f"On {device} at mesh coordinates {names} = {index}:\n{_block_str(block, self.aval)}\n"
+                         for device, index, block in self.blocks())
 
     __repr__ = __str__
+
+
+class DeviceShardMapTracer(_BlockTracer):
+    """One device's value in an eager shard_map's body run per device: its block (printed for this device)."""
+
+    __slots__ = ()
+
+    def one_block(self) -> np.ndarray:
+        return self.val
+
+    def blocks(self):
+        return [(self._trace.device, self._trace.coords, self.val)]
 
 
 DeviceShardMapTracer.__name__ = "ShardMapTracer"  # as JAX names its eager values (``type(x).__name__``)
@@ -394,32 +412,20 @@ def _placed(outs: list, out_avals: list, out_specs, mesh, manual: frozenset, che
 
 # -- the body run once, as JAX runs it ----------------------------------------------------------------------
 
-class ShardMapTracer(core.Tracer):
+class ShardMapTracer(_BlockTracer):
     """A value of an eager shard_map's body run once, as JAX runs it: every device's block stacked on a leading
-    axis, one row per device of the mesh in row-major order (along the axes that are not manual, the same block),
-    and the block's JAX type. Prints as JAX's eager values print: each device's block under ``On cpu:0 at mesh
-    coordinates (i,) = (0,):``."""
+    axis, one row per device of the mesh in row-major order (along the axes that are not manual, the same block).
+    Prints every device's block, as JAX's eager values print."""
 
-    __slots__ = ("val",)
+    __slots__ = ()
 
-    def __init__(self, trace: "_MeshTrace", val: np.ndarray, aval):
-        super().__init__(trace, aval)
-        self.val = val
+    def one_block(self) -> np.ndarray:
+        return self.val[0]
 
-    def to_concrete_value(self):
-        """The block where it is the same on every device (JAX's rule: checked varying axes, none); else None,
-        so that ``bool``/``int`` raise JAX's concretization errors."""
-        if self._trace.check and not self.aval.mat.vur:
-            return self.val[0]
-        return None
-
-    def __str__(self) -> str:
+    def blocks(self):
         mesh = self._trace.mesh
-        names = f"({', '.join(map(str, mesh.axis_names))},)"
-        return "\n".join(f"On {device} at mesh coordinates {names} = {index}:\n{_block_str(block, self.aval)}\n"
-                         for (index, device), block in zip(np.ndenumerate(mesh.devices), self.val, strict=True))
-
-    __repr__ = __str__
+        return [(device, index, block)
+                for (index, device), block in zip(np.ndenumerate(mesh.devices), self.val, strict=True)]
 
 
 # psend delivers into a mailbox that its precv, a later equation, reads: in a body run once, both go to the
