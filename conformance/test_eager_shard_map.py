@@ -221,3 +221,21 @@ def test_partial_manual_output_placed_as_jax_places_it(manual):
     assert results["jax"].sharding == NamedSharding(mesh, P(manual))
     assert results["spmdsim"].sharding == results["jax"].sharding
     np.testing.assert_array_equal(np.asarray(results["spmdsim"]), np.arange(4) * 2)
+
+
+@pytest.mark.parametrize("eager", EAGER)
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_debug_print_in_an_eager_body(executor, eager, capsys):
+    """shard_map_test's ``test_debug_print_eager``: jax.debug.print in an eager body prints each device's block
+    (spmdsim labels each line with its device, as in every map) and the map returns its value."""
+    x = jnp.arange(8.0)
+    printed = {}
+    for name, shard_map in both(executor, eager):
+        def body(b):
+            jax.debug.print("b={b}", b=b)
+            return b * 2
+        out = shard_map(body, mesh=mesh_1d(), in_specs=P("i"), out_specs=P("i"))(x)
+        jax.effects_barrier()
+        np.testing.assert_array_equal(np.asarray(out), 2 * np.asarray(x))
+        printed[name] = sorted(line.split("| ")[-1] for line in capsys.readouterr().out.splitlines())
+    assert printed["spmdsim"] == printed["jax"] == [f"b=[{2 * k:.0f}. {2 * k + 1:.0f}.]" for k in range(4)]

@@ -173,3 +173,4 @@ def _debug_print(*args, fmt, in_tree, static_args=(), np_printoptions=(), **_):
         positional.insert(index, value)
     with np.printoptions(**dict(np_printoptions)):
         print(fmt.format(*positional, **keywords))
+    return []
