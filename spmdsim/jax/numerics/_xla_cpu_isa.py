@@ -38,7 +38,7 @@ import os
 import platform
 import re
 
-__all__ = ["LEVELS", "Isa", "current", "model"]
+__all__ = ["LEVELS", "MODELS", "Isa", "cpu_model", "current", "exact", "model"]
 
 LEVELS = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX", "AMX_FP16")
 # the lowest level at which a cap lets XLA use each feature that changes results (measured, see above)
@@ -122,3 +122,46 @@ def _max_isa(xla_flags: str) -> str | None:
 def current() -> Isa:
     """This process's model: ``SPMDSIM_XLA_CPU_ISA`` if set, else this CPU under XLA_FLAGS' cap."""
     return model(_cpu_flags(), _max_isa(os.environ.get("XLA_FLAGS", "")), os.environ.get("SPMDSIM_XLA_CPU_ISA"))
+
+
+# -- the CPU model, beyond its ISA ----------------------------------------------------------------------------
+# LLVM compiles XLA:CPU's code for the host CPU's model (its -mcpu: vector width preferences, interleaving), and
+# Eigen sizes its product blocks by the caches that CPUID reports, so some orders of additions depend on the
+# model and not only on the features above. spmdsim names the models it has measured.
+
+MODELS = ("amd-zen4", "intel")
+
+
+def _vendor_model(cpuinfo: str) -> str:
+    """The measured model nearest to a ``/proc/cpuinfo`` text: ``amd-zen4`` for AMD family 25 (Zen 3/4),
+    else ``intel`` (the Xeons earlier measurements were made on)."""
+    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines()[:30] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25":
+        return "amd-zen4"
+    return "intel"
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU model XLA:CPU's CPU-dependent orders are taken from: ``SPMDSIM_XLA_CPU_MODEL`` if set (one of
+    ``MODELS``; to reproduce a colleague's machine), else this machine's. Raises ValueError for an unknown
+    name."""
+    pinned = os.environ.get("SPMDSIM_XLA_CPU_MODEL")
+    if pinned:
+        if pinned not in MODELS:
+            raise ValueError(f"SPMDSIM_XLA_CPU_MODEL={pinned!r} is not a CPU model spmdsim has measured: expected "
+                             f"one of {', '.join(MODELS)}.")
+        return pinned
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return _vendor_model(f.read(1 << 14))
+    except OSError:
+        return "intel"
+
+
+@functools.cache
+def exact() -> bool:
+    """``SPMDSIM_EXACT=1``: compute XLA:CPU's order of operations where doing so by default would cost too much
+    speed (documented per primitive in docs/semantics.md)."""
+    return os.environ.get("SPMDSIM_EXACT", "") not in ("", "0")
