@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 
 from spmdsim.runtime import _blas, _buffers, _threads
+from spmdsim.jax.numerics import _xla_cpu_dot
 from spmdsim.jax.evaluation._registry import per_device, specialize, vectorized
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, _convert_element_type, bit_width, is_float
 
@@ -114,6 +115,15 @@ def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(..., M, K) @ (..., K, N)``: in XLA:CPU's own order of additions where spmdsim knows it for this CPU
+    (float32, :mod:`spmdsim.jax.numerics._xla_cpu_dot`: small products by default, all known ones under
+    ``SPMDSIM_EXACT=1``), else :func:`matmul_slices`. Each slice's order depends on its shape only, so a
+    device axis in front (the vectorized executor) gives the per-device bits."""
+    out = _xla_cpu_dot.matmul(a, b)
+    return matmul_slices(a, b) if out is None else out
+
+
 def _same_type(lhs: np.ndarray, rhs: np.ndarray, out_dtype) -> tuple[np.ndarray, np.ndarray]:
     """Operands of two types both converted to the result type first, as JAX lowers dot_general for XLA:CPU
     (bfloat16 x int16 is a bfloat16 product, with a preferred int32 an int32 one: the floats truncated)."""
@@ -134,7 +144,7 @@ def _dot_general_with(plan, compute, out_dtype, leading: int = 0):
         lhs, rhs = c_slices(lhs, leading), c_slices(rhs, leading)
         a = np.transpose(lhs, lhs_perm).astype(compute, copy=False).reshape((*n, *lhs_shape))
         b = np.transpose(rhs, rhs_perm).astype(compute, copy=False).reshape((*n, *rhs_shape))
-        return matmul_slices(a, b).reshape((*n, *out_shape)).astype(out_dtype, copy=False)
+        return product(a, b).reshape((*n, *out_shape)).astype(out_dtype, copy=False)
     return dot
 
 
@@ -160,7 +170,7 @@ def _specialize_dot_general(eqn):
     cast_out = None if compute == out_dtype else out_dtype
 
     def dot(a, b):
-        out = matmul_slices(_shaped(c_slices(a), lt, lc, ls), _shaped(c_slices(b), rt, rc, rs))
+        out = product(_shaped(c_slices(a), lt, lc, ls), _shaped(c_slices(b), rt, rc, rs))
         if reshape_out is not None:
             out = out.reshape(reshape_out)
         return out if cast_out is None else out.astype(cast_out)
