@@ -12,6 +12,7 @@ import numpy as np
 
 from spmdsim.runtime import _blas, _threads
 from spmdsim.jax.evaluation import _dtypes
+from spmdsim.jax.numerics import _xla_cpu_isa
 from spmdsim.jax.evaluation._registry import PER_DEVICE, per_device, vectorized
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, both, expand_to, is_float, shift
 from spmdsim.jax.rules._arithmetic import _float_max, _float_min, _ordered_key
@@ -55,6 +56,7 @@ def _transposed(x: np.ndarray) -> np.ndarray:
 
 
 _TREE_WINDOW = 32  # XLA:CPU's TreeReductionRewriter window
+_XLA_ORDERED = (np.dtype(np.float32), np.dtype(np.float64))
 SPLIT_ELEMENTS = 1 << 20  # a vectorized rule over this many elements runs on every CPU (by_devices, _compiled._split)
 
 
@@ -94,13 +96,14 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
     kept = [d for d in range(x.ndim) if d not in axes]
     k, kept_shape = len(axes), tuple(x.shape[d] for d in kept)
     columns = math.prod(kept_shape)
-    v = np.transpose(x, axes + kept).astype(np.float32).reshape(*(x.shape[a] for a in axes), columns)
-    identity = np.float32(1 if ufunc is np.multiply else 0)
+    work = np.dtype(np.float32) if dtype in LOW_FLOATS else dtype  # float32/float64 sums: in their own dtype
+    v = np.transpose(x, axes + kept).astype(work).reshape(*(x.shape[a] for a in axes), columns)
+    identity = work.type(1 if ufunc is np.multiply else 0)
 
     def fold(rows: np.ndarray) -> np.ndarray:  # (groups, R, columns) -> (groups, columns)
-        acc = np.full((rows.shape[0], columns), identity, np.float32)
+        acc = np.full((rows.shape[0], columns), identity, work)
         for j in range(rows.shape[1]):
-            acc = ufunc(acc, rows[:, j]).astype(dtype).astype(np.float32)
+            acc = ufunc(acc, rows[:, j]) if work == dtype else ufunc(acc, rows[:, j]).astype(dtype).astype(work)
         return acc
 
     while not any(n < _TREE_WINDOW for n in v.shape[:k]):
@@ -114,12 +117,179 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
     return fold(v.reshape(1, -1, columns) if columns else v.reshape(1, 0, 0)).astype(dtype).reshape(kept_shape)
 
 
+# -- float32/float64 sums in XLA:CPU's order (jaxlib 0.10.2) ---------------------------------------------------
+# XLA:CPU runs a float32 reduce with an add reducer in one of two ways (measured with jax 0.10.2 on an AMD EPYC
+# Zen 4 by FPRev probes -- one element M, one -M, ones elsewhere: the result counts the elements outside the
+# smallest subtree holding both -- and checked on random data; the choice mirrors
+# xla/backends/cpu/ynn_support.cc's IsReduceOpOffloadedToYnn):
+#   * an operand of at least _YNN_ELEMENTS elements goes to YNNPACK (a "__ynn_fusion"), whose order is
+#     _ynn_rows (reduced axes innermost: its k1 kernel) or _ynn_columns (reduced axes outermost: its kn kernel);
+#   * anything smaller, and every float64 sum, is XLA's own loop: TreeReductionRewriter (windows of 32, as
+#     _low_precision_fold) and a sequential fold, _tree_sum.
+# The YNNPACK tile sizes come from its scheduler (tiles of _YNN_TILE elements); measured on Zen 4 only.
+_YNN_ELEMENTS = 4096
+_YNN_TILE = 32768
+_YNN_LANES = 16  # an AVX-512 vector of float32
+_SEQUENTIAL_STEPS = 4096  # beyond this many NumPy steps a sequential fold is SPMDSIM_EXACT=1's alone
+_TREE_ELEMENTS = 1 << 18  # and beyond this many elements (its transposed copies cost 10-100x NumPy's sum)
+
+
+def _sequence(parts):
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = acc + p
+    return acc
+
+
+def _ynn_rows(x: np.ndarray) -> np.ndarray:
+    """The sums of ``x``'s rows ``(M, n)`` (float32) as YNNPACK's k1 reduce kernel computes them (its AVX-512
+    sum accumulator, ynnpack/kernels/reduce/sum_accumulator.h, under its scheduler's tiling): 16 lanes; a block
+    is 64 consecutive elements, its four vectors added in order (the last block zero-padded); four blocks make a
+    group of 256, four groups a chunk of 1024, each added in order. The row is the chunks in order, then (its
+    own sum) the rest: its whole groups, whole blocks and the padded block in order. The lanes are then halved
+    (lane i + lane i+8, i+4, i+2, i+1), and the result added to the init 0."""
+    m, n = x.shape
+    dtype = x.dtype
+    if n == 0:
+        return np.zeros(m, dtype)
+    lanes = _YNN_LANES
+
+    def blocks(seg):  # (m, k*64) -> (m, k, 16): each block's four vectors added in order
+        b = seg.reshape(m, -1, 4, lanes)
+        return ((b[:, :, 0] + b[:, :, 1]) + b[:, :, 2]) + b[:, :, 3]
+
+    def groups(seg):  # (m, k*256) -> (m, k, 16)
+        b = blocks(seg).reshape(m, -1, 4, lanes)
+        return ((b[:, :, 0] + b[:, :, 1]) + b[:, :, 2]) + b[:, :, 3]
+
+    chunk, group, block = 1024, 256, 64
+    whole = n // chunk
+    parts = []
+    if whole:
+        g = groups(x[:, :whole * chunk]).reshape(m, whole, 4, lanes)
+        c = ((g[:, :, 0] + g[:, :, 1]) + g[:, :, 2]) + g[:, :, 3]  # (m, whole, 16)
+        parts.append(_sequence([c[:, i] for i in range(whole)]))
+    rest = x[:, whole * chunk:]
+    r = rest.shape[1]
+    if r:
+        units = []
+        ng = r // group
+        if ng:
+            g = groups(rest[:, :ng * group])
+            units += [g[:, i] for i in range(ng)]
+        nb = (r - ng * group) // block
+        if nb:
+            b = blocks(rest[:, ng * group:ng * group + nb * block])
+            units += [b[:, i] for i in range(nb)]
+        tail = rest[:, ng * group + nb * block:]
+        if tail.shape[1]:
+            padded = np.zeros((m, block), dtype)
+            padded[:, :tail.shape[1]] = tail
+            units.append(blocks(padded)[:, 0])
+        parts.append(_sequence(units))
+    t = _sequence(parts)
+    while t.shape[-1] > 1:
+        h = t.shape[-1] // 2
+        t = t[:, :h] + t[:, h:]
+    return dtype.type(0) + t[:, 0]
+
+
+def _ynn_columns(x: np.ndarray) -> np.ndarray:
+    """The sums over axis 1 of ``x`` ``(B, K, N)`` (float32) as YNNPACK's kn reduce kernel computes them (its
+    sum_accumulator_k1_1, one accumulator per column, under its scheduler's tiling): the K rows are cut into
+    tiles of ``_YNN_TILE // N`` rows added in order; within a tile, units of 256 rows (16 groups of 16 rows, each
+    four blocks of four rows, all in order) in order, then (its own sum) the tile's rest: whole groups, whole
+    blocks, the last rows, in order. The result is added to the init 0."""
+    bsz, k, n = x.shape
+    dtype = x.dtype
+    if k == 0:
+        return np.zeros((bsz, n), dtype)
+    tile = max(1, _YNN_TILE // max(n, 1))
+
+    def block(seg):
+        return _sequence([seg[:, i] for i in range(seg.shape[1])])
+
+    def group(seg):
+        return _sequence([block(seg[:, i:i + 4]) for i in range(0, 16, 4)])
+
+    def flat(seg):  # whole groups, whole blocks, the rest: in order
+        r, units, o = seg.shape[1], [], 0
+        while r - o >= 16:
+            units.append(group(seg[:, o:o + 16]))
+            o += 16
+        while r - o >= 4:
+            units.append(block(seg[:, o:o + 4]))
+            o += 4
+        if r > o:
+            units.append(block(seg[:, o:]))
+        return _sequence(units)
+
+    tiles = []
+    for t0 in range(0, k, tile):
+        seg = x[:, t0:t0 + tile]
+        whole = seg.shape[1] // 256
+        parts = [_sequence([group(seg[:, u * 256 + i:u * 256 + i + 16]) for i in range(0, 256, 16)])
+                 for u in range(whole)]
+        if seg.shape[1] > whole * 256:
+            parts.append(flat(seg[:, whole * 256:]))
+        tiles.append(_sequence(parts))
+    return dtype.type(0) + _sequence(tiles)
+
+
+def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
+    """A float32/float64 sum as XLA:CPU's own loops compute it: TreeReductionRewriter's windows of 32 where every
+    reduced dimension has more than 32 elements (xla/service/tree_reduction_rewriter.cc, as
+    :func:`_low_precision_fold`), each window and the final reduce folded in row-major order from the init 0
+    (xla/backends/cpu loop emitter). None where the fold would take more than _SEQUENTIAL_STEPS NumPy steps or
+    the program's operand (``elements``, one device's) has more than _TREE_ELEMENTS elements, and SPMDSIM_EXACT
+    is off."""
+    axes = sorted(int(a) for a in axes)
+    kept = [d for d in range(x.ndim) if d not in axes]
+    shape = [x.shape[a] for a in axes]
+    steps, s = 0, list(shape)
+    while s and not any(n < _TREE_WINDOW for n in s):
+        steps += _TREE_WINDOW ** len(s)
+        s = [-(-n // _TREE_WINDOW) for n in s]
+    steps += math.prod(s)
+    if (steps > _SEQUENTIAL_STEPS or elements > _TREE_ELEMENTS) and not _xla_cpu_isa.exact():
+        return None
+    return _low_precision_fold(x, axes, np.add)
+
+
+def _xla_sum(x: np.ndarray, axes, batch: int = 0) -> np.ndarray:
+    """``reduce_sum`` of a float32/float64 ``x`` over ``axes`` in XLA:CPU's order; ``batch`` leading axes (the
+    vectorized rule's device axis) are not part of the program's operand. NumPy's pairwise sum where the order
+    is not modelled (a float32 sum offloaded to YNNPACK over axes neither innermost nor outermost)."""
+    axes = tuple(sorted(int(a) for a in axes))
+    if not axes:
+        return x
+    operand = x.shape[batch:]
+    if x.dtype == np.float32 and math.prod(operand) >= _YNN_ELEMENTS:
+        k, nd = len(axes), x.ndim
+        lead = math.prod(x.shape[:batch])
+        if axes == tuple(range(nd - k, nd)):
+            flat = x.reshape(-1, math.prod(x.shape[nd - k:])) if x.flags.c_contiguous else _canonical(x, axes)
+            out = _ynn_rows(np.ascontiguousarray(flat).reshape(-1, flat.shape[-1]))
+            return out.reshape(tuple(d for i, d in enumerate(x.shape) if i not in axes))
+        if axes == tuple(range(batch, batch + k)):
+            rows = math.prod(x.shape[batch:batch + k])
+            out = _ynn_columns(np.ascontiguousarray(x).reshape(lead, rows, -1))
+            return out.reshape(tuple(d for i, d in enumerate(x.shape) if i not in axes))
+        return np.add.reduce(_canonical(x, axes), axis=-1, dtype=x.dtype)
+    out = _tree_sum(x, axes, math.prod(operand))
+    if out is None:
+        return np.add.reduce(_canonical(x, axes), axis=-1, dtype=x.dtype)
+    return out
+
+
 def _reduction(ufunc, name):
     accumulate = ufunc in (np.add, np.multiply)
 
-    def rule(x, *, axes, out_sharding=None):
+    def rule(x, *, axes, out_sharding=None, batch=0):
         if x.dtype in LOW_FLOATS and accumulate:
             return _low_precision_fold(x, axes, ufunc)
+        if ufunc is np.add and x.dtype in _XLA_ORDERED:
+            return _xla_sum(x, axes, batch)
         if x.dtype.kind == "f" and ufunc is np.maximum:
             return _reduce_float_extremum(_canonical(x, axes), _float_max)
         if x.dtype.kind == "f" and ufunc is np.minimum:
@@ -140,7 +310,7 @@ def _reduction(ufunc, name):
         dtype, ndim = np.dtype(aval.dtype), len(aval.shape)
         first = ndim - len(axes)
         if dtype in LOW_FLOATS or dtype.kind == "f" and ufunc in (np.maximum, np.minimum) \
-                or axes != tuple(range(first, ndim)):
+                or ufunc is np.add and dtype in _XLA_ORDERED or axes != tuple(range(first, ndim)):
             return None
         flat_shape = (*aval.shape[:first], math.prod(aval.shape[first:]))
         if flat_shape[-1] == 0 and not accumulate:
@@ -155,7 +325,8 @@ def _reduction(ufunc, name):
     rule.specialize = specialized
     per_device(name)(rule)
 
-    vectorized(name)(lambda x, *, axes, out_sharding=None: by_devices(functools.partial(rule, axes=shift(axes)), x))
+    vectorized(name)(lambda x, *, axes, out_sharding=None: by_devices(
+        functools.partial(rule, axes=shift(axes), batch=1), x))
 
 
 def _reduction_identity(ufunc, dtype):
