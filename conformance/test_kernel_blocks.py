@@ -158,10 +158,15 @@ def test_float_max_and_min_reductions_order_signed_zeros_and_keep_the_first_nan(
 
 @pytest.mark.parametrize("shape,axes", [((8, 1024, 256), (0, 1)), ((4, 8, 128, 256), (1, 2)),
                                         ((3, 70, 129, 65), (1, 2)), ((2, 200, 300), (1,))], ids=str)
-def test_sums_over_leading_axes_transpose_by_tiles(shape, axes):
+def test_sums_over_leading_axes_transpose_by_tiles(shape, axes, monkeypatch, request):
     """The operand of a sum over consecutive axes is moved to ``(kept..., R)`` tile by tile: the same array as
-    NumPy's transposed copy, so every sum adds the same values in the same order."""
+    NumPy's transposed copy, so every sum adds the same values in the same order (where the sum is NumPy's: a
+    CPU model whose float32 order spmdsim does not model, pinned here)."""
     from spmdsim.jax.evaluation._registry import PER_DEVICE
+    from spmdsim.jax.numerics import _xla_cpu_isa
+    monkeypatch.setenv("SPMDSIM_XLA_CPU_MODEL", "intel")
+    _xla_cpu_isa.cpu_model.cache_clear()
+    request.addfinalizer(_xla_cpu_isa.cpu_model.cache_clear)
     from spmdsim.jax.rules._reductions import _canonical
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     kept = [d for d in range(len(shape)) if d not in axes]

@@ -74,8 +74,9 @@ def _plan_amd_zen4(m: int, n: int, k: int) -> Plan | None:
 
 def plan(m: int, n: int, k: int) -> Plan | None:
     """The order of a float32 ``(m, k) @ (k, n)`` on this machine's CPU model (:func:`_xla_cpu_isa.cpu_model`),
-    or None where spmdsim does not know it. Only AMD Zen 4 is measured; on other models (Intel) None."""
-    if _xla_cpu_isa.cpu_model() != "amd-zen4" or not _xla_cpu_isa.current().fma:
+    or None where spmdsim does not know it. Only AMD Zen 4 with jaxlib 0.10 is measured
+    (:func:`_xla_cpu_isa.ynnpack_orders`); elsewhere None."""
+    if not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma:
         return None
     return _plan_amd_zen4(m, n, k)
 

@@ -38,7 +38,7 @@ import os
 import platform
 import re
 
-__all__ = ["LEVELS", "MODELS", "Isa", "cpu_model", "current", "exact", "model"]
+__all__ = ["LEVELS", "MODELS", "Isa", "cpu_model", "current", "exact", "jaxlib_minor", "model", "ynnpack_orders"]
 
 LEVELS = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX", "AMX_FP16")
 # the lowest level at which a cap lets XLA use each feature that changes results (measured, see above)
@@ -165,3 +165,21 @@ def exact() -> bool:
     """``SPMDSIM_EXACT=1``: compute XLA:CPU's order of operations where doing so by default would cost too much
     speed (documented per primitive in docs/semantics.md)."""
     return os.environ.get("SPMDSIM_EXACT", "") not in ("", "0")
+
+
+@functools.cache
+def jaxlib_minor() -> tuple[int, int] | None:
+    """The installed jaxlib's ``(major, minor)`` (its distribution's metadata), or None without one."""
+    from importlib import metadata
+    try:
+        found = re.match(r"(\d+)\.(\d+)", metadata.version("jaxlib"))
+    except metadata.PackageNotFoundError:
+        return None
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def ynnpack_orders() -> bool:
+    """Whether spmdsim computes float32 sums and products in the order of XLA:CPU's YNNPACK kernels, as measured:
+    on AMD Zen 4 (:func:`cpu_model`) with jaxlib 0.10 (jaxlib 0.12 orders some of them otherwise, and other CPU
+    models are not measured). Elsewhere NumPy's and BLAS's orders apply."""
+    return cpu_model() == "amd-zen4" and jaxlib_minor() == (0, 10)

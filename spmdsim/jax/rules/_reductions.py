@@ -56,7 +56,6 @@ def _transposed(x: np.ndarray) -> np.ndarray:
 
 
 _TREE_WINDOW = 32  # XLA:CPU's TreeReductionRewriter window
-_XLA_ORDERED = (np.dtype(np.float32), np.dtype(np.float64))
 SPLIT_ELEMENTS = 1 << 20  # a vectorized rule over this many elements runs on every CPU (by_devices, _compiled._split)
 
 
@@ -194,46 +193,60 @@ def _ynn_rows(x: np.ndarray) -> np.ndarray:
     return dtype.type(0) + t[:, 0]
 
 
+def _fold(a: np.ndarray, axis: int) -> np.ndarray:
+    """``a`` summed along ``axis`` in order, from its first element (one NumPy addition per element of the axis,
+    each over all the other axes at once)."""
+    a = np.moveaxis(a, axis, 0)
+    if len(a) == 1:
+        return a[0]
+    acc = a[0] + a[1]
+    for i in range(2, len(a)):
+        np.add(acc, a[i], out=acc)
+    return acc
+
+
+def _ynn_tiles(seg: np.ndarray) -> np.ndarray:
+    """The sums over axis 2 of ``seg`` ``(B, T, L, N)``: T tiles of L rows each, as one kn tile (see
+    :func:`_ynn_columns`); returns ``(B, T, N)``."""
+    b, t, rows, n = seg.shape
+    units, parts = rows // 256, []
+    if units:  # 256 rows: 16 groups of 16 rows, each four blocks of four rows, all in order
+        v = seg[:, :, :units * 256].reshape(b, t, units, 16, 4, 4, n)
+        parts.append(_fold(_fold(_fold(_fold(v, 5), 4), 3), 2))
+    rest = seg[:, :, units * 256:]
+    if rest.shape[2]:  # the tile's rest, its own sum: whole groups, whole blocks, the last rows, in order
+        r = rest.shape[2]
+        g, q = r // 16, (r % 16) // 4
+        pieces = []
+        if g:
+            pieces.append(_fold(_fold(rest[:, :, :16 * g].reshape(b, t, g, 4, 4, n), 4), 3))
+        if q:
+            pieces.append(_fold(rest[:, :, 16 * g:16 * g + 4 * q].reshape(b, t, q, 4, n), 3))
+        if r % 4:
+            pieces.append(_fold(rest[:, :, 16 * g + 4 * q:], 2)[:, :, None])
+        parts.append(_fold(np.concatenate(pieces, axis=2), 2))
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
 def _ynn_columns(x: np.ndarray) -> np.ndarray:
     """The sums over axis 1 of ``x`` ``(B, K, N)`` (float32) as YNNPACK's kn reduce kernel computes them (its
     sum_accumulator_k1_1, one accumulator per column, under its scheduler's tiling): the K rows are cut into
     tiles of ``_YNN_TILE // N`` rows added in order; within a tile, units of 256 rows (16 groups of 16 rows, each
     four blocks of four rows, all in order) in order, then (its own sum) the tile's rest: whole groups, whole
-    blocks, the last rows, in order. The result is added to the init 0."""
+    blocks, the last rows, in order. The result is added to the init 0. Each level's additions run over every
+    tile, unit, group and block at once."""
     bsz, k, n = x.shape
     dtype = x.dtype
     if k == 0:
         return np.zeros((bsz, n), dtype)
     tile = max(1, _YNN_TILE // max(n, 1))
-
-    def block(seg):
-        return _sequence([seg[:, i] for i in range(seg.shape[1])])
-
-    def group(seg):
-        return _sequence([block(seg[:, i:i + 4]) for i in range(0, 16, 4)])
-
-    def flat(seg):  # whole groups, whole blocks, the rest: in order
-        r, units, o = seg.shape[1], [], 0
-        while r - o >= 16:
-            units.append(group(seg[:, o:o + 16]))
-            o += 16
-        while r - o >= 4:
-            units.append(block(seg[:, o:o + 4]))
-            o += 4
-        if r > o:
-            units.append(block(seg[:, o:]))
-        return _sequence(units)
-
-    tiles = []
-    for t0 in range(0, k, tile):
-        seg = x[:, t0:t0 + tile]
-        whole = seg.shape[1] // 256
-        parts = [_sequence([group(seg[:, u * 256 + i:u * 256 + i + 16]) for i in range(0, 256, 16)])
-                 for u in range(whole)]
-        if seg.shape[1] > whole * 256:
-            parts.append(flat(seg[:, whole * 256:]))
-        tiles.append(_sequence(parts))
-    return dtype.type(0) + _sequence(tiles)
+    whole = k // tile
+    sums = []
+    if whole:
+        sums.append(_fold(_ynn_tiles(x[:, :whole * tile].reshape(bsz, whole, tile, n)), 1))
+    if k % tile:
+        sums.append(_ynn_tiles(x[:, whole * tile:][:, None])[:, 0])
+    return dtype.type(0) + (sums[0] if len(sums) == 1 else sums[0] + sums[1])
 
 
 def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
@@ -256,10 +269,18 @@ def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
     return _low_precision_fold(x, axes, np.add)
 
 
+def _xla_ordered(dtype) -> bool:
+    """Whether a sum of ``dtype`` follows XLA:CPU's order (:func:`_xla_sum`): float32, on the CPU model and jaxlib
+    it was measured with (AMD Zen 4, jaxlib 0.10: :func:`_xla_cpu_isa.ynnpack_orders`;
+    ``SPMDSIM_XLA_CPU_MODEL=amd-zen4`` pins the model). Elsewhere, and for float64 (whose row sums XLA:CPU
+    orders otherwise: not modelled), NumPy's pairwise sum."""
+    return dtype == np.float32 and _xla_cpu_isa.ynnpack_orders()
+
+
 def _xla_sum(x: np.ndarray, axes, batch: int = 0) -> np.ndarray:
     """``reduce_sum`` of a float32/float64 ``x`` over ``axes`` in XLA:CPU's order; ``batch`` leading axes (the
     vectorized rule's device axis) are not part of the program's operand. NumPy's pairwise sum where the order
-    is not modelled (a float32 sum offloaded to YNNPACK over axes neither innermost nor outermost)."""
+    is not modelled: a float32 sum offloaded to YNNPACK over axes neither innermost nor outermost."""
     axes = tuple(sorted(int(a) for a in axes))
     if not axes:
         return x
@@ -267,14 +288,15 @@ def _xla_sum(x: np.ndarray, axes, batch: int = 0) -> np.ndarray:
     if x.dtype == np.float32 and math.prod(operand) >= _YNN_ELEMENTS:
         k, nd = len(axes), x.ndim
         lead = math.prod(x.shape[:batch])
+        kept = tuple(d for i, d in enumerate(x.shape) if i not in axes)
         if axes == tuple(range(nd - k, nd)):
             flat = x.reshape(-1, math.prod(x.shape[nd - k:])) if x.flags.c_contiguous else _canonical(x, axes)
-            out = _ynn_rows(np.ascontiguousarray(flat).reshape(-1, flat.shape[-1]))
-            return out.reshape(tuple(d for i, d in enumerate(x.shape) if i not in axes))
+            with _threads.one_at_a_time():  # dozens of short NumPy calls: one device thread at a time
+                return _ynn_rows(np.ascontiguousarray(flat).reshape(-1, flat.shape[-1])).reshape(kept)
         if axes == tuple(range(batch, batch + k)):
             rows = math.prod(x.shape[batch:batch + k])
-            out = _ynn_columns(np.ascontiguousarray(x).reshape(lead, rows, -1))
-            return out.reshape(tuple(d for i, d in enumerate(x.shape) if i not in axes))
+            with _threads.one_at_a_time():
+                return _ynn_columns(np.ascontiguousarray(x).reshape(lead, rows, -1)).reshape(kept)
         return np.add.reduce(_canonical(x, axes), axis=-1, dtype=x.dtype)
     out = _tree_sum(x, axes, math.prod(operand))
     if out is None:
@@ -288,7 +310,7 @@ def _reduction(ufunc, name):
     def rule(x, *, axes, out_sharding=None, batch=0):
         if x.dtype in LOW_FLOATS and accumulate:
             return _low_precision_fold(x, axes, ufunc)
-        if ufunc is np.add and x.dtype in _XLA_ORDERED:
+        if ufunc is np.add and _xla_ordered(x.dtype):
             return _xla_sum(x, axes, batch)
         if x.dtype.kind == "f" and ufunc is np.maximum:
             return _reduce_float_extremum(_canonical(x, axes), _float_max)
@@ -310,7 +332,7 @@ def _reduction(ufunc, name):
         dtype, ndim = np.dtype(aval.dtype), len(aval.shape)
         first = ndim - len(axes)
         if dtype in LOW_FLOATS or dtype.kind == "f" and ufunc in (np.maximum, np.minimum) \
-                or ufunc is np.add and dtype in _XLA_ORDERED or axes != tuple(range(first, ndim)):
+                or ufunc is np.add and _xla_ordered(dtype) or axes != tuple(range(first, ndim)):
             return None
         flat_shape = (*aval.shape[:first], math.prod(aval.shape[first:]))
         if flat_shape[-1] == 0 and not accumulate:
