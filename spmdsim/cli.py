@@ -54,6 +54,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_device_options(parser: argparse.ArgumentParser, *, devices_default: int | None = None,
+                       executor_help: str | None = None) -> None:
+    """``--devices N`` (default ``devices_default``; None: the program's own count, SPMDSIM_NUM_DEVICES or 8, as
+    the help says) and, when ``executor_help`` is given, ``--executor threads|vectorized``: the options every
+    command that runs a program on virtual devices shares (run, compare, debug)."""
+    parser.add_argument("--devices", type=positive_int, default=devices_default, metavar="N",
+                        help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
+    if executor_help is not None:
+        parser.add_argument("--executor", choices=["threads", "vectorized"], default="threads", help=executor_help)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``spmdsim ARGV``; returns the exit status.
 

@@ -412,7 +412,7 @@ def _show(stop: Stop, rest: list[str]) -> str:
 
 def parser():
     """The options of ``spmdsim debug`` (the program and its arguments are split off first)."""
-    from spmdsim.cli import ArgumentParser, positive_int
+    from spmdsim.cli import ArgumentParser, add_device_options
 
     p = ArgumentParser(
         prog="spmdsim debug",
@@ -422,8 +422,7 @@ def parser():
                     "jax; with jax installed, jax.pmap is replaced as by spmdsim run. Type h at the prompt for the "
                     "commands.",
         epilog="--devices and --break are spmdsim's wherever they appear; arguments after -- all go to the program.")
-    p.add_argument("--devices", type=positive_int, default=None, metavar="N",
-                   help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
+    add_device_options(p)
     p.add_argument("-b", "--break", dest="breakpoints", action="append", default=[], metavar="SPEC",
                    help="stop only at collectives matching SPEC (any of OP, FILE:LINE, LINE, axis=NAME, step=K, "
                         "device=D; quote it if it has spaces); repeatable. Without it: stop at every collective")

@@ -519,7 +519,7 @@ VALUED = ("--devices", "--executor", "--against", "--ulps", "--rtol", "--json", 
 def parser():
     """The options of ``spmdsim compare`` (the program and its arguments are split off first)."""
     import spmdsim
-    from spmdsim.cli import ArgumentParser, positive_int
+    from spmdsim.cli import ArgumentParser, add_device_options, positive_int
     p = ArgumentParser(
         prog="spmdsim compare",
         usage="spmdsim compare [options] SCRIPT.py [args]\n       spmdsim compare [options] -m MODULE [args]",
@@ -528,10 +528,8 @@ def parser():
                     "equation that differs, first occurrence first, then how far each map call's outputs drifted.",
         epilog="Exit status: the script's if it failed, else 1 when something differs beyond the tolerance (an "
                "equation, a run of equations XLA fuses, or a map call's outputs end to end), 0 when nothing does.")
-    p.add_argument("--devices", type=positive_int, default=spmdsim.device_count(), metavar="N",
-                   help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
-    p.add_argument("--executor", choices=["threads", "vectorized"], default="threads",
-                   help="the executor that runs the maps (default: threads)")
+    add_device_options(p, devices_default=spmdsim.device_count(),
+                       executor_help="the executor that runs the maps (default: threads)")
     p.add_argument("--against", default="xla", metavar="SIDE",
                    help="xla (default), order=pairwise|ring|sequential, or executor=vectorized|threads")
     p.add_argument("--ulps", type=int, default=0, metavar="N",

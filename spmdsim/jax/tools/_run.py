@@ -20,7 +20,7 @@ from spmdsim.runtime import _threads
 from spmdsim import hosts
 from spmdsim.runtime._output import StandInStream
 from spmdsim.tools._script import check_program, run_program, split_argv
-from spmdsim.cli import ArgumentParser, UsageError, positive_int
+from spmdsim.cli import ArgumentParser, UsageError, add_device_options, positive_int
 
 VALUED = ("--devices", "--executor", "--trace", "--hosts", "--hardware", "--eager-shard-map")
 TRACE_FORMATS = {".json": "a Perfetto/Chrome trace", ".svg": "a timeline picture"}
@@ -36,11 +36,9 @@ def parser() -> ArgumentParser:
                     "virtual devices; everything else stays real JAX.",
         epilog="--devices, --executor and --trace are spmdsim's wherever they appear; arguments after -- all go "
                "to the script.")
-    p.add_argument("--devices", type=positive_int, default=spmdsim.device_count(), metavar="N",
-                   help="number of virtual devices (default: SPMDSIM_NUM_DEVICES or 8)")
-    p.add_argument("--executor", choices=["threads", "vectorized"], default="threads",
-                   help="threads (default: one thread per device, the reference) or vectorized (all devices at "
-                        "once; for thousands of devices)")
+    add_device_options(p, devices_default=spmdsim.device_count(),
+                       executor_help="threads (default: one thread per device, the reference) or vectorized (all "
+                                     "devices at once; for thousands of devices)")
     p.add_argument("--eager-shard-map", choices=["once", "per-device"], default="once",
                    help="how an un-jitted jax.shard_map runs its body: once per call, on values holding every "
                         "device's block, as JAX does (default), or once per device, each in its own thread "
