@@ -53,7 +53,7 @@ _UNARY_XLA = {
     "exp": (_xla_cpu_math.exp, np.exp), "log": (_xla_cpu_math.log, np.log),
     "log1p": (_xla_cpu_math.log1p, _log1p), "tanh": (_xla_cpu_math.tanh, np.tanh),
     "erf": (_xla_cpu_math.erf, scipy.special.erf), "expm1": (_xla_cpu_math.expm1, np.expm1),
-    "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt),
+    "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt), "sin": (_xla_cpu_math.sin, np.sin), "cos": (_xla_cpu_math.cos, np.cos),
 }
 
 
@@ -72,7 +72,7 @@ def _abs(x):
 
 _UNARY = {
     "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
-    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
     "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
     "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": _abs, "real": np.real, "imag": np.imag,
     "conj": lambda x: np.conj(x) if x.dtype.kind == "c" else np.asarray(x, np.result_type(x, np.complex64)),
