@@ -30,7 +30,7 @@ import numpy as np
 
 from spmdsim.jax.numerics import _xla_cpu_isa
 
-__all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK"]
+__all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK", "conv_tile", "ynn_conv", "CONV_DEFAULT_WORK"]
 
 f32, f64 = np.float32, np.float64
 
@@ -38,6 +38,9 @@ f32, f64 = np.float32, np.float64
 # ones only under SPMDSIM_EXACT=1 (the exact order costs a NumPy pass over an (M, N) plane per k: far slower than
 # BLAS). Per slice, never per batch: a device axis batched in front (the vectorized executor) must not change it.
 DEFAULT_WORK = 1 << 16
+# the same for a convolution's (M, K) @ (K, O) product (its chains are vectorized over M * O outputs, so the cost
+# per multiply-add is lower than a dot's): larger ones only under SPMDSIM_EXACT=1
+CONV_DEFAULT_WORK = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +54,16 @@ class Plan:
 
 def _plan_amd_zen4(m: int, n: int, k: int) -> Plan | None:
     """The orders measured on AMD Zen 4 (jaxlib 0.10.2); None where not measured or not understood (M or N of
-    1 take another path; 16 < N < 64 switches kernels with M; chunks for K > 256 depend on N and M)."""
+    1 take another path; 16 < N < 64 switches kernels with M; chunks for K > 256 depend on N and M).
+
+    A vector times a matrix (M = 1, as in a gradient's or a single query's product) is one chain over all of
+    ``k`` (measured for N from 3 to 1000, K up to 2048: one call, no chunks), except a last column alone in its
+    16-column tile (N mod 16 = 1: another kernel's order, not modelled) and N = 2 (a kernel for large K). A
+    matrix times a vector (N = 1) is not a dot kernel's order: 8 interleaved lanes over ``k`` reduced as a tree,
+    the last 8 in another lane order and a tail of K mod 8 chained (FPRev on 16x64 @ 64x1, 16x100 @ 100x1):
+    not modelled."""
+    if m == 1 and n >= 3 and n % 16 != 1 and 1 <= k <= 2048:
+        return Plan(1, None)
     if m < 2 or n < 2 or k < 1:
         return None
     if n <= 16:
@@ -86,10 +98,16 @@ def _chains(a: np.ndarray, b: np.ndarray, lo: int, hi: int, tile_k: int) -> np.n
     ``k = lo + lane (mod tile_k)``, then the lanes' reduction (``(l0 + l1) + (l2 + l3)``)."""
     shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
     lanes = [np.zeros(shape, f64) for _ in range(tile_k)]
-    for kk in range(lo, hi):
-        acc = lanes[(kk - lo) % tile_k]
-        np.add(np.multiply(a[..., :, kk:kk + 1], b[..., kk:kk + 1, :], dtype=f64), acc, out=acc)
-        acc[...] = acc.astype(f32)  # the chain's float32 rounding at every step
+    # k-major copies of the operands' columns / rows in [lo, hi): each step reads one contiguous vector
+    ak = np.ascontiguousarray(np.moveaxis(a[..., lo:hi], -1, 0))[..., :, None]
+    bk = np.ascontiguousarray(np.moveaxis(b[..., lo:hi, :], -2, 0))[..., None, :]
+    term, rounded = np.empty(shape, f64), np.empty(shape, f32)
+    for kk in range(hi - lo):
+        acc = lanes[kk % tile_k]
+        np.multiply(ak[kk], bk[kk], out=term, dtype=f64)
+        np.add(term, acc, out=acc)
+        np.copyto(rounded, acc, casting="same_kind")  # the chain's float32 rounding at every step
+        np.copyto(acc, rounded)
     if tile_k == 1:
         return lanes[0].astype(f32)
     lanes = [x.astype(f32) for x in lanes]
@@ -129,3 +147,101 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         return None
     p = plan(m, n, k)
     return None if p is None else ynn_matmul(a, b, p)
+
+
+# -- convolutions ------------------------------------------------------------------------------------------------
+#
+# jaxlib 0.10.2's XLA:CPU hands a float32 ``conv_general_dilated`` (2-D, no input dilation, one feature group) to
+# the same dot kernels: the optimized HLO keeps a plain ``convolution``, but its order of additions is YNNPACK's
+# (``ynnpack/kernels/dot/dot.h``: ``C(i, j) += A(i, k3, k2, k1) * B(k3, k2, k1, j)`` with the kernel's window
+# positions as ``k3, k2`` and the input features as ``k1``; ``ynnpack/subgraph/stencil_copy.cc`` makes the
+# windows). Measured on AMD Zen 4 (FPRev probes and random operands, bit for bit; see test_xla_conv_order.py):
+#
+# - per output element, ``tile_k`` fused multiply-add chains (lane = input feature mod ``tile_k``) over the
+#   window positions in row-major order and, inside each, the features ``[0, C - C mod tile_k)``, reduced as
+#   ``(l0 + l1) + (l2 + l3)`` -- one call, never cut in ``k`` chunks within the measured sizes;
+# - then, for each window position in row-major order, one more call over that position's remaining
+#   ``C mod tile_k`` features (a zero-padded tile: products rounded to float32, the lanes reduced as above),
+#   added to the result so far: ``C_out = tail + C_in``;
+# - ``tile_k`` is picked per (input features C, output features O) by YNNPACK's cost model; the table below is
+#   what was measured (for M = 64, 512 and 3136 output positions, 1x1, 3x3 and 5x5 windows alike), with the
+#   largest ``K = window * C`` measured per row (above it the order changes: ``k`` chunks, not modelled).
+
+
+def _conv_tile_amd_zen4(c: int, o: int, k: int) -> int | None:
+    """``tile_k`` of a float32 convolution with ``c`` input and ``o`` output features per group and ``k``
+    multiply-adds per output element, as measured on AMD Zen 4 (jaxlib 0.10.2); None where not measured."""
+    if c < 1 or o < 1:
+        return None
+    if o == 1:
+        return 4 if 17 <= c and k <= 2304 else None
+    if o <= 16:
+        if c <= 16:  # one chain, cut in k chunks above K = 256 (400: two of 200; 512: two of 256; 800: four of
+            # 200; 1024: 344, 344, 336), by a rule that depends on the window too: not modelled
+            return 1 if k <= 256 else None
+        return 4 if k <= (1152 if o > 12 else 2304) else None
+    if o in (20, 24):
+        if k > 2304:
+            return None
+        if c == 1:
+            return 1
+        if c in (2, 6, 17):
+            return 2
+        return 4 if c == 3 or c % 4 == 0 else None
+    if o in (28, 32):
+        return (1 if c == 1 else 2) if c <= 96 and k <= 864 else None
+    if o in (40, 48):
+        if k > 1152:
+            return None
+        if c in (1, 2, 3, 6):
+            return 1
+        return 4 if c % 4 == 0 or c == 17 else None
+    if o in (56, 64, 128):
+        return 1 if c <= 48 and k <= 432 else None
+    if o == 96:
+        if k > 864:
+            return None
+        if c in (1, 3):
+            return 1
+        return 2 if c in (2, 6, 17) or (c % 4 == 0 and c <= 96) else None
+    return None
+
+
+def conv_tile(c: int, o: int, k: int) -> int | None:
+    """``tile_k`` of a float32 convolution (``c`` input and ``o`` output features per group, ``k`` multiply-adds
+    per output element) on this machine's CPU model, or None where spmdsim does not know its order (only AMD
+    Zen 4 with jaxlib 0.10 is measured: :func:`_xla_cpu_isa.ynnpack_orders`)."""
+    if not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma:
+        return None
+    return _conv_tile_amd_zen4(c, o, k)
+
+
+def _lane_sum(lanes: list[np.ndarray]) -> np.ndarray:
+    """A kernel's reduction of its ``tile_k`` lanes: ``l0``, ``l0 + l1`` or ``(l0 + l1) + (l2 + l3)``."""
+    if len(lanes) == 1:
+        return lanes[0]
+    if len(lanes) == 2:
+        return lanes[0] + lanes[1]
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+
+
+def ynn_conv(a: np.ndarray, b: np.ndarray, tile_k: int) -> np.ndarray:
+    """A convolution's product in YNNPACK's order (see the comment above :func:`conv_tile`): patches ``a``
+    ``(..., M, R, C)`` (R window positions in row-major order, C input features) times the kernel ``b``
+    ``(..., R, C, O)``, in float32, to ``(..., M, O)``. The leading axes are batch axes (a device axis in front
+    gives each device's bits)."""
+    a, b = np.asarray(a, f32), np.asarray(b, f32)
+    *_, m, r, c = a.shape
+    o = b.shape[-1]
+    main = c // tile_k * tile_k
+    out = None
+    if main:
+        out = ynn_matmul(a[..., :main].reshape((*a.shape[:-3], m, r * main)),
+                         b[..., :main, :].reshape((*b.shape[:-3], r * main, o)), Plan(tile_k, None))
+    if main < c:
+        lanes = [a[..., :, :, j, None] * b[..., None, :, j, :] for j in range(main, c)]  # (..., M, R, O) each
+        lanes += [np.zeros_like(lanes[0]) for _ in range(tile_k - len(lanes))]
+        tails = _lane_sum(lanes)
+        for pos in range(r):
+            out = tails[..., pos, :] if out is None else tails[..., pos, :] + out
+    return out

@@ -14,7 +14,11 @@ Convolutions are im2col products: the (dilated, padded) input's patches as a ``(
 group, the kernel as ``(K, N)``, one ``np.matmul`` slice per group (and per device, in the vectorized twin).
 The patches are one strided view of the padded input copied into the C-order matrices (by kernel offset, in
 blocks of rows that stay in the cache), so a slice's layout, and BLAS's result, depends on shapes only.
-XLA:CPU convolves with Eigen, in another summation order: float results agree within a few ulps.
+Where spmdsim knows XLA:CPU's own order for a float32 convolution on this CPU (jaxlib 0.10's YNNPACK dot kernels,
+measured on AMD Zen 4: :func:`spmdsim.jax.numerics._xla_cpu_dot.conv_tile`), the patches are laid out as
+``(M, window..., C)`` and multiplied in that order instead (:func:`_conv_xla_order`; products over
+``CONV_DEFAULT_WORK`` multiply-adds per device only under ``SPMDSIM_EXACT=1``); elsewhere float results agree
+with XLA:CPU's within a few ulps.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import numpy as np
 
 from spmdsim.runtime import _blas, _buffers, _threads
 from spmdsim.jax.evaluation._registry import PER_DEVICE, per_device, vectorized
+from spmdsim.jax.numerics import _xla_cpu_dot, _xla_cpu_isa
 from spmdsim.jax.rules._dot import matmul_slices, product_dtypes
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, is_float
 from spmdsim.jax.rules._reductions import by_devices, eval_elementwise_jaxpr
@@ -505,11 +510,75 @@ def _conv_operands(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     return a, wk, front, groups, per_group, out_spatial, out_spec, rows
 
 
+def _xla_order_tile(lhs, rhs, compute, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+                    feature_group_count, batch_group_count, leading: int) -> int | None:
+    """``tile_k`` of XLA:CPU's own order for this convolution (:func:`_xla_cpu_dot.conv_tile`), or None where
+    spmdsim keeps its BLAS product: not float32, not 2-D, input dilation (XLA's transposed-convolution
+    algorithm), feature or batch groups, an order not measured on this CPU, or a product over
+    ``CONV_DEFAULT_WORK`` multiply-adds per device without ``SPMDSIM_EXACT=1``."""
+    if compute != np.float32 or lhs.dtype != np.float32 or rhs.dtype != np.float32:
+        return None
+    if len(window_strides) != 2 or feature_group_count != 1 or batch_group_count != 1 or \
+            any(d != 1 for d in lhs_dilation):
+        return None
+    lhs_spec, rhs_spec, _ = dimension_numbers
+    c = lhs.shape[leading + lhs_spec[1]]
+    o = rhs.shape[leading + rhs_spec[0]]
+    window = math.prod(rhs.shape[leading + d] for d in rhs_spec[2:])
+    if rhs.shape[leading + rhs_spec[1]] != c or not window or not c:
+        return None
+    spatial = [lhs.shape[leading + d] for d in lhs_spec[2:]]
+    out = [max(0, (n + lo + hi - ((k - 1) * dil + 1)) // s + 1) for n, (lo, hi), k, dil, s in
+           zip(spatial, padding, (rhs.shape[leading + d] for d in rhs_spec[2:]), rhs_dilation, window_strides)]
+    work = lhs.shape[leading + lhs_spec[0]] * math.prod(out) * o * window * c
+    if work > _xla_cpu_dot.CONV_DEFAULT_WORK and not _xla_cpu_isa.exact():
+        return None
+    return _xla_cpu_dot.conv_tile(c, o, window * c)
+
+
+def _conv_xla_order(lhs, rhs, tile_k, *, window_strides, padding, rhs_dilation, dimension_numbers, leading: int):
+    """A float32 convolution in XLA:CPU's order (YNNPACK's dot kernels, :func:`_xla_cpu_dot.ynn_conv`): the
+    patches ``(..., N * out..., window..., C)`` (window positions row-major, then the input features), the kernel
+    ``(..., window..., C, O)``; the result in the canonical layout ``(..., N, O, out...)``."""
+    lead = tuple(range(leading))
+    lhs_spec, rhs_spec, _ = dimension_numbers
+    x = np.transpose(lhs, lead + tuple(d + leading for d in lhs_spec))  # (..., N, C, spatial...)
+    w = np.transpose(rhs, lead + tuple(d + leading for d in rhs_spec))  # (..., O, C, window...)
+    config = [(0, 0, 0)] * leading + [(0, 0, 0), (0, 0, 0)] + [(lo, hi, 0) for lo, hi in padding]
+    x = _zero_padded(np.ascontiguousarray(x), config)
+    n, c, *padded = x.shape[leading:]
+    o, _, *kernel = w.shape[leading:]
+    out_spatial = tuple(max(0, (p - ((k - 1) * d + 1)) // s + 1) for p, k, d, s in
+                        zip(padded, kernel, rhs_dilation, window_strides, strict=True))
+    spatial_strides = x.strides[leading + 2:]
+    windows = np.lib.stride_tricks.as_strided(  # (..., N, out..., window..., C): a view
+        x, x.shape[:leading] + (n,) + out_spatial + tuple(kernel) + (c,),
+        x.strides[:leading + 1] + tuple(t * s for t, s in zip(spatial_strides, window_strides, strict=True))
+        + tuple(t * d for t, d in zip(spatial_strides, rhs_dilation, strict=True)) + (x.strides[leading + 1],),
+        writeable=False)
+    window = math.prod(kernel)
+    a = np.ascontiguousarray(windows).reshape(x.shape[:leading] + (n * math.prod(out_spatial), window, c))
+    rank = len(kernel)
+    wk = np.transpose(w, lead + tuple(range(leading + 2, leading + 2 + rank)) + (leading + 1, leading))
+    wk = np.ascontiguousarray(wk).reshape(w.shape[:leading] + (window, c, o))
+    y = _xla_cpu_dot.ynn_conv(a, wk, tile_k)  # (..., N * out..., O)
+    y = y.reshape(x.shape[:leading] + (n,) + out_spatial + (o,))
+    return np.moveaxis(y, -1, leading + 1)
+
+
 def _conv(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
           batch_group_count, precision=None, preferred_element_type=None, out_sharding=None, leading: int = 0):
     compute, out_dtype = product_dtypes(lhs.dtype, rhs.dtype, preferred_element_type)
     if compute.kind == "b":
         compute = np.dtype(np.int32)
+    tile_k = _xla_order_tile(lhs, rhs, compute, window_strides=window_strides, padding=padding,
+                             lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+                             dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
+                             batch_group_count=batch_group_count, leading=leading)
+    if tile_k is not None:
+        y = _conv_xla_order(lhs, rhs, tile_k, window_strides=window_strides, padding=padding,
+                            rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers, leading=leading)
+        return _to_output_layout(y, dimension_numbers[2], leading, out_dtype)
     a, wk, front, groups, per_group, out_spatial, out_spec, n_out = _conv_operands(
         lhs, rhs, window_strides=window_strides, padding=padding, lhs_dilation=lhs_dilation,
         rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
@@ -519,8 +588,13 @@ def _conv(lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilation, dime
     y = np.moveaxis(y, leading, leading + 1 + len(out_spatial))  # (..., n_out, out..., groups, per_group)
     y = y.reshape(front + (n_out,) + out_spatial + (groups * per_group,))
     y = np.moveaxis(y, -1, leading + 1)  # (..., N, O, out...)
-    # to the output layout: out_spec[k] is the output dimension holding canonical dimension k
-    perm = [0] * (2 + len(out_spatial))
+    return _to_output_layout(y, out_spec, leading, out_dtype)
+
+
+def _to_output_layout(y: np.ndarray, out_spec, leading: int, out_dtype) -> np.ndarray:
+    """``y`` in the canonical layout ``(..., N, O, out...)`` to the output's: ``out_spec[k]`` is the output
+    dimension holding canonical dimension k."""
+    perm = [0] * len(out_spec)
     for k, dim in enumerate(out_spec):
         perm[dim] = k
     y = np.transpose(y, tuple(range(leading)) + tuple(p + leading for p in perm))
