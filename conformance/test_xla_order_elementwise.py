@@ -164,9 +164,23 @@ def test_normalisation_by_square_root():
     _check(lambda x: (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5), _normal(16, 256))
 
 
-@pytest.mark.parametrize("case", ["softmax_16x128", pytest.param("mean_var_16x4", marks=pytest.mark.xfail(
-    reason="var: XLA fuses the squares into its sum's loop and LLVM contracts them (fma(d, d, acc)): not modelled",
-    strict=False)), "div_bcast_16x4_1x4"])
+@pytest.mark.parametrize("n", [2, 3, 5, 16, 31, 32])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("form", ["square", "pow", "mul"])
+def test_sum_of_squares(form, axis, n):
+    """A sum of up to 32 squares that XLA:CPU fuses into the sum's loop: each square contracted into its add."""
+    if not _xla_cpu_isa.current().fma:
+        pytest.skip("no FMA in this ISA: nothing is contracted")
+    square = {"square": jnp.square, "pow": lambda d: d ** 2, "mul": lambda d: d * d}[form]
+    shape = (n, 6) if axis == 0 else (6, n)
+    for seed in range(3):
+        r = np.random.default_rng(seed)
+        x, m = r.standard_normal(shape).astype(f32), r.standard_normal(shape).astype(f32)
+        _check(lambda x, m: jnp.sum(square(x - m), axis=axis), x, m)
+        _check(lambda x: jnp.sum(square(x), axis=axis), x)
+
+
+@pytest.mark.parametrize("case", ["softmax_16x128", "mean_var_16x4", "div_bcast_16x4_1x4"])
 def test_recorded_programs(case):
     """The recorded programs built on these divisions, on new inputs (their sums' order: AMD Zen 4's)."""
     if case != "div_bcast_16x4_1x4":

@@ -199,17 +199,93 @@ def reciprocal_divisions(jaxpr):
                                                        and e.outvars[0] not in used)])
 
 
+_SQUARE_SUM_MAX = 32  # the longest reduction measured to run as one fused loop (33 and more: another order)
+
+
+def _squared(eqn) -> core.Var | None:
+    """``p`` where ``eqn`` squares it (``square``, ``mul(p, p)``, ``integer_pow[y=2]``), else None."""
+    name = eqn.primitive.name
+    p = eqn.invars[0]
+    if not isinstance(p, core.Var):
+        return None
+    if name == "square" and _plain(eqn) or name == "integer_pow" and eqn.params.get("y") == 2:
+        return p
+    if name == "mul" and _plain(eqn) and eqn.invars[1] is p:
+        return p
+    return None
+
+
+def fused_square_sums(jaxpr):
+    """``reduce_sum`` over one axis of ``n`` (2 to 32) elements of squares that nothing else uses, in float32 with
+    FMA: XLA:CPU fuses the squares (and what computes them: ``jnp.var``'s ``x - mean``) into the reduction's loop,
+    and LLVM contracts each square into the add that takes it: ``s = fma(d0, d0, d1 * d1)``, then ``s = fma(di,
+    di, s)`` for i = 2 .. n-1 (the optimized IR: ``fadd reassoc (fmul d0 d0) (fmul d1 d1)``, then ``fadd reassoc s
+    (fmul di di)``, which the DAG combiner fuses at its first operand that is a product; measured bit for bit with
+    jaxlib 0.10.2 and 0.12.0.1 over both axes, lengths 2-32, with and without the subtraction; 33 elements and more are split
+    otherwise). A sum of two different factors' products is a dot to XLA, not this. Written as ``n`` slices and
+    ``n - 1`` ``xla_cpu_fma`` equations (and one product), so every executor computes it with the rules it has."""
+    if np.dtype(np.float32) not in _fused_dtypes():
+        return jaxpr
+    producers = {e.outvars[0]: e for e in jaxpr.eqns if len(e.outvars) == 1 and e.invars}
+    uses: dict = {}
+    for v in [v for e in jaxpr.eqns for v in e.invars] + list(jaxpr.outvars):
+        if isinstance(v, core.Var):
+            uses[v] = uses.get(v, 0) + 1
+    eqns, changed = [], False
+    for e in jaxpr.eqns:
+        g = e.invars[0] if e.primitive.name == "reduce_sum" and len(e.invars) == 1 else None
+        axes = tuple(e.params.get("axes", ()))
+        square = producers.get(g) if isinstance(g, core.Var) and uses.get(g) == 1 else None
+        p = _squared(square) if square is not None else None
+        if p is None or len(axes) != 1 or e.params.get("out_sharding") is not None \
+                or np.dtype(g.aval.dtype) != np.float32 or not 2 <= g.aval.shape[axes[0]] <= _SQUARE_SUM_MAX:
+            eqns.append(e)
+            continue
+        changed = True
+        axis, shape = axes[0], g.aval.shape
+        out_aval = e.outvars[0].aval
+        rows = []
+        for i in range(shape[axis]):
+            start = tuple(i if k == axis else 0 for k in range(len(shape)))
+            limit = tuple(i + 1 if k == axis else n for k, n in enumerate(shape))
+            piece = core.Var(core.ShapedArray(tuple(1 if k == axis else n for k, n in enumerate(shape)), np.float32))
+            row = core.Var(core.ShapedArray(out_aval.shape, np.float32))
+            eqns.append(core.new_jaxpr_eqn([p], [piece], _SLICE_P, {"start_indices": start, "limit_indices": limit,
+                                                                    "strides": None}, e.effects, e.source_info, e.ctx))
+            eqns.append(core.new_jaxpr_eqn([piece], [row], _SQUEEZE_P, {"dimensions": (axis,)}, e.effects,
+                                           e.source_info, e.ctx))
+            rows.append(row)
+        acc = core.Var(core.ShapedArray(out_aval.shape, np.float32))
+        eqns.append(core.new_jaxpr_eqn([rows[1], rows[1]], [acc], _MUL_P, dict(_MUL_PARAMS), e.effects,
+                                       e.source_info, e.ctx))
+        for k, row in enumerate(rows):
+            if k == 1:
+                continue
+            target = e.outvars[0] if k == len(rows) - 1 or (k == 0 and len(rows) == 2) else \
+                core.Var(core.ShapedArray(out_aval.shape, np.float32))
+            eqns.append(core.new_jaxpr_eqn([row, row, acc], [target], fma_p,
+                                           {"negate_product": False, "negate_addend": False}, e.effects,
+                                           e.source_info, e.ctx))
+            acc = target
+    if not changed:
+        return jaxpr
+    used = {v for e in eqns for v in e.invars if isinstance(v, core.Var)} | set(jaxpr.outvars)
+    return jaxpr.replace(eqns=[e for e in eqns if not (e.outvars and e.invars and _squared(e) is not None
+                                                       and e.outvars[0] not in used)])
+
+
 def _primitives():
     from jax import lax as jax_lax
-    return jax_lax.mul_p, {"out_dtype": None}, jax_lax.sqrt_p, jax_lax.rsqrt_p  # mul's parameters: jax 0.10-0.12
+    return (jax_lax.mul_p, {"out_dtype": None}, jax_lax.sqrt_p, jax_lax.rsqrt_p,  # mul's parameters: jax 0.10-0.12
+            jax_lax.slice_p, jax_lax.squeeze_p)
 
 
-_MUL_P, _MUL_PARAMS, _SQRT_P, _RSQRT_P = _primitives()
+_MUL_P, _MUL_PARAMS, _SQRT_P, _RSQRT_P, _SLICE_P, _SQUEEZE_P = _primitives()
 
 
 def _contract(jaxpr):
     jaxpr = fold_transposed_products(jaxpr)
-    jaxpr = reciprocal_divisions(jaxpr)
+    jaxpr = fused_square_sums(reciprocal_divisions(jaxpr))
     dtypes = _fused_dtypes()
     if not dtypes or not any(e.primitive.name in _PRODUCTS for e in jaxpr.eqns):
         return jaxpr
