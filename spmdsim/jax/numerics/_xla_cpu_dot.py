@@ -93,24 +93,34 @@ def plan(m: int, n: int, k: int) -> Plan | None:
     return _plan_amd_zen4(m, n, k)
 
 
+_BLOCK_ELEMENTS = 1 << 14  # outputs per block of rows in a chain's loop: its planes stay in the CPU's cache
+
+
 def _chains(a: np.ndarray, b: np.ndarray, lo: int, hi: int, tile_k: int) -> np.ndarray:
     """One kernel call over ``k`` in ``[lo, hi)``: ``tile_k`` fused multiply-add chains from zero, each over
-    ``k = lo + lane (mod tile_k)``, then the lanes' reduction (``(l0 + l1) + (l2 + l3)``)."""
+    ``k = lo + lane (mod tile_k)``, then the lanes' reduction (``(l0 + l1) + (l2 + l3)``).
+
+    Each step is two NumPy passes: the exact product in float64, then its sum with the float32 accumulator
+    computed in float64 and rounded to float32 on the way out. The rows are done in blocks whose planes stay
+    in the cache (the order of each output element's chain does not depend on the blocks)."""
     shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    lanes = [np.zeros(shape, f64) for _ in range(tile_k)]
+    lanes = [np.zeros(shape, f32) for _ in range(tile_k)]
     # k-major copies of the operands' columns / rows in [lo, hi): each step reads one contiguous vector
     ak = np.ascontiguousarray(np.moveaxis(a[..., lo:hi], -1, 0))[..., :, None]
     bk = np.ascontiguousarray(np.moveaxis(b[..., lo:hi, :], -2, 0))[..., None, :]
-    term, rounded = np.empty(shape, f64), np.empty(shape, f32)
-    for kk in range(hi - lo):
-        acc = lanes[kk % tile_k]
-        np.multiply(ak[kk], bk[kk], out=term, dtype=f64)
-        np.add(term, acc, out=acc)
-        np.copyto(rounded, acc, casting="same_kind")  # the chain's float32 rounding at every step
-        np.copyto(acc, rounded)
+    m, n = shape[-2], shape[-1]
+    rows = max(1, min(m, _BLOCK_ELEMENTS // max(n * int(np.prod(shape[:-2], dtype=np.int64)), 1)))
+    term = np.empty((*shape[:-2], rows, n), f64)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        t = term[..., :r1 - r0, :]
+        block = [x[..., r0:r1, :] for x in lanes]
+        for kk in range(hi - lo):
+            acc = block[kk % tile_k]
+            np.multiply(ak[kk][..., r0:r1, :], bk[kk], out=t, dtype=f64)
+            np.add(t, acc, out=acc, dtype=f64, casting="same_kind")  # the chain's float32 rounding at every step
     if tile_k == 1:
-        return lanes[0].astype(f32)
-    lanes = [x.astype(f32) for x in lanes]
+        return lanes[0]
     if tile_k == 2:
         return lanes[0] + lanes[1]
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
