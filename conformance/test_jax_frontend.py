@@ -339,9 +339,10 @@ def _body_program(mapped):
 def test_constant_equations_are_computed_once_when_the_program_is_made(executor):
     """The gradient of a mean holds ``div 1.0 6.0`` broadcast to the block's shape: no operand varies, so the
     compiled program computes it once, with the same rule. Values and bits stay those of the reference loop
-    and of jax.pmap, call after call; the constants are read-only (every call shares them)."""
+    and of jax.pmap, call after call; the constants are read-only (every call shares them). (A cube, not a
+    square: XLA fuses a short sum of squares into the sum's loop, which spmdsim writes out element by element.)"""
     def f(x):
-        return jax.grad(lambda v: jnp.mean(v ** 2))(x), jnp.full((3,), 2.0) * 3.0
+        return jax.grad(lambda v: jnp.mean(v ** 3))(x), jnp.full((3,), 2.0) * 3.0
 
     mapped = sjax.pmap(f, "i", executor=executor)
     first = mapped(X)
