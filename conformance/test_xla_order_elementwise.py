@@ -194,3 +194,15 @@ def test_recorded_programs(case):
         else:
             _check(lambda x, y: x / y, r.standard_normal((16, 4)).astype(f32),
                    (np.abs(r.standard_normal((1, 4))) + 0.5).astype(f32))
+
+
+def test_rewrites_keep_a_literal_output():
+    """A jaxpr may return a literal (numpyro's NUTS loops do): the division and sum-of-squares rewrites read its
+    outputs without hashing it (a TypeError took every numpyro chain down once)."""
+    from spmdsim.jax.evaluation._interpreter import eval_jaxpr
+    x = np.arange(1.0, 5.0, dtype=np.float32)
+    closed = jax.make_jaxpr(lambda v: (v / 3.0, (v * v).sum(0), 1.0))(x)
+    got = eval_jaxpr(closed.jaxpr, closed.consts, x)
+    expected = jax.jit(lambda v: (v / 3.0, (v * v).sum(0), 1.0))(x)
+    for g, e in zip(got, expected, strict=True):
+        assert np.asarray(g).tobytes() == np.asarray(e).tobytes()

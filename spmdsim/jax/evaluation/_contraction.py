@@ -194,9 +194,15 @@ def reciprocal_divisions(jaxpr):
                                        e.source_info, e.ctx))
     if not changed:
         return jaxpr
-    used = {v for e in eqns for v in e.invars if isinstance(v, core.Var)} | set(jaxpr.outvars)
+    used = _used(eqns, jaxpr.outvars)
     return jaxpr.replace(eqns=[e for e in eqns if not (e.outvars and e.outvars[0] in spent
                                                        and e.outvars[0] not in used)])
+
+
+def _used(eqns, outvars) -> set:
+    """The variables that ``eqns`` read or the jaxpr returns (an output may be a literal: not a variable)."""
+    return {v for e in eqns for v in e.invars if isinstance(v, core.Var)} | \
+        {v for v in outvars if isinstance(v, core.Var)}
 
 
 _SQUARE_SUM_MAX = 32  # the longest reduction measured to run as one fused loop (33 and more: another order)
@@ -269,7 +275,7 @@ def fused_square_sums(jaxpr):
             acc = target
     if not changed:
         return jaxpr
-    used = {v for e in eqns for v in e.invars if isinstance(v, core.Var)} | set(jaxpr.outvars)
+    used = _used(eqns, jaxpr.outvars)
     return jaxpr.replace(eqns=[e for e in eqns if not (e.outvars and e.invars and _squared(e) is not None
                                                        and e.outvars[0] not in used)])
 
