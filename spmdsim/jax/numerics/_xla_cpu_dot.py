@@ -30,7 +30,7 @@ import numpy as np
 
 from spmdsim.jax.numerics import _xla_cpu_isa
 
-__all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK", "conv_tile", "ynn_conv", "CONV_DEFAULT_WORK"]
+__all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK", "DEFAULT_K", "conv_tile", "ynn_conv", "CONV_DEFAULT_WORK"]
 
 f32, f64 = np.float32, np.float64
 
@@ -41,6 +41,10 @@ DEFAULT_WORK = 1 << 16
 # the same for a convolution's (M, K) @ (K, O) product (its chains are vectorized over M * O outputs, so the cost
 # per multiply-add is lower than a dot's): larger ones only under SPMDSIM_EXACT=1
 CONV_DEFAULT_WORK = 1 << 20
+# and whose k is at most this long: the order costs NumPy calls per step of k, which in loops of small products
+# (the gradient of a log density over 200 points, every leapfrog step of NUTS) cost more than the whole
+# product (numpyro's NUTS: 28 s with BLAS's order, 50 s with XLA's for k = 200)
+DEFAULT_K = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +149,7 @@ def ynn_matmul(a: np.ndarray, b: np.ndarray, p: Plan) -> np.ndarray:
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """``(..., M, K) @ (..., K, N)`` of float32 operands in XLA:CPU's order where :func:`plan` knows it and the
-    product's slices are small (``DEFAULT_WORK``) or ``SPMDSIM_EXACT=1`` is set; None otherwise (the caller's BLAS
+    product's slices are small (``DEFAULT_WORK``, ``DEFAULT_K``) or ``SPMDSIM_EXACT=1`` is set; None otherwise (the caller's BLAS
     product then applies)."""
     if a.dtype != f32 or b.dtype != f32 or a.ndim < 2 or b.ndim < 2:
         return None
@@ -153,7 +157,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     n = b.shape[-1]
     if k == 0:
         return None
-    if m * n * k > DEFAULT_WORK and not _xla_cpu_isa.exact():
+    if (m * n * k > DEFAULT_WORK or k > DEFAULT_K) and not _xla_cpu_isa.exact():
         return None
     p = plan(m, n, k)
     return None if p is None else ynn_matmul(a, b, p)

@@ -100,6 +100,12 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
     identity = work.type(1 if ufunc is np.multiply else 0)
 
     def fold(rows: np.ndarray) -> np.ndarray:  # (groups, R, columns) -> (groups, columns)
+        if work == dtype and rows.shape[1]:
+            # in the dtype itself: NumPy's accumulate adds in order too, from the first element rather than the
+            # identity; the partial sums are the same numbers (the identity changes at most the sign of a zero,
+            # and XLA's sum, started from +0, is never -0: adding +0 at the end restores it). One call, not R.
+            last = ufunc.accumulate(rows, axis=1)[:, -1]
+            return last + identity if ufunc is np.add else last
         acc = np.full((rows.shape[0], columns), identity, work)
         for j in range(rows.shape[1]):
             acc = ufunc(acc, rows[:, j]) if work == dtype else ufunc(acc, rows[:, j]).astype(dtype).astype(work)
