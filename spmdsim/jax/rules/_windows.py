@@ -151,10 +151,11 @@ def _reduce_window_monoid(ufunc, name, identity):
         if out is not None:
             return out.astype(x.dtype, copy=False)
         init = identity(wide.dtype)
-        if ufunc is np.maximum and is_float(wide.dtype):
-            combine = PER_DEVICE["max"]
-        elif ufunc is np.minimum and is_float(wide.dtype):
-            combine = PER_DEVICE["min"]
+        if ufunc in (np.maximum, np.minimum) and is_float(wide.dtype):
+            pick = PER_DEVICE["max" if ufunc is np.maximum else "min"]
+
+            def combine(acc, xs):  # a NaN met first is kept, its payload too, as XLA's fold keeps it (NumPy's
+                return np.where(np.isnan(acc), acc, pick(acc, xs))  # SIMD and scalar loops pick either NaN)
         else:
             combine = ufunc
         out, = _fold_windows([wide], [init], lambda acc, xs: [combine(acc[0], xs[0])], *windows)
