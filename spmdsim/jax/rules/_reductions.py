@@ -139,13 +139,6 @@ _SEQUENTIAL_STEPS = 4096  # beyond this many NumPy steps a sequential fold is SP
 _TREE_ELEMENTS = 1 << 18  # and beyond this many elements (its transposed copies cost 10-100x NumPy's sum)
 
 
-def _sequence(parts):
-    acc = parts[0]
-    for p in parts[1:]:
-        acc = acc + p
-    return acc
-
-
 def _ynn_rows(x: np.ndarray) -> np.ndarray:
     """The sums of ``x``'s rows ``(M, n)`` (float32) as YNNPACK's k1 reduce kernel computes them (its AVX-512
     sum accumulator, ynnpack/kernels/reduce/sum_accumulator.h, under its scheduler's tiling): 16 lanes; a block
@@ -160,39 +153,29 @@ def _ynn_rows(x: np.ndarray) -> np.ndarray:
     lanes = _YNN_LANES
 
     def blocks(seg):  # (m, k*64) -> (m, k, 16): each block's four vectors added in order
-        b = seg.reshape(m, -1, 4, lanes)
-        return ((b[:, :, 0] + b[:, :, 1]) + b[:, :, 2]) + b[:, :, 3]
+        return _fold(seg.reshape(m, -1, 4, lanes), 2)
 
     def groups(seg):  # (m, k*256) -> (m, k, 16)
-        b = blocks(seg).reshape(m, -1, 4, lanes)
-        return ((b[:, :, 0] + b[:, :, 1]) + b[:, :, 2]) + b[:, :, 3]
+        return _fold(blocks(seg).reshape(m, -1, 4, lanes), 2)
 
     chunk, group, block = 1024, 256, 64
     whole = n // chunk
     parts = []
-    if whole:
-        g = groups(x[:, :whole * chunk]).reshape(m, whole, 4, lanes)
-        c = ((g[:, :, 0] + g[:, :, 1]) + g[:, :, 2]) + g[:, :, 3]  # (m, whole, 16)
-        parts.append(_sequence([c[:, i] for i in range(whole)]))
+    if whole:  # the chunks, each its four groups in order, then the chunks in order
+        parts.append(_fold(_fold(groups(x[:, :whole * chunk]).reshape(m, whole, 4, lanes), 2), 1))
     rest = x[:, whole * chunk:]
     r = rest.shape[1]
-    if r:
-        units = []
+    if r:  # the rest, its own sum: whole groups, whole blocks, the zero-padded block, in order
         ng = r // group
-        if ng:
-            g = groups(rest[:, :ng * group])
-            units += [g[:, i] for i in range(ng)]
         nb = (r - ng * group) // block
-        if nb:
-            b = blocks(rest[:, ng * group:ng * group + nb * block])
-            units += [b[:, i] for i in range(nb)]
+        units = [groups(rest[:, :ng * group]), blocks(rest[:, ng * group:ng * group + nb * block])]
         tail = rest[:, ng * group + nb * block:]
         if tail.shape[1]:
             padded = np.zeros((m, block), dtype)
             padded[:, :tail.shape[1]] = tail
-            units.append(blocks(padded)[:, 0])
-        parts.append(_sequence(units))
-    t = _sequence(parts)
+            units.append(blocks(padded))
+        parts.append(_fold(np.concatenate(units, axis=1), 1))
+    t = parts[0] if len(parts) == 1 else parts[0] + parts[1]
     while t.shape[-1] > 1:
         h = t.shape[-1] // 2
         t = t[:, :h] + t[:, h:]
