@@ -123,11 +123,7 @@ def _chains(a: np.ndarray, b: np.ndarray, lo: int, hi: int, tile_k: int) -> np.n
             acc = block[kk % tile_k]
             np.multiply(ak[kk][..., r0:r1, :], bk[kk], out=t, dtype=f64)
             np.add(t, acc, out=acc, dtype=f64, casting="same_kind")  # the chain's float32 rounding at every step
-    if tile_k == 1:
-        return lanes[0]
-    if tile_k == 2:
-        return lanes[0] + lanes[1]
-    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+    return _lane_sum(lanes)
 
 
 def ynn_matmul(a: np.ndarray, b: np.ndarray, p: Plan) -> np.ndarray:
