@@ -10,7 +10,8 @@ The harness copies this file into its work folder and configures it through the 
   devices) or ``ops`` (JAX's op test files: every program JAX would run on XLA, i.e. every ``jit``/``pjit``
   execution and every eagerly applied primitive, which JAX runs as a jitted one-primitive program, is traced by
   JAX as usual and its jaxpr evaluated by spmdsim on one virtual device with the executor ``MODE`` names, see
-  :func:`route_execution`; JAX's default device count).
+  :func:`route_execution`; JAX's default device count) or ``injit`` (issue 39: only JAX's shard_map is spmdsim's;
+  ``jax.jit`` and ``jax.pmap`` stay JAX's, so a map inside a jit reaches spmdsim through its lowering).
 - ``SPMDSIM_JAX_SUITE_RECORDS``: a JSON-lines file this plugin appends to as the run goes (one line per
   collected test, per test start and per setup/call/teardown report), so a run that is killed (too slow, a
   hang) keeps what it had done and can be resumed.
@@ -60,7 +61,7 @@ def pytest_configure(config):
         _hang_file = open(_HANG, "w")
     import jax
 
-    if KIND == "maps":
+    if KIND in ("maps", "injit"):
         jax.config.update("jax_num_cpu_devices", N_DEVICES)
     config = json.loads(os.environ.get("SPMDSIM_JAX_SUITE_CONFIG") or "{}")
     if config:  # a diagnostic run (--jax-config): JaxTestCase enters its defaults in every setUp
@@ -77,7 +78,7 @@ def pytest_configure(config):
     elif MODE != "jax":
         from spmdsim.jax.integration._patch import patched_jax
 
-        _patch = patched_jax(N_DEVICES, MODE)
+        _patch = patched_jax(N_DEVICES, MODE, replace=("shard_map",) if KIND == "injit" else None)
         _patch.__enter__()
 
 

@@ -609,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jax-config", action="append", default=[], metavar="NAME=VALUE",
                     help="diagnostic: override one of JaxTestCase's defaults (or a jax option) in the spmdsim runs, "
                          "e.g. jax_enable_checks=False; reports to results/REPORT.partial.md")
+    ap.add_argument("--in-jax-jit", action="store_true",
+                    help="issue 39's measurement: only JAX's shard_map is spmdsim's (jax.jit, jax.pmap stay JAX's, "
+                         "so a map inside a jit lowers to spmdsim's callback); the JAX runs are the maps' own "
+                         "(report: REPORT_IN_JIT.md, REPORT_IN_JIT.outcomes.json)")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the runs kept in results/")
     ap.add_argument("--mirror", default=MIRROR, help="JAX's git repository (default %(default)s)")
     ap.add_argument("--tag", default=None,
@@ -619,7 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", default=None, help="default: REPORT.md here (REPORT_OPS.md with --ops)")
     args = ap.parse_args(argv)
     kind = "ops" if args.ops else "maps"
+    sim_kind = "injit" if args.in_jax_jit else kind  # the spmdsim runs' (the JAX runs are the same for both)
     default_report = os.path.join(HERE, "REPORT_OPS.md" if args.ops else "REPORT.md")
+    if args.in_jax_jit and not args.report:
+        args.report = os.path.join(HERE, "REPORT_IN_JIT.md")
     args.report = args.report or default_report
     args.files = args.files or (OP_FILES if args.ops else DEFAULT_FILES)
     if args.generated_cases is not None:
@@ -654,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
         def run(mode: str, reuse: bool, resume: bool = False) -> dict:
             """The run of ``file`` under ``mode``: done now, or (``reuse``) the kept one of this selection."""
             cfg = config if mode != "jax" else None
-            meta_path = os.path.join(args.results, f"{file.removesuffix('.py')}.{_label(mode, cfg, kind)}.meta.json")
+            k = kind if mode == "jax" else sim_kind
+            meta_path = os.path.join(args.results, f"{file.removesuffix('.py')}.{_label(mode, cfg, k)}.meta.json")
             kept = json.load(open(meta_path)) if os.path.exists(meta_path) else None
             if reuse and kept and kept["selection"] == selection_f and (kept["run"]["complete"] or
                                                                           args.report_only):
@@ -668,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
                     "commit": _git_commit(), "load": ", ".join(f"{x:.1f}" for x in os.getloadavg())}
             result = run_file(file, mode, workdir=args.workdir, results=args.results, keyword=args.keyword,
                               nodeids=nodeids, test_timeout=args.test_timeout, wall_timeout=args.wall_timeout,
-                              resume=resume, stream=args.stream, config=cfg, kind=kind)
+                              resume=resume, stream=args.stream, config=cfg, kind=k)
             result.update(info)
             with open(meta_path, "w") as f:
                 json.dump({"selection": selection_f, "run": result}, f, indent=1)

@@ -1,12 +1,13 @@
 """The lowering of :data:`spmdsim.jax.integration._map.spmdsim_map_p` (``jit``, and control flow that XLA runs): a
-host callback into the simulator; in JAX's own jit, with ``SPMDSIM_SHARDED_LOWERING=1``, a shard_map's boundary
-around it on the map's mesh (issue 39). Registered with JAX when this module is imported."""
+host callback into the simulator, inside a shard_map's boundary on the map's mesh when the jitted program spans
+it (issue 39; ``SPMDSIM_SHARDED_LOWERING=0``: the plain callback on device 0). Registered with JAX when this
+module is imported."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
+import threading
 
 import jax
 import numpy as np
@@ -31,13 +32,7 @@ def _callback_form(*args, **params):
     def host(*values):
         return simulate([to_numpy(v) for v in values], **params)
 
-    effects = params["jaxpr"].effects
-    if effects:  # a body with side effects (host callbacks): XLA must neither drop the map nor reorder it
-        from spmdsim.jax._internals import effects as jax_effects
-        from jax.experimental import io_callback
-        outs = io_callback(host, shapes, *args, ordered=bool(jax_effects.ordered_effects.filter_in(effects)))
-    else:
-        outs = jax.pure_callback(host, shapes, *args)
+    outs = _host_call(host, shapes, args, params["jaxpr"].effects)
     return [jax.random.wrap_key_data(o, impl=a.dtype) if k else o
             for o, a, k in zip(outs, out_avals, keys_out, strict=True)]
 
@@ -61,10 +56,18 @@ def _lowering(ctx, *args, **params):
         return _plain_lowering(ctx, *args, **params)
     in_shardings = _shardings_on(mesh, params["in_specs"])
     out_shardings = _shardings_on(mesh, params["out_specs"])
-    args = [_constrain(ctx, x, aval, s) for x, aval, s in zip(args, ctx.avals_in, in_shardings, strict=True)]
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    # A value that is not unreduced goes to the callback's device through the replicated sharding and comes back
+    # the same way (an all-gather, a broadcast, a slice), which XLA does without an "Involuntary full
+    # rematerialization" (an unreduced one crosses as its stacked partials, see _sharded_callback_form).
+    args = [_constrain(ctx, _constrain(ctx, x, aval, s), aval, replicated) if not _unreduced.spec_unreduced(spec)
+            else _constrain(ctx, x, aval, s)
+            for x, aval, s, spec in zip(args, ctx.avals_in, in_shardings, params["in_specs"], strict=True)]
     outs = mlir.lower_fun(functools.partial(_sharded_callback_form, mesh=mesh), multiple_results=True)(
         ctx, *args, **params)
-    return [_constrain(ctx, o, aval, s) for o, aval, s in zip(outs, ctx.avals_out, out_shardings, strict=True)]
+    return [_constrain(ctx, _constrain(ctx, o, aval, replicated), aval, s) if not _unreduced.spec_unreduced(spec)
+            else _constrain(ctx, o, aval, s)
+            for o, aval, s, spec in zip(outs, ctx.avals_out, out_shardings, params["out_specs"], strict=True)]
 
 
 def _module_mesh(ctx, params):
@@ -123,11 +126,10 @@ def _sharded_callback_form(*args, mesh, **params):
               if _unreduced.spec_unreduced(s) else jax.ShapeDtypeStruct(a.shape, a.dtype)
               for a, s in zip(out_avals, out_specs, strict=True)]
 
-    # The body over the stacked partials, traced here (in the program's mesh context; the callback's thread has
-    # none): the plain map the simulator runs on them, as :func:`_simulate_partials` does.
-    with _no_mesh_context():
-        body, plain_in, plain_out = _partials_body(params["jaxpr"], in_specs, out_specs, axes, params.get("mesh"),
-                                                   params.get("check_vma", False))
+    # The body over the stacked partials, traced here with the map's axes manual on its mesh (the program's,
+    # when the map takes its mesh from the context), as :func:`_simulate_partials` traces it.
+    body, plain_in, plain_out = _partials_body(params["jaxpr"], in_specs, out_specs, axes, params.get("mesh") or mesh,
+                                               params.get("check_vma", False))
     plain = {**params, "jaxpr": body, "in_specs": plain_in, "out_specs": plain_out}
 
     def host(*values):
@@ -145,26 +147,16 @@ def _sharded_callback_form(*args, mesh, **params):
     return result
 
 
-@contextlib.contextmanager
-def _no_mesh_context():
-    """No ``jax.set_mesh`` / ``use_abstract_mesh`` context (a map's body is traced in its own, see
-    :class:`_axis_env`)."""
-    from spmdsim.jax._internals import abstract_mesh_context_manager, device_context
-    concrete = device_context.swap_local(None)
-    abstract = abstract_mesh_context_manager.swap_local(None)
-    try:
-        yield
-    finally:
-        abstract_mesh_context_manager.set_local(abstract)
-        device_context.set_local(concrete)
-
-
 def _padded_parts(spec, ndim: int) -> tuple:
     parts = tuple(spec.partitions)
     return parts + (None,) * (ndim - len(parts))
 
 
 def _host_call(host, shapes, args, effects):
+    """``host`` as XLA's host callback: an ``io_callback`` when the map's body has side effects (host callbacks:
+    XLA must neither drop the map nor reorder it), else a ``pure_callback``. A body's named axes (JAX's
+    ``NamedAxisEffect``, bound by the map itself) are no side effect."""
+    effects = [e for e in effects if not isinstance(e, core.NamedAxisEffect)]
     if effects:
         from spmdsim.jax._internals import effects as jax_effects
         from jax.experimental import io_callback
@@ -172,10 +164,24 @@ def _host_call(host, shapes, args, effects):
     return jax.pure_callback(host, shapes, *args)
 
 
+_skipped = threading.local()  # .bodies: ids of the maps' bodies met by _intermediate_shardings (JAX recurses)
+
+
 def _intermediate_shardings(jaxpr):
     """JAX's ``dispatch.get_intermediate_shardings``, and a spmdsim map's mesh by its specs, as JAX names a
-    shard_map's (a map over a concrete mesh: the program runs on its devices)."""
-    out = list(_jax_intermediate_shardings(jaxpr))
+    shard_map's (a map over a concrete mesh: the program runs on its devices). A map's body is not looked into
+    (JAX's recursion reaches it through this function): what runs there, a nested map or a jit, runs in the
+    simulator, on no device of the program's."""
+    skipped = _skipped.__dict__.setdefault("bodies", set())
+    if id(jaxpr) in skipped:
+        return []
+    bodies = [eqn.params["jaxpr"] for eqn in jaxpr.eqns if eqn.primitive is spmdsim_map_p]
+    ids = {id(b) for body in bodies for b in (body, getattr(body, "jaxpr", body))} - skipped
+    skipped.update(ids)
+    try:
+        out = list(_jax_intermediate_shardings(jaxpr))
+    finally:
+        skipped.difference_update(ids)
     for eqn in jaxpr.eqns:
         if eqn.primitive is not spmdsim_map_p or _runtime.current_lane() is not None:
             continue
@@ -193,7 +199,7 @@ def _intermediate_shardings(jaxpr):
 
 
 _jax_intermediate_shardings = _internals.jax_dispatch.get_intermediate_shardings
-if os.environ.get("SPMDSIM_SHARDED_LOWERING") == "1":  # issue 39, in progress: opt in (see the README)
+if os.environ.get("SPMDSIM_SHARDED_LOWERING", "1") != "0":  # issue 39 (docs/jax_programs.md); "0": the plain callback
     _internals.jax_dispatch.get_intermediate_shardings = _intermediate_shardings
     mlir.register_lowering(spmdsim_map_p, _lowering)
 else:

@@ -41,10 +41,12 @@ def use_cpu_devices(n: int) -> bool:
 
 
 @contextlib.contextmanager
-def patched_jax(n_devices: int, executor: str = "threads", host=None, eager: str = "once"):
+def patched_jax(n_devices: int, executor: str = "threads", host=None, eager: str = "once", replace=None):
     """For the block: ``jax.pmap`` is :func:`spmdsim.jax.pmap` (with ``executor``; an eager ``jax.shard_map``'s body
-    runs as ``eager`` says: once, as in JAX, or once per device), spmdsim has ``n_devices``
-    virtual devices, and so has JAX's CPU platform (see :func:`use_cpu_devices`). ``host``: this process's
+    runs as ``eager`` says: once, as in JAX, or once per device), ``jax.jit`` spmdsim's and ``jax.shard_map``
+    spmdsim's; spmdsim has ``n_devices`` virtual devices, and so has JAX's CPU platform (see
+    :func:`use_cpu_devices`). ``replace``: which of ``"pmap"``, ``"jit"``, ``"shard_map"`` to replace (default all;
+    ``("shard_map",)`` is a program that imports spmdsim's shard_map and keeps JAX's jit). ``host``: this process's
     :class:`~spmdsim.hosts.host.Host` in a multi-host run (see :func:`host_replacements`)."""
     import jax
 
@@ -63,8 +65,9 @@ def patched_jax(n_devices: int, executor: str = "threads", host=None, eager: str
     def shard_map(f, **kwargs):
         return _shard_map.simulated(build(_shard_map.with_axis_errors(f), **kwargs), executor, eager)
 
-    replaced = [(jax, "pmap", pmap), (jax, "jit", _shard_map.jit_for(executor)),
-                (jax_shard_map, "_shard_map", shard_map)]
+    replaced = [(owner, name, value) for owner, name, value, key in (
+        (jax, "pmap", pmap, "pmap"), (jax, "jit", _shard_map.jit_for(executor), "jit"),
+        (jax_shard_map, "_shard_map", shard_map, "shard_map")) if replace is None or key in replace]
     if host is not None:
         replaced += host_replacements(host)
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
