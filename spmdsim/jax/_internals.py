@@ -15,6 +15,7 @@ from jax._src import linear_util as lu
 from jax._src import mesh as mesh_lib
 from jax._src import pretty_printer as pp
 from jax._src import shard_map as jax_shard_map
+jax_shard_map_build = jax_shard_map._shard_map  # JAX's own, whatever a patch later puts there (``_patch``)
 from jax._src.api import jit as jax_jit  # JAX's own jit, whatever ``spmdsim run`` puts at ``jax.jit``
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import ad, batching, mlir
@@ -37,8 +38,8 @@ from jax._src import sharding_impls
 
 __all__ = [
     "ArrayImpl", "IndivisibleError", "abstract_mesh_context_manager", "ad", "api_util", "batching", "config",
-    "core", "device_context", "effects", "jax_dispatch", "jax_jit", "jax_prng", "jax_shard_map", "jax_special",
-    "jaxlib_ext", "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors",
+    "core", "device_context", "effects", "jax_dispatch", "jax_jit", "jax_prng", "jax_shard_map",
+    "jax_shard_map_build", "jax_special", "jaxlib_ext", "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors",
     "random_core", "scan_counts", "sharding_impls", "source_info_util", "weakref_lru_cache", "xla_bridge",
     "xla_client",
 ]

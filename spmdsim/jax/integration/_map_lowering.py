@@ -11,6 +11,7 @@ import threading
 
 import jax
 import numpy as np
+from jax import lax
 from spmdsim.jax._internals import core
 from spmdsim.jax._internals import mlir
 
@@ -108,7 +109,7 @@ def _constrain(ctx, x, aval, sharding):
 def _sharded_callback_form(*args, mesh, **params):
     """:func:`_callback_form` with unreduced operands and results crossing as their stacked partials (JAX's
     shard_map stacks and unstacks them on the map's mesh)."""
-    from spmdsim.jax._internals import jax_shard_map
+    from spmdsim.jax._internals import jax_shard_map_build  # JAX's (spmdsim's may be patched in)
     P = jax.sharding.PartitionSpec
     axes = params["axes"]
     in_specs, out_specs = params["in_specs"], params["out_specs"]
@@ -118,8 +119,9 @@ def _sharded_callback_form(*args, mesh, **params):
     for x, spec, sharding in zip(args, in_specs, _shardings_on(mesh, in_specs), strict=True):
         if _unreduced.spec_unreduced(spec):
             names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
-            x = jax_shard_map.shard_map(lambda block: block[None], mesh=mesh, in_specs=sharding.spec,
-                                        out_specs=P(names, *_padded_parts(sharding.spec, x.ndim)), check_vma=False)(x)
+            x = jax_shard_map_build(lambda block: block[None], mesh=mesh, axis_names=frozenset(),
+                                    in_specs=sharding.spec,
+                                    out_specs=P(names, *_padded_parts(sharding.spec, x.ndim)), check_vma=False)(x)
         stacked_in.append(x)
     out_avals = global_avals(params)
     shapes = [jax.ShapeDtypeStruct((math.prod(n for _, n in _unreduced.partials_axes(s, axes)), *a.shape), a.dtype)
@@ -140,9 +142,11 @@ def _sharded_callback_form(*args, mesh, **params):
     for o, spec, sharding in zip(outs, out_specs, _shardings_on(mesh, out_specs), strict=True):
         if _unreduced.spec_unreduced(spec):
             names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
-            o = jax_shard_map.shard_map(lambda block: block[0], mesh=mesh,
-                                        in_specs=P(names, *_padded_parts(sharding.spec, o.ndim - 1)),
-                                        out_specs=sharding.spec, check_vma=False)(o)
+            # The callback's result is replicated (also in its type, on an Explicit mesh): each device takes its
+            # own partial, in the order of the stacking (the axes major to minor).
+            o = jax_shard_map_build(lambda stacked, names=names: lax.dynamic_index_in_dim(
+                stacked, lax.axis_index(names), keepdims=False), mesh=mesh, axis_names=frozenset(),
+                in_specs=P(), out_specs=sharding.spec, check_vma=False)(o)
         result.append(o)
     return result
 

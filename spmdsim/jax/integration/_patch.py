@@ -52,14 +52,14 @@ def patched_jax(n_devices: int, executor: str = "threads", host=None, eager: str
 
     import spmdsim.jax as sjax
 
-    from spmdsim.jax._internals import jax_shard_map
+    from spmdsim.jax._internals import jax_shard_map, jax_shard_map_build
 
     from spmdsim.jax.integration import _shard_map
 
     use_cpu_devices(n_devices)
     pmap = sjax.pmap if executor == "threads" else functools.wraps(sjax.pmap)(
         functools.partial(sjax.pmap, executor=executor))
-    build = jax_shard_map._shard_map
+    build = jax_shard_map_build
 
     @functools.wraps(build)
     def shard_map(f, **kwargs):
