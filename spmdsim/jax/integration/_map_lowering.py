@@ -143,12 +143,24 @@ def _sharded_callback_form(*args, mesh, **params):
         if _unreduced.spec_unreduced(spec):
             names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
             # The callback's result is replicated (also in its type, on an Explicit mesh): each device takes its
-            # own partial, in the order of the stacking (the axes major to minor).
-            o = jax_shard_map_build(lambda stacked, names=names: lax.dynamic_index_in_dim(
-                stacked, lax.axis_index(names), keepdims=False), mesh=mesh, axis_names=frozenset(),
-                in_specs=P(), out_specs=sharding.spec, check_vma=False)(o)
+            # own partial (the stacking's order: the axes major to minor), then its block of it.
+            o = jax_shard_map_build(functools.partial(_own_block, names=names, spec=sharding.spec, mesh=mesh),
+                                    mesh=mesh, axis_names=frozenset(), in_specs=P(), out_specs=sharding.spec,
+                                    check_vma=False)(o)
         result.append(o)
     return result
+
+
+def _own_block(stacked, *, names: tuple, spec, mesh):
+    """In a shard_map's body, of the whole stacked partials: this device's partial (by its index along ``names``)
+    and its block of it along ``spec``."""
+    block = lax.dynamic_index_in_dim(stacked, lax.axis_index(names), keepdims=False)
+    for dim, part in enumerate(_padded_parts(spec, block.ndim)):
+        if part is not None:
+            split = (part,) if isinstance(part, str) else tuple(part)
+            size = block.shape[dim] // math.prod(mesh.shape[name] for name in split)
+            block = lax.dynamic_slice_in_dim(block, lax.axis_index(split) * size, size, axis=dim)
+    return block
 
 
 def _padded_parts(spec, ndim: int) -> tuple:
