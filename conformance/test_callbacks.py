@@ -512,3 +512,27 @@ def test_debug_print_next_to_io_callbacks(executor, capsys):
     out = capsys.readouterr().out
     assert_same(jax.pmap(f, axis_name="i")(X[:4]), got)
     assert [line.split("| ")[-1] for line in out.splitlines()] == [f"v={x}" for x in X[:4]]
+
+
+# -- a callback that computes with JAX under jax.set_mesh -------------------------------------------------------
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_a_callback_computes_with_jax_outside_the_programs_mesh(executor):
+    """XLA runs a callback in its own thread, outside ``jax.set_mesh``'s context: ``arr + 1`` on the operand (on
+    one CPU device) works. The vectorized executor, which evaluates in the caller's thread, once raised JAX's
+    "Received incompatible devices" (JAX's shard_map_test ``test_pure_callback_return_multiple_arrays``)."""
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+
+    def host(arr):
+        return arr + 1, arr * 2.0
+
+    def body(block):
+        spec = S(block.shape, block.dtype)
+        return jax.pure_callback(host, (spec, spec), block)
+
+    x = np.arange(32, dtype=np.float32).reshape(16, 2)
+    with jax.set_mesh(mesh):
+        real = done(jax.shard_map(body, in_specs=P("x"), out_specs=(P("x"), P("x")))(jax.device_put(x, P("x"))))
+        got = sjax.shard_map(body, in_specs=P("x"), out_specs=(P("x"), P("x")), executor=executor)(
+            jax.device_put(x, P("x")))
+    assert_same(real, got)

@@ -10,6 +10,8 @@ Supported releases: :data:`SUPPORTED` (checked by :mod:`spmdsim.jax` before this
 """
 from __future__ import annotations
 
+import contextlib
+
 from jax._src import api_util, config, core, effects, source_info_util, xla_bridge
 from jax._src import linear_util as lu
 from jax._src import mesh as mesh_lib
@@ -39,7 +41,7 @@ from jax._src import sharding_impls
 __all__ = [
     "ArrayImpl", "IndivisibleError", "abstract_mesh_context_manager", "ad", "api_util", "batching", "config",
     "core", "device_context", "effects", "jax_dispatch", "jax_jit", "jax_prng", "jax_shard_map",
-    "jax_shard_map_build", "jax_special", "jaxlib_ext", "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors",
+    "jax_shard_map_build", "jax_special", "jaxlib_ext", "outside_mesh_context", "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors",
     "random_core", "scan_counts", "sharding_impls", "source_info_util", "weakref_lru_cache", "xla_bridge",
     "xla_client",
 ]
@@ -64,6 +66,19 @@ except ImportError:  # up to 0.11: CHLO's Lanczos approximation, XLA's (spmdsim.
 # configuration states in ``jax._src.config`` up to 0.10, in ``jax._src.mesh`` from 0.11.
 abstract_mesh_context_manager = _first("abstract_mesh_context_manager", config, mesh_lib)
 device_context = _first("device_context", config, mesh_lib)
+
+
+@contextlib.contextmanager
+def outside_mesh_context():
+    """For the block, none of ``jax.set_mesh``'s, ``use_mesh``'s or ``use_abstract_mesh``'s contexts in this thread:
+    where XLA runs a host callback (its own thread, which has none)."""
+    states = (abstract_mesh_context_manager, device_context, config.mesh_context_manager)
+    saved = [state.swap_local(config.config_ext.unset) for state in states]
+    try:
+        yield
+    finally:
+        for state, value in zip(states, saved, strict=True):
+            state.set_local(value)
 
 
 def scan_counts(params: dict) -> tuple[int, int]:

@@ -42,6 +42,7 @@ from spmdsim.primitives import _batch
 from spmdsim.runtime import _runtime
 from spmdsim.jax.evaluation._interpreter import current_site
 from spmdsim.jax.evaluation._registry import per_device, vectorized
+from spmdsim.jax._internals import outside_mesh_context
 
 __all__ = ["host_arguments", "check_results"]
 
@@ -105,7 +106,7 @@ def _invoke(name: str, callback, operands, result_avals) -> list[np.ndarray]:
     """One device's call: ``callback`` (JAX's flattened form of the user's function) on the device's
     ``operands``, its results checked."""
     args = host_arguments(operands)
-    with jax.default_device(_cpu_device()):
+    with jax.default_device(_cpu_device()), outside_mesh_context():  # XLA's callback thread has no mesh context
         outs = callback(*args)
     return check_results(name, outs, result_avals)
 
