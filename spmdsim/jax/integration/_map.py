@@ -55,6 +55,11 @@ EXECUTORS = ("threads", "vectorized", "reference")
 
 spmdsim_map_p = core.Primitive("spmdsim_map")
 spmdsim_map_p.multiple_results = True
+# JAX >= 0.12 expands a "hi" equation (one whose jaxpr parameter holds hi primitives, e.g. jnp.histogram's) into lo
+# ones before lowering (``Primitive.is_high``, ``to_lojax``). A map is opaque to JAX's lowering, a host callback, and
+# the simulator expands its body's hi equations itself (:mod:`spmdsim.jax.evaluation._lowered`): the map is hi only
+# when its operands are.
+spmdsim_map_p.is_high = lambda *avals, **params: any(getattr(a, "is_high", False) for a in avals)
 
 
 # -- values in and out ------------------------------------------------------------------------------------
