@@ -179,6 +179,19 @@ def test_issue_25_point_7a_a_shard_map_on_the_context_mesh_returns_its_sharding(
                                    jax.grad(lambda v: s(v).sum())(x)), executor)
 
 
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_vmap_over_an_explicit_axis_keeps_the_batch_split_over_it(executor):
+    """``jax.vmap`` of a shard_map over an array split along an Explicit mesh axis: the result's batch dimension
+    stays split over it, eager and jitted (JAX's shard_map_test ``test_vmap_shmap_psum``; the eager result was
+    once ``P()``)."""
+    with jax.set_mesh(jax.make_mesh((2, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)):
+        arr = jax.device_put(jnp.arange(16).reshape(2, 8), P("x", "y"))
+        for jitted in (False, True):
+            assert_as_jax(lambda api, jitted=jitted: (
+                lambda f=shard_map(api, lambda b: jax.lax.psum(b, "y"), in_specs=P("y"), out_specs=P(None)):
+                (jit(api)(jax.vmap(f)) if jitted else jax.vmap(f))(arr)), executor)
+
+
 # -- jit of programs without a map --------------------------------------------------------------------------
 
 def unpack(state):

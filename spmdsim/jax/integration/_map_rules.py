@@ -265,7 +265,21 @@ def _batch(axis_data, args, dims, *, jaxpr, in_specs, out_specs, axes, **params)
         *args, jaxpr=batched_jaxpr, axes=axes,
         in_specs=tuple(lead + s if b else s for s, b in zip(in_specs, batched, strict=True)),
         out_specs=tuple(lead + s if b else s for s, b in zip(out_specs, out_batched, strict=True)), **params)
+    explicit = getattr(axis_data, "explicit_mesh_axis", None)
+    if explicit is not None:  # vmap over an Explicit mesh axis: the batch dimension stays split over it
+        outs = [_split_batch(o, explicit) if b else o for o, b in zip(outs, out_batched, strict=True)]
     return outs, [0 if b else None for b in out_batched]
+
+
+def _split_batch(out, explicit: tuple):
+    """An eager result (a traced one's type says it already) with its batch dimension, the first, split over the
+    vmapped-away Explicit mesh axes, as JAX's result is."""
+    if isinstance(out, core.Tracer):
+        return out
+    spec = tuple(getattr(out.sharding, "spec", ()))
+    spec += (None,) * (out.ndim - len(spec))
+    return jax.sharding.reshard(out, jax.sharding.PartitionSpec(explicit if len(explicit) > 1 else explicit[0],
+                                                                *spec[1:]))
 
 
 def _inserted(spec, d: int, names: tuple):
