@@ -27,14 +27,7 @@ def _run_and_forget(evaluate):
     gc.collect()
 
 
-# From JAX 0.11 the reference loop leaves one closed-over array alive per evaluation of a program with a jit inside
-# (the compiled programs do not; in 0.12 a jit's constants live in its Jaxpr, ``Jaxpr.consts``). Found with this
-# test, cause not yet found: README's table of differences between releases.
-_REFERENCE_LEAKS = pytest.mark.xfail(jax.__version_info__ >= (0, 11), strict=True,
-                                     reason="jax 0.11/0.12: the reference loop keeps a jit's constant alive")
-
-
-@pytest.mark.parametrize("how", ["per-device", pytest.param("reference", marks=_REFERENCE_LEAKS), "vectorized"])
+@pytest.mark.parametrize("how", ["per-device", "reference", "vectorized"])
 def test_closed_over_array_freed_after_one_collection(how):
     evaluate = {
         "per-device": lambda c: _interpreter.PER_DEVICE.eval_jaxpr(c.jaxpr, c.consts, []),

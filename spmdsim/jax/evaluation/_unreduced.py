@@ -17,11 +17,12 @@ value, shape changes, ``reduce_sum``/``dot_general`` into unreduced, ``jit`` cal
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
 import numpy as np
+
+from spmdsim.jax._internals import weakref_lru_cache
 
 __all__ = ["Spec", "Unreduced", "spec_unreduced", "spec_reduced", "partition_spec", "ct_spec", "apply",
            "involved", "from_jax", "to_jax", "total"]
@@ -265,7 +266,7 @@ def _aval_mesh_axes(aval, names) -> tuple:
     return tuple((name, size) for name, size in zip(mesh.axis_names, mesh.axis_sizes) if name in names)
 
 
-@functools.lru_cache(maxsize=1024)
+@weakref_lru_cache  # held weakly: from JAX 0.11 a jaxpr holds its constants, which a strong cache keeps alive
 def _jaxpr_involved(jaxpr) -> bool:
     from jax.extend import core as ext_core
     for eqn in jaxpr.eqns:
