@@ -19,6 +19,7 @@ from spmdsim.runtime import _axes, _runtime
 from spmdsim.jax.evaluation import _dtypes, _unreduced
 from spmdsim.jax import _internals
 from spmdsim.jax.integration import _placement
+from spmdsim.jax.integration import _map
 from spmdsim.jax.integration._map import _partials_body, global_avals, simulate, spmdsim_map_p, to_numpy
 
 
@@ -52,7 +53,11 @@ _plain_lowering = mlir.lower_fun(_callback_form, multiple_results=True)
 # comes back the same way and is unstacked by JAX's shard_map into each device's partial.
 
 def _lowering(ctx, *args, **params):
-    mesh = _module_mesh(ctx, params)
+    # Under spmdsim compare the callback runs JAX's own map, on the map's devices, to compare with: while the
+    # program's other devices wait in a collective for device 0's callback, XLA:CPU deadlocks on that inner run
+    # and aborts the process (conformance/test_compare.py's grad of a pmap did). The program compiled then holds
+    # device 0 only, as the plain lowering's does.
+    mesh = _module_mesh(ctx, params) if _map.map_observer is None else None
     if mesh is None:
         return _plain_lowering(ctx, *args, **params)
     in_shardings = _shardings_on(mesh, params["in_specs"])
@@ -188,6 +193,8 @@ def _intermediate_shardings(jaxpr):
     shard_map's (a map over a concrete mesh: the program runs on its devices). A map's body is not looked into
     (JAX's recursion reaches it through this function): what runs there, a nested map or a jit, runs in the
     simulator, on no device of the program's."""
+    if _map.map_observer is not None:  # spmdsim compare: the plain lowering (see _lowering)
+        return _jax_intermediate_shardings(jaxpr)
     skipped = _skipped.__dict__.setdefault("bodies", set())
     if id(jaxpr) in skipped:
         return []
