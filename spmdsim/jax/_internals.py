@@ -36,11 +36,12 @@ from jax._src.util import weakref_lru_cache
 # equations name (``dispatch.get_intermediate_shardings``, which picks the program's devices and mesh) and the
 # lowering's axis context (``sharding_impls.ShardingContext``).
 from jax._src import dispatch as jax_dispatch
+from jax._src import callback as jax_callback  # emit_python_callback, _callback_op_sharding (0.10 to 0.12 alike)
 from jax._src import sharding_impls
 
 __all__ = [
     "ArrayImpl", "IndivisibleError", "abstract_mesh_context_manager", "ad", "api_util", "batching", "config",
-    "core", "device_context", "effects", "jax_dispatch", "jax_jit", "jax_prng", "jax_shard_map",
+    "core", "device_context", "effects", "jax_callback", "jax_dispatch", "jax_jit", "jax_prng", "jax_shard_map",
     "jax_shard_map_build", "jax_special", "jaxlib_ext", "outside_mesh_context", "lax_internal", "lgamma_float32_program", "lu", "mesh_lib", "mlir", "pe", "pp", "prefix_errors",
     "random_core", "scan_counts", "sharding_impls", "source_info_util", "weakref_lru_cache", "xla_bridge",
     "xla_client",

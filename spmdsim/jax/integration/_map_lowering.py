@@ -173,6 +173,29 @@ def _padded_parts(spec, ndim: int) -> tuple:
     return parts + (None,) * (ndim - len(parts))
 
 
+# A pure map's callback, as ``jax.pure_callback``'s lowering emits it but handing the callback XLA's host buffers
+# as NumPy arrays: ``jax.pure_callback`` first copies them onto a JAX CPU device and the callback reads them
+# back, and in a program spanning several devices that read can wait forever on XLA:CPU (the other devices hold
+# its threads, waiting in a collective for device 0's callback; XLA aborts after 40 s). Plain JAX does the same
+# with a pure_callback reading an 8 x 4096 operand in an 8-device program on 2 cores.
+_host_numpy_p = core.Primitive("spmdsim_host_callback")
+_host_numpy_p.multiple_results = True
+_host_numpy_p.def_abstract_eval(lambda *avals, host, result_avals: result_avals)
+_host_numpy_p.def_impl(lambda *args, host, result_avals: host(*(np.asarray(x) for x in args)))
+
+
+def _host_numpy_lowering(ctx, *args, host, result_avals):
+    from spmdsim.jax._internals import jax_callback
+    sharding = jax_callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+    results, _, _ = jax_callback.emit_python_callback(
+        ctx, lambda *values: tuple(host(*values)), None, list(args), ctx.avals_in, ctx.avals_out,
+        has_side_effect=False, returns_token=False, sharding=sharding)
+    return results
+
+
+mlir.register_lowering(_host_numpy_p, _host_numpy_lowering, cacheable=False)
+
+
 def _host_call(host, shapes, args, effects):
     """``host`` as XLA's host callback: an ``io_callback`` when the map's body has side effects (host callbacks:
     XLA must neither drop the map nor reorder it), else a ``pure_callback``. A body's named axes (JAX's
@@ -182,7 +205,20 @@ def _host_call(host, shapes, args, effects):
         from spmdsim.jax._internals import effects as jax_effects
         from jax.experimental import io_callback
         return io_callback(host, shapes, *args, ordered=bool(jax_effects.ordered_effects.filter_in(effects)))
-    return jax.pure_callback(host, shapes, *args)
+    avals = tuple(core.ShapedArray(s.shape, s.dtype) for s in shapes)
+    return _host_numpy_p.bind(*args, host=_NumpyHost(host, avals), result_avals=avals)
+
+
+class _NumpyHost:
+    """``host`` on NumPy operands, its results as NumPy arrays of the declared types (hashable by identity, as a
+    primitive parameter must be)."""
+
+    def __init__(self, host, avals):
+        self.host, self.avals = host, avals
+
+    def __call__(self, *values):
+        return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(self.host(*values), self.avals,
+                                                                               strict=True)]
 
 
 _skipped = threading.local()  # .bodies: ids of the maps' bodies met by _intermediate_shardings (JAX recurses)
