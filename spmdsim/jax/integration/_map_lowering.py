@@ -198,8 +198,8 @@ mlir.register_lowering(_host_numpy_p, _host_numpy_lowering, cacheable=False)
 
 def _host_call(host, shapes, args, effects):
     """``host`` as XLA's host callback: an ``io_callback`` when the map's body has side effects (host callbacks:
-    XLA must neither drop the map nor reorder it), else a ``pure_callback``. A body's named axes (JAX's
-    ``NamedAxisEffect``, bound by the map itself) are no side effect."""
+    XLA must neither drop the map nor reorder it), else a pure callback on NumPy operands (``_host_numpy_p``). A
+    body's named axes (JAX's ``NamedAxisEffect``, bound by the map itself) are no side effect."""
     effects = [e for e in effects if not isinstance(e, core.NamedAxisEffect)]
     if effects:
         from spmdsim.jax._internals import effects as jax_effects
