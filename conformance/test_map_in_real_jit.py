@@ -128,3 +128,25 @@ def test_unreduced_under_grad_never_aborts():
     assert ours.returncode >= 0, f"killed by signal {-ours.returncode}: {ours.stderr[-3000:]}"
     assert ours.returncode == 0, ours.stderr[-3000:]
     assert _lines(ours.stdout) == _lines(_run(UNREDUCED_GRAD, "jax").stdout)
+
+
+# A host callback in the body computing with JAX on large blocks: while the devices of a program spanning the
+# mesh waited for device 0's callback, XLA:CPU could not run the callback's own programs (it hung, then aborted
+# the process; 8 devices on 2 cores). Such a map keeps the plain lowering, on device 0 alone.
+CALLBACK_COMPUTES = """
+mesh = jax.make_mesh((8,), ('x',), axis_types=(AxisType.Auto,))
+def host(a):
+    return np.asarray(jnp.asarray(a) + 1), np.asarray(jax.jit(lambda v: v * 2)(a))
+def body(b):
+    s = jax.ShapeDtypeStruct(b.shape, b.dtype)
+    u, v = jax.pure_callback(host, (s, s), b)
+    return lax.psum(u + v, 'x')
+f = jax.jit(shard_map(body, mesh=mesh, in_specs=P('x'), out_specs=P()))
+print("VALUE", float(np.asarray(f(jnp.arange(8 * 4096.).reshape(8, 4096))).sum()))
+"""
+
+
+def test_a_callback_computing_with_jax_in_the_body_neither_hangs_nor_aborts():
+    ours = _run(CALLBACK_COMPUTES, "spmdsim")
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert _lines(ours.stdout) == _lines(_run(CALLBACK_COMPUTES, "jax").stdout)

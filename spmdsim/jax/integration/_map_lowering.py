@@ -14,6 +14,7 @@ import numpy as np
 from jax import lax
 from spmdsim.jax._internals import core
 from spmdsim.jax._internals import mlir
+from spmdsim.jax._internals import weakref_lru_cache
 
 from spmdsim.runtime import _axes, _runtime
 from spmdsim.jax.evaluation import _dtypes, _unreduced
@@ -57,7 +58,7 @@ def _lowering(ctx, *args, **params):
     # program's other devices wait in a collective for device 0's callback, XLA:CPU deadlocks on that inner run
     # and aborts the process (conformance/test_compare.py's grad of a pmap did). The program compiled then holds
     # device 0 only, as the plain lowering's does.
-    mesh = _module_mesh(ctx, params) if _map.map_observer is None else None
+    mesh = _module_mesh(ctx, params) if _map.map_observer is None and not _calls_host(params["jaxpr"]) else None
     if mesh is None:
         return _plain_lowering(ctx, *args, **params)
     in_shardings = _shardings_on(mesh, params["in_specs"])
@@ -74,6 +75,21 @@ def _lowering(ctx, *args, **params):
     return [_constrain(ctx, _constrain(ctx, o, aval, replicated), aval, s) if not _unreduced.spec_unreduced(spec)
             else _constrain(ctx, o, aval, s)
             for o, aval, s, spec in zip(outs, ctx.avals_out, out_shardings, params["out_specs"], strict=True)]
+
+
+_HOST_CALLS = ("pure_callback", "io_callback", "debug_callback")
+
+
+@weakref_lru_cache
+def _calls_host(jaxpr) -> bool:
+    """Whether the map's body (or a jaxpr in it) calls the host: the user's callback may run JAX programs, which
+    XLA:CPU cannot run while the other devices of a program spanning them wait for device 0 (it hangs, then
+    aborts: a ``pure_callback`` computing ``jnp.asarray(a) + 1`` on an 8 x 4096 block, 8 devices, 2 cores). Such a
+    map keeps the plain lowering: the program on device 0 alone."""
+    from jax.extend import core as ext_core
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    return any(eqn.primitive.name in _HOST_CALLS or any(_calls_host(sub) for sub in ext_core.jaxprs_in_params(
+        eqn.params)) for eqn in inner.eqns)
 
 
 def _module_mesh(ctx, params):
