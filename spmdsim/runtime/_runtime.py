@@ -21,7 +21,7 @@ import time
 import types
 from typing import Any, Callable, Hashable, Sequence
 
-from spmdsim.runtime import _blas, _output, _process_group, _threads
+from spmdsim.runtime import _blas, _fpenv, _output, _process_group, _threads
 from spmdsim.runtime._axes import Channel, Frame, Unnamed, frames_label, resolve_axes
 from spmdsim.runtime._process_group import SINGLE_PROCESS
 from spmdsim.runtime._rendezvous import (ABORTED, DONE, RAISED, WAITING, Aborted, CallCount, Lane, Rendezvous,  # noqa: F401
@@ -296,11 +296,13 @@ def _explain(error: BaseException, label: str, others: list) -> None:
 def api_boundary(fun: Callable) -> Callable:
     """Decorator for a public entry point (a mapped function): an exception leaving it carries a traceback
     without spmdsim's own frames (JAX filters its frames the same way), so the user's lines are what they see;
-    ``SPMDSIM_TRACEBACK_FILTERING=off`` keeps every frame."""
+    ``SPMDSIM_TRACEBACK_FILTERING=off`` keeps every frame. The call runs in the default floating-point environment
+    (:mod:`spmdsim.runtime._fpenv`), whatever the caller's."""
     @functools.wraps(fun)
     def entry(*args, **kwargs):
         try:
-            return fun(*args, **kwargs)
+            with _fpenv.default():  # a call from XLA's host callback: subnormals are flushed there
+                return fun(*args, **kwargs)
         except Exception as e:
             if current_lane() is not None or not _FILTER_TRACEBACKS:
                 raise  # inside a device the outer call filters; unfiltered on request

@@ -39,6 +39,9 @@ switch and the call around it cheap:
 - **Interrupts.** :func:`interrupt` raises an exception in a device thread (Ctrl-C: see
   :mod:`spmdsim.runtime._runtime`). An interrupted thread is never parked again: it ends when its task returns, and
   an interrupt that arrives after the task's body returned ends the thread silently.
+- **IEEE arithmetic.** A thread inherits the floating-point environment of the thread that started it, and XLA
+  calls host callbacks with subnormals flushed: a device thread is put back in the default environment before
+  each body (:mod:`spmdsim.runtime._fpenv`), so what a device computes does not depend on where its thread began.
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spmdsim.runtime import _blas
+from spmdsim.runtime import _blas, _fpenv
 
 __all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads", "interrupt", "spread",
            "one_at_a_time", "in_lane", "in_parallel"]
@@ -229,6 +232,7 @@ class _Pool:
             if worker.spread:
                 worker.spread = False
                 _pin()
+            _fpenv.reset()  # started from XLA's callback thread, or a body changed it (see _fpenv)
             try:
                 call.run(i)
             finally:

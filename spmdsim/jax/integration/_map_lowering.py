@@ -10,13 +10,16 @@ import os
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import io_callback
+from jax.extend import core as jax_core
 from spmdsim.jax._internals import core
 from spmdsim.jax._internals import mlir
 from spmdsim.jax._internals import weakref_lru_cache
 
-from spmdsim.runtime import _axes, _runtime
+from spmdsim.runtime import _axes, _fpenv, _runtime
 from spmdsim.jax.evaluation import _dtypes, _unreduced
 from spmdsim.jax import _internals
 from spmdsim.jax.integration import _placement
@@ -24,16 +27,19 @@ from spmdsim.jax.integration import _map
 from spmdsim.jax.integration._map import _partials_body, global_avals, simulate, spmdsim_map_p, to_numpy
 
 
-def _callback_form(*args, **params):
+def _callback_form(*args, as_bits: bool = False, **params):
+    """The map as a host callback; ``as_bits``: its real float results come back as their bits (see
+    :func:`_from_device_0`)."""
     out_avals = global_avals(params)
     keys_in = [_dtypes.is_key(core.typeof(x).dtype) for x in args]
     keys_out = [_dtypes.is_key(a.dtype) for a in out_avals]
     args = [jax.random.key_data(x) if k else x for x, k in zip(args, keys_in, strict=True)]
     shapes = [jax.ShapeDtypeStruct((*a.shape, *_dtypes.key_data_shape(a.dtype)), np.uint32) if k
-              else jax.ShapeDtypeStruct(a.shape, a.dtype) for a, k in zip(out_avals, keys_out, strict=True)]
+              else jax.ShapeDtypeStruct(a.shape, _crossing_dtype(a.dtype, as_bits))
+              for a, k in zip(out_avals, keys_out, strict=True)]
 
     def host(*values):
-        return simulate([to_numpy(v) for v in values], **params)
+        return _crossing(simulate([to_numpy(v) for v in values], **params), as_bits)
 
     outs = _host_call(host, shapes, args, params["jaxpr"].effects)
     return [jax.random.wrap_key_data(o, impl=a.dtype) if k else o
@@ -72,9 +78,32 @@ def _lowering(ctx, *args, **params):
             for x, aval, s, spec in zip(args, ctx.avals_in, in_shardings, params["in_specs"], strict=True)]
     outs = mlir.lower_fun(functools.partial(_sharded_callback_form, mesh=mesh), multiple_results=True)(
         ctx, *args, **params)
-    return [_constrain(ctx, _constrain(ctx, o, aval, replicated), aval, s) if not _unreduced.spec_unreduced(spec)
+    return [_from_device_0(ctx, o, aval, replicated, s) if not _unreduced.spec_unreduced(spec)
             else _constrain(ctx, o, aval, s)
             for o, aval, s, spec in zip(outs, ctx.avals_out, out_shardings, params["out_specs"], strict=True)]
+
+
+def _from_device_0(ctx, x, aval, replicated, sharding):
+    """The callback's result ``x`` (on device 0) through the replicated sharding to ``sharding``. XLA's partitioner
+    broadcasts a value from one device as an all-reduce sum with the other devices' zeros, which turns -0.0 into
+    +0.0 and flushes subnormals: a real float comes from the callback as its bits (an unsigned integer of its
+    width, :func:`_crossing`) and is bitcast back here."""
+    crossing = aval.update(dtype=_crossing_dtype(aval.dtype, True))
+    x = _constrain(ctx, _constrain(ctx, x, crossing, replicated), crossing, sharding)
+    return x if crossing == aval else mlir.hlo.bitcast_convert(mlir.aval_to_ir_type(ctx.module_context, aval), x)
+
+
+def _crossing_dtype(dtype, as_bits: bool):
+    """The dtype a callback's result of ``dtype`` crosses as: with ``as_bits``, a real float's the unsigned
+    integer of its width (not one narrower than a byte)."""
+    if not as_bits or not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits != 8 * np.dtype(dtype).itemsize:
+        return dtype
+    return np.dtype(f"uint{8 * np.dtype(dtype).itemsize}")
+
+
+def _crossing(outs: list, as_bits: bool) -> list:
+    """The host's results as they cross (see :func:`_crossing_dtype`)."""
+    return [np.asarray(o).view(_crossing_dtype(np.asarray(o).dtype, True)) for o in outs] if as_bits else outs
 
 
 _HOST_CALLS = ("pure_callback", "io_callback", "debug_callback")
@@ -86,18 +115,16 @@ def _calls_host(jaxpr) -> bool:
     XLA:CPU cannot run while the other devices of a program spanning them wait for device 0 (it hangs, then
     aborts: a ``pure_callback`` computing ``jnp.asarray(a) + 1`` on an 8 x 4096 block, 8 devices, 2 cores). Such a
     map keeps the plain lowering: the program on device 0 alone."""
-    from jax.extend import core as ext_core
     inner = getattr(jaxpr, "jaxpr", jaxpr)
-    return any(eqn.primitive.name in _HOST_CALLS or any(_calls_host(sub) for sub in ext_core.jaxprs_in_params(
+    return any(eqn.primitive.name in _HOST_CALLS or any(_calls_host(sub) for sub in jax_core.jaxprs_in_params(
         eqn.params)) for eqn in inner.eqns)
 
 
 def _module_mesh(ctx, params):
     """The map's mesh (abstract) when the jitted program being lowered spans its devices (a program on other
     devices, or inside a JAX shard_map's manual computation: None, the plain callback)."""
-    from spmdsim.jax._internals import sharding_impls
     context = ctx.module_context.axis_context
-    if type(context) is not sharding_impls.ShardingContext:
+    if type(context) is not _internals.sharding_impls.ShardingContext:
         return None
     mesh = params.get("mesh") if params["api"] == "shard_map" else _placement.map_mesh(params)
     mesh = getattr(mesh, "abstract_mesh", mesh)
@@ -117,10 +144,9 @@ def _shardings_on(mesh, specs) -> list:
 
 def _constrain(ctx, x, aval, sharding):
     """``x`` constrained to ``sharding`` (a sharding_constraint op, as ``with_sharding_constraint`` lowers)."""
-    from spmdsim.jax._internals import config
     if _dtypes.is_key(aval.dtype):
         aval = core.physical_aval(aval)
-    if config.use_shardy_partitioner.value:
+    if _internals.config.use_shardy_partitioner.value:
         proto = sharding._to_sdy_sharding(aval.ndim)
     else:
         proto = sharding._to_xla_hlo_sharding(aval.ndim).to_proto()
@@ -130,23 +156,23 @@ def _constrain(ctx, x, aval, sharding):
 def _sharded_callback_form(*args, mesh, **params):
     """:func:`_callback_form` with unreduced operands and results crossing as their stacked partials (JAX's
     shard_map stacks and unstacks them on the map's mesh)."""
-    from spmdsim.jax._internals import jax_shard_map_build  # JAX's (spmdsim's may be patched in)
     P = jax.sharding.PartitionSpec
     axes = params["axes"]
     in_specs, out_specs = params["in_specs"], params["out_specs"]
     if not _unreduced.map_needs_partials(in_specs, out_specs):
-        return _callback_form(*args, **params)
+        return _callback_form(*args, as_bits=True, **params)
     stacked_in = []
     for x, spec, sharding in zip(args, in_specs, _shardings_on(mesh, in_specs), strict=True):
         if _unreduced.spec_unreduced(spec):
             names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
-            x = jax_shard_map_build(lambda block: block[None], mesh=mesh, axis_names=frozenset(),
-                                    in_specs=sharding.spec,
-                                    out_specs=P(names, *_padded_parts(sharding.spec, x.ndim)), check_vma=False)(x)
+            x = _internals.jax_shard_map_build(lambda block: block[None], mesh=mesh, axis_names=frozenset(),
+                                               in_specs=sharding.spec,
+                                               out_specs=P(names, *_padded_parts(sharding.spec, x.ndim)),
+                                               check_vma=False)(x)
         stacked_in.append(x)
     out_avals = global_avals(params)
-    shapes = [jax.ShapeDtypeStruct((math.prod(n for _, n in _unreduced.partials_axes(s, axes)), *a.shape), a.dtype)
-              if _unreduced.spec_unreduced(s) else jax.ShapeDtypeStruct(a.shape, a.dtype)
+    shapes = [jax.ShapeDtypeStruct((math.prod(n for _, n in _unreduced.partials_axes(s, axes)), *a.shape)
+                                   if _unreduced.spec_unreduced(s) else a.shape, _crossing_dtype(a.dtype, True))
               for a, s in zip(out_avals, out_specs, strict=True)]
 
     # The body over the stacked partials, traced here with the map's axes manual on its mesh (the program's,
@@ -156,32 +182,32 @@ def _sharded_callback_form(*args, mesh, **params):
     plain = {**params, "jaxpr": body, "in_specs": plain_in, "out_specs": plain_out}
 
     def host(*values):
-        return [_unreduced.total(o) for o in simulate([to_numpy(v) for v in values], **plain)]
+        return _crossing([_unreduced.total(o) for o in simulate([to_numpy(v) for v in values], **plain)], True)
 
     outs = _host_call(host, shapes, stacked_in, params["jaxpr"].effects)
     result = []
-    for o, spec, sharding in zip(outs, out_specs, _shardings_on(mesh, out_specs), strict=True):
+    for o, a, spec, sharding in zip(outs, out_avals, out_specs, _shardings_on(mesh, out_specs), strict=True):
         if _unreduced.spec_unreduced(spec):
             names = tuple(name for name, _ in _unreduced.partials_axes(spec, axes))
             # The callback's result is replicated (also in its type, on an Explicit mesh): each device takes its
             # own partial (the stacking's order: the axes major to minor), then its block of it.
-            o = jax_shard_map_build(functools.partial(_own_block, names=names, spec=sharding.spec, mesh=mesh),
-                                    mesh=mesh, axis_names=frozenset(), in_specs=P(), out_specs=sharding.spec,
-                                    check_vma=False)(o)
+            own = functools.partial(_own_block, names=names, spec=sharding.spec, mesh=mesh, dtype=a.dtype)
+            o = _internals.jax_shard_map_build(own, mesh=mesh, axis_names=frozenset(), in_specs=P(),
+                                               out_specs=sharding.spec, check_vma=False)(o)
         result.append(o)
     return result
 
 
-def _own_block(stacked, *, names: tuple, spec, mesh):
-    """In a shard_map's body, of the whole stacked partials: this device's partial (by its index along ``names``)
-    and its block of it along ``spec``."""
+def _own_block(stacked, *, names: tuple, spec, mesh, dtype):
+    """In a shard_map's body, of the whole stacked partials (a real float's as its bits): this device's partial
+    (by its index along ``names``) and its block of it along ``spec``, of ``dtype``."""
     block = lax.dynamic_index_in_dim(stacked, lax.axis_index(names), keepdims=False)
     for dim, part in enumerate(_padded_parts(spec, block.ndim)):
         if part is not None:
             split = (part,) if isinstance(part, str) else tuple(part)
             size = block.shape[dim] // math.prod(mesh.shape[name] for name in split)
             block = lax.dynamic_slice_in_dim(block, lax.axis_index(split) * size, size, axis=dim)
-    return block
+    return block if block.dtype == dtype else lax.bitcast_convert_type(block, dtype)
 
 
 def _padded_parts(spec, ndim: int) -> tuple:
@@ -201,9 +227,8 @@ _host_numpy_p.def_impl(lambda *args, host, result_avals: host(*(np.asarray(x) fo
 
 
 def _host_numpy_lowering(ctx, *args, host, result_avals):
-    from spmdsim.jax._internals import jax_callback
-    sharding = jax_callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
-    results, _, _ = jax_callback.emit_python_callback(
+    sharding = _internals.jax_callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+    results, _, _ = _internals.jax_callback.emit_python_callback(
         ctx, lambda *values: tuple(host(*values)), None, list(args), ctx.avals_in, ctx.avals_out,
         has_side_effect=False, returns_token=False, sharding=sharding)
     return results
@@ -215,14 +240,19 @@ mlir.register_lowering(_host_numpy_p, _host_numpy_lowering, cacheable=False)
 def _host_call(host, shapes, args, effects):
     """``host`` as XLA's host callback: an ``io_callback`` when the map's body has side effects (host callbacks:
     XLA must neither drop the map nor reorder it), else a pure callback on NumPy operands (``_host_numpy_p``). A
-    body's named axes (JAX's ``NamedAxisEffect``, bound by the map itself) are no side effect."""
+    body's named axes (JAX's ``NamedAxisEffect``, bound by the map itself) are no side effect. ``host`` runs in the
+    default floating-point environment (XLA calls it with subnormals flushed: see :mod:`spmdsim.runtime._fpenv`)."""
+    host = functools.partial(_in_default_environment, host)
     effects = [e for e in effects if not isinstance(e, core.NamedAxisEffect)]
     if effects:
-        from spmdsim.jax._internals import effects as jax_effects
-        from jax.experimental import io_callback
-        return io_callback(host, shapes, *args, ordered=bool(jax_effects.ordered_effects.filter_in(effects)))
+        return io_callback(host, shapes, *args, ordered=bool(_internals.effects.ordered_effects.filter_in(effects)))
     avals = tuple(core.ShapedArray(s.shape, s.dtype) for s in shapes)
     return _host_numpy_p.bind(*args, host=_NumpyHost(host, avals), result_avals=avals)
+
+
+def _in_default_environment(host, *values):
+    with _fpenv.default():
+        return host(*values)
 
 
 class _NumpyHost:
