@@ -4,7 +4,6 @@ there inherits that: a parked device thread first started inside a callback flus
 subnormals it computed afterwards (test_windows_speed_parity's large windows differed on one CPU's devices in
 four of seven full CI runs)."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

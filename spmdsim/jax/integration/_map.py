@@ -36,7 +36,6 @@ from typing import Hashable
 import jax
 import numpy as np
 from spmdsim.jax._internals import core
-from jax.extend import core as ext_core
 from spmdsim.jax._internals import weakref_lru_cache
 
 from spmdsim.runtime import _buffers, _hosts, _runtime, _threads
@@ -44,7 +43,7 @@ from spmdsim.runtime import _buffers, _hosts, _runtime, _threads
 from spmdsim.primitives import _sharding
 from spmdsim.primitives._batch import Batch, Diverged, current_batch
 from spmdsim.runtime._values import broadcast_view, read_only
-from spmdsim.jax.evaluation import _dtypes, _unreduced
+from spmdsim.jax.evaluation import _dtypes, _jaxprs, _unreduced
 from spmdsim.jax.compiled import _compiled  # noqa: F401  (the compiled form of jaxprs installs itself: _registry.COMPILED)
 from spmdsim.jax.evaluation._interpreter import PER_DEVICE, REFERENCE, Executor, Vectorized, higher_order
 from spmdsim.jax.integration._placement import local_mesh, map_out_shardings
@@ -257,9 +256,9 @@ def threads_run(jaxpr, in_specs: tuple, out_specs: tuple, axes: tuple, local: tu
 _SPREAD_BYTES = 1 << 20  # an output block this large is copied with the device off the lanes' CPU (_threads.spread)
 _COPIED_BYTES = 1 << 16  # output blocks from this size on are copied into the output by their device
 # Primitives whose rules call BLAS, and callbacks (user code may): a body without them leaves BLAS's threads alone.
-_BLAS_PRIMITIVES = {"dot_general", "conv_general_dilated", "pure_callback", "io_callback", "debug_callback",
+_BLAS_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "pure_callback", "io_callback", "debug_callback",
                     "cholesky", "lu", "qr", "householder_product", "eigh", "eig", "svd", "triangular_solve",
-                    "symmetric_product", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve"}
+                    "symmetric_product", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve"})
 
 
 def body_name(jaxpr) -> str | None:
@@ -271,15 +270,9 @@ def body_name(jaxpr) -> str | None:
     return name if isinstance(name, str) and name and name != "<unknown>" else None
 
 
-@weakref_lru_cache
 def _calls_blas(jaxpr) -> bool:
     """Whether evaluating ``jaxpr`` (sub-jaxprs included) may call BLAS."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in _BLAS_PRIMITIVES:
-            return True
-        if any(_calls_blas(sub) for sub in ext_core.jaxprs_in_params(eqn.params)):
-            return True
-    return False
+    return _jaxprs.binds_any(jaxpr, _BLAS_PRIMITIVES)
 
 
 class _ThreadsRun:

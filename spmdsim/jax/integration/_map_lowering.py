@@ -14,13 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import io_callback
-from jax.extend import core as jax_core
 from spmdsim.jax._internals import core
 from spmdsim.jax._internals import mlir
-from spmdsim.jax._internals import weakref_lru_cache
 
 from spmdsim.runtime import _axes, _fpenv, _runtime
-from spmdsim.jax.evaluation import _dtypes, _unreduced
+from spmdsim.jax.evaluation import _dtypes, _jaxprs, _unreduced
 from spmdsim.jax import _internals
 from spmdsim.jax.integration import _placement
 from spmdsim.jax.integration import _map
@@ -106,18 +104,15 @@ def _crossing(outs: list, as_bits: bool) -> list:
     return [np.asarray(o).view(_crossing_dtype(np.asarray(o).dtype, True)) for o in outs] if as_bits else outs
 
 
-_HOST_CALLS = ("pure_callback", "io_callback", "debug_callback")
+_HOST_CALLS = frozenset({"pure_callback", "io_callback", "debug_callback"})
 
 
-@weakref_lru_cache
 def _calls_host(jaxpr) -> bool:
     """Whether the map's body (or a jaxpr in it) calls the host: the user's callback may run JAX programs, which
     XLA:CPU cannot run while the other devices of a program spanning them wait for device 0 (it hangs, then
     aborts: a ``pure_callback`` computing ``jnp.asarray(a) + 1`` on an 8 x 4096 block, 8 devices, 2 cores). Such a
     map keeps the plain lowering: the program on device 0 alone."""
-    inner = getattr(jaxpr, "jaxpr", jaxpr)
-    return any(eqn.primitive.name in _HOST_CALLS or any(_calls_host(sub) for sub in jax_core.jaxprs_in_params(
-        eqn.params)) for eqn in inner.eqns)
+    return _jaxprs.binds_any(jaxpr, _HOST_CALLS)
 
 
 def _module_mesh(ctx, params):

@@ -38,6 +38,7 @@ from spmdsim.runtime import _hosts, _runtime
 from spmdsim.jax.integration import _eager
 from spmdsim.jax.integration._api import with_axis_errors
 from spmdsim.jax.evaluation._interpreter import PER_DEVICE, Executor, eval_jaxpr, higher_order
+from spmdsim.jax.evaluation import _jaxprs
 from spmdsim.jax.integration._map import simulate, spmdsim_map_p, to_jax, to_numpy
 from spmdsim.jax.integration._placement import program_shardings
 from spmdsim.jax.integration._specs import shard_map_params
@@ -68,12 +69,10 @@ _executor = _Executor()
 
 
 def _contains_map(jaxpr) -> bool:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("shard_map", "spmdsim_map"):
-            return True
-        if any(_contains_map(sub) for sub in ext_core.jaxprs_in_params(eqn.params)):
-            return True
-    return False
+    return _jaxprs.binds_any(jaxpr, _MAPS)
+
+
+_MAPS = frozenset({"shard_map", "spmdsim_map"})
 
 
 def _rebind(jaxpr, consts, args, executor: str) -> list:
