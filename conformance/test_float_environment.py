@@ -92,3 +92,31 @@ def test_a_map_in_jax_jit_computes_with_subnormals(executor, dtype):
     # XLA:CPU flushes float32's subnormals; float16 it computes in float32 and rounds back: kept
     flushed = np.where(np.abs(x) < np.finfo(np.float32).tiny, np.copysign(0, x), expected).astype(dtype)
     assert xla.tobytes() == (expected if dtype == np.float16 else flushed).tobytes()
+
+
+@pytest.mark.skipif(not _fpenv._X86_64_LINUX, reason="spmdsim flushes in callbacks on x86-64 Linux only")
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_a_users_callback_computes_as_xla_calls_it(executor):
+    """The user's NumPy function in a ``pure_callback``/``debug.callback`` inside a map computes as XLA calls it:
+    subnormals flushed (``v + v`` is 0), the same bytes as under ``jax.pmap``; the device thread's own
+    environment is the default again after it."""
+    seen = []
+
+    def doubled(v):
+        seen.append(_fpenv.flushes())
+        return v + v
+
+    def body(x):
+        jax.debug.callback(lambda v: seen.append(_fpenv.flushes()), x)
+        return jax.pure_callback(doubled, jax.ShapeDtypeStruct(x.shape, x.dtype), x), x + x
+
+    stacked = np.stack([SUBNORMALS, -SUBNORMALS])
+    want = [np.asarray(o) for o in jax.pmap(body)(stacked)]
+    jax.effects_barrier()
+    assert seen and all(seen)  # JAX: every callback ran flushing
+    seen.clear()
+    got = [np.asarray(o) for o in spmdsim.jax.pmap(body, executor=executor)(stacked)]
+    assert seen == [True] * 4
+    assert not want[0].any() and got[0].tobytes() == want[0].tobytes()  # the callback's sums: zeros
+    assert got[1].tobytes() == np.stack([IEEE_DOUBLED, -IEEE_DOUBLED]).tobytes()  # spmdsim's own: IEEE
+    assert not _fpenv.flushes()

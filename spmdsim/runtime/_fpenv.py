@@ -14,17 +14,27 @@ before each body); :class:`default` does so for a block and restores the caller'
 entry point XLA calls back into). The check is one Python float multiplication (tens of ns); the environment
 is changed with the C library's ``fegetenv``/``fesetenv`` (``FE_DFL_ENV``), only where the thread flushes.
 Without those functions (not a glibc or musl process) nothing is changed.
+
+:class:`like_xla` is the other way round, for the user's own code that XLA would call flushing: a host callback
+in a map (``jax.pure_callback``'s NumPy function sees ``x + x`` of a subnormal ``x`` as 0 under JAX, and so it
+does under spmdsim). It sets MXCSR's FTZ and DAZ bits on x86-64 Linux (glibc's ``fenv_t``: the x87 environment,
+28 bytes, then MXCSR); elsewhere the callback runs in the thread's environment (a documented difference).
 """
 from __future__ import annotations
 
 import ctypes
+import platform
+import sys
 
-__all__ = ["flushes", "reset", "default"]
+__all__ = ["flushes", "reset", "default", "like_xla"]
 
 _SMALLEST = 5e-324  # the smallest positive subnormal double
 _ONE = 1.0
 _FE_DFL_ENV = ctypes.c_void_p(-1)  # glibc's and musl's FE_DFL_ENV: ((const fenv_t *) -1)
 _FENV_BYTES = 64  # fenv_t is 32 bytes on x86-64, 8 on aarch64: room for either
+_MXCSR_AT = 28  # glibc's x86-64 fenv_t: the x87 environment, then MXCSR
+_FTZ_DAZ = 0x8040  # MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6)
+_X86_64_LINUX = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 
 def _libc():
@@ -61,6 +71,31 @@ class default:
             self.saved = ctypes.create_string_buffer(_FENV_BYTES)
             _FUNCTIONS[0](self.saved)
             _FUNCTIONS[1](_FE_DFL_ENV)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            _FUNCTIONS[1](self.saved)
+        return False
+
+
+class like_xla:
+    """``with like_xla():`` runs the block with subnormals flushed, as XLA:CPU calls a host callback (MXCSR's FTZ
+    and DAZ set; x86-64 Linux, elsewhere the thread's environment as it is), and gives the thread its own
+    environment back after it."""
+
+    __slots__ = ("saved",)
+
+    def __enter__(self):
+        self.saved = None
+        if _FUNCTIONS is None or not _X86_64_LINUX or flushes():
+            return self
+        self.saved = ctypes.create_string_buffer(_FENV_BYTES)
+        _FUNCTIONS[0](self.saved)
+        flushing = ctypes.create_string_buffer(self.saved.raw, _FENV_BYTES)
+        mxcsr = int.from_bytes(flushing.raw[_MXCSR_AT:_MXCSR_AT + 4], "little") | _FTZ_DAZ
+        flushing[_MXCSR_AT:_MXCSR_AT + 4] = mxcsr.to_bytes(4, "little")
+        _FUNCTIONS[1](flushing)
         return self
 
     def __exit__(self, *exc):

@@ -5,7 +5,9 @@ What JAX 0.10.2 does, and so what these rules do:
 
 - Inside ``pmap``/``shard_map`` (all mesh axes manual) the callback runs **once per device, with that device's
   block**: its operands arrive as ``jax.Array``s on JAX's first CPU device (a PRNG key as its uint32 key data),
-  and the callback runs under ``jax.default_device`` of that device.
+  and the callback runs under ``jax.default_device`` of that device, with subnormals flushed to zero as XLA:CPU
+  runs it (x86's FTZ and DAZ: NumPy's ``v + v`` of a subnormal float32 or float64 is 0 there;
+  :class:`spmdsim.runtime._fpenv.like_xla`, x86-64 Linux).
 - Its results are checked against the declared ``result_shape_dtypes`` after JAX's canonicalisation
   (``np.asarray``, then float64/int64 narrowed while x64 is off: a Python float is a valid float32 result).
   A wrong number of results, shape or dtype is a ``jax.errors.JaxRuntimeError`` in JAX; here too, with JAX's
@@ -39,7 +41,7 @@ import numpy as np
 
 from spmdsim.primitives import _batch
 
-from spmdsim.runtime import _runtime
+from spmdsim.runtime import _fpenv, _runtime
 from spmdsim.jax.evaluation._interpreter import current_site
 from spmdsim.jax.evaluation._registry import per_device, vectorized
 from spmdsim.jax._internals import outside_mesh_context
@@ -106,7 +108,8 @@ def _invoke(name: str, callback, operands, result_avals) -> list[np.ndarray]:
     """One device's call: ``callback`` (JAX's flattened form of the user's function) on the device's
     ``operands``, its results checked."""
     args = host_arguments(operands)
-    with jax.default_device(_cpu_device()), outside_mesh_context():  # XLA's callback thread has no mesh context
+    # XLA's callback thread has no mesh context, and flushes subnormals (see spmdsim.runtime._fpenv)
+    with jax.default_device(_cpu_device()), outside_mesh_context(), _fpenv.like_xla():
         outs = callback(*args)
     return check_results(name, outs, result_avals)
 
