@@ -163,11 +163,13 @@ def _unmentioned(spec, axes, spmd: tuple = ()) -> tuple:
 def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tuple, out_specs: tuple, axes: tuple,
                      check_vma: bool, mesh, spmd: tuple = ()):
     """The body of the transposed map: residual blocks and cotangent blocks in, the cotangent blocks of the
-    linear inputs out (psummed over the axes they are replicated along, under pmap's convention). Once per
-    body and mask."""
+    linear inputs out (psummed over the axes they are replicated along, under pmap's convention), and which
+    linear inputs those are: a cotangent that is a symbolic zero is no output (JAX's transpose makes it outside
+    the map, in the global type). Once per body and mask."""
     res_avals = [a for a, u in zip(jaxpr.in_avals, undefined, strict=True) if not u]
     ct_avals = [_ct_aval(a) for a, nz in zip(jaxpr.out_avals, nonzero_cts, strict=True) if nz]
     linear_avals = [_ct_type(a) for a, u in zip(jaxpr.in_avals, undefined, strict=True) if u]
+    computed: list[bool] = []  # per linear input, set when the body is traced
 
     def transposed(*res_and_cts):
         res, ct_blocks = iter(res_and_cts[:len(res_avals)]), iter(res_and_cts[len(res_avals):])
@@ -177,18 +179,21 @@ def _transposed_body(jaxpr, undefined: tuple, nonzero_cts: tuple, in_specs: tupl
                  for a, nz in zip(jaxpr.out_avals, nonzero_cts, strict=True)]
         ct_out = ad.backward_pass(jaxpr.jaxpr, False, jaxpr.consts, primals, ct_in)
         out = []
+        computed.clear()
         for ct, spec, u in zip(ct_out, in_specs, undefined, strict=True):
             if not u:
                 continue
-            if type(ct) is ad.Zero:
-                ct = ad.instantiate_zeros(ct)
+            computed.append(type(ct) is not ad.Zero)
+            if not computed[-1]:
+                continue
             replicated = [name for name, _ in _unmentioned(_unreduced.ct_spec(spec), axes, spmd)]  # pmap's axis too
             if not check_vma and replicated and ct.dtype != jax.dtypes.float0:
                 ct = jax.lax.psum(ct, tuple(replicated))
             out.append(ct)
         return out
 
-    return _trace(transposed, [*res_avals, *ct_avals], axes, "the transpose of spmdsim_map", mesh, check_vma)
+    body = _trace(transposed, [*res_avals, *ct_avals], axes, "the transpose of spmdsim_map", mesh, check_vma)
+    return body, tuple(computed)
 
 
 def _ct_aval(aval):
@@ -213,17 +218,19 @@ def _transpose(cts, *args, jaxpr, in_specs, out_specs, axes, check_vma, **params
                else ct / math.prod(size for _, size in _unmentioned(spec, axes, spmd))
                for ct, spec in zip(cts, ct_specs, strict=True)]
     nonzero_cts = tuple(type(ct) is not ad.Zero for ct in cts)
-    body = _transposed_body(jaxpr, undefined, nonzero_cts, in_specs, out_specs, axes, check_vma, params.get("mesh"),
-                            spmd)
+    body, computed = _transposed_body(jaxpr, undefined, nonzero_cts, in_specs, out_specs, axes, check_vma,
+                                      params.get("mesh"), spmd)
+    linear_specs = [s for s, u in zip(in_specs, undefined, strict=True) if u]
     outs = spmdsim_map_p.bind(
         *(x for x, u in zip(args, undefined, strict=True) if not u),
         *(ct for ct, nz in zip(cts, nonzero_cts, strict=True) if nz), jaxpr=body, axes=axes,
         in_specs=(*(s for s, u in zip(in_specs, undefined, strict=True) if not u),
                   *(s for s, nz in zip(ct_specs, nonzero_cts, strict=True) if nz)),
-        out_specs=tuple(_unreduced.ct_spec(s) for s, u in zip(in_specs, undefined, strict=True) if u),
+        out_specs=tuple(_unreduced.ct_spec(s) for s, c in zip(linear_specs, computed, strict=True) if c),
         check_vma=check_vma, **params)
-    outs = iter(outs)
-    return [next(outs) if u else None for u in undefined]
+    outs, computed = iter(outs), iter(computed)
+    return [None if not u else next(outs) if next(computed) else ad.Zero(x.aval)  # (already the cotangent type)
+            for x, u in zip(args, undefined, strict=True)]
 
 
 ad.primitive_transposes[spmdsim_map_p] = _transpose
