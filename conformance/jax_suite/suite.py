@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -618,7 +619,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default=None,
                     help="the tag or commit of JAX's repository whose tests to run (default: jax-v<installed "
                          "version>; for a release the mirror has no tag of, name the nearest and say so)")
-    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), f"spmdsim-jax-suite-{os.getuid()}"))
+    # one per JAX release: runs under two venvs at once extract other tags' files (one run's files were overwritten)
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(),
+                                                      f"spmdsim-jax-suite-{os.getuid()}-{metadata.version('jax')}"))
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
     ap.add_argument("--report", default=None, help="default: REPORT.md here (REPORT_OPS.md with --ops)")
     args = ap.parse_args(argv)
