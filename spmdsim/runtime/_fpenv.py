@@ -13,7 +13,7 @@ own jit) computed sums and maxima of subnormals flushed, and only the devices th
 before each body); :class:`default` does so for a block and restores the caller's environment after it (an
 entry point XLA calls back into). The check is one Python float multiplication (tens of ns); the environment
 is changed with the C library's ``fegetenv``/``fesetenv`` (``FE_DFL_ENV``), only where the thread flushes.
-Without those functions (not a glibc or musl process) nothing is changed.
+Outside Linux (glibc, musl) nothing is changed.
 
 :class:`like_xla` is the other way round, for the user's own code that XLA would call flushing: a host callback
 in a map (``jax.pure_callback``'s NumPy function sees ``x + x`` of a subnormal ``x`` as 0 under JAX, and so it
@@ -38,6 +38,8 @@ _X86_64_LINUX = sys.platform.startswith("linux") and platform.machine() in ("x86
 
 
 def _libc():
+    if not sys.platform.startswith("linux"):  # FE_DFL_ENV is -1 in glibc and musl only (macOS: a real pointer)
+        return None
     try:
         libc = ctypes.CDLL(None)
         return libc.fegetenv, libc.fesetenv
