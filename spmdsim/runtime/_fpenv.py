@@ -61,46 +61,49 @@ def reset() -> None:
         _FUNCTIONS[1](_FE_DFL_ENV)
 
 
-class default:
-    """``with default():`` runs the block in the default floating-point environment and gives the thread its
-    own environment back after it, also when the block raises."""
+class _Switch:
+    """A block in another environment: ``__enter__`` saves the thread's own (:meth:`_save`) where it switches,
+    ``__exit__`` restores it, also when the block raises."""
 
     __slots__ = ("saved",)
+
+    def _save(self):
+        self.saved = ctypes.create_string_buffer(_FENV_BYTES)
+        _FUNCTIONS[0](self.saved)
+        return self.saved
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            _FUNCTIONS[1](self.saved)
+        return False
+
+
+class default(_Switch):
+    """``with default():`` runs the block in the default floating-point environment and gives the thread its
+    own environment back after it."""
+
+    __slots__ = ()
 
     def __enter__(self):
         self.saved = None
         if _FUNCTIONS is not None and flushes():
-            self.saved = ctypes.create_string_buffer(_FENV_BYTES)
-            _FUNCTIONS[0](self.saved)
+            self._save()
             _FUNCTIONS[1](_FE_DFL_ENV)
         return self
 
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            _FUNCTIONS[1](self.saved)
-        return False
 
-
-class like_xla:
+class like_xla(_Switch):
     """``with like_xla():`` runs the block with subnormals flushed, as XLA:CPU calls a host callback (MXCSR's FTZ
     and DAZ set; x86-64 Linux, elsewhere the thread's environment as it is), and gives the thread its own
     environment back after it."""
 
-    __slots__ = ("saved",)
+    __slots__ = ()
 
     def __enter__(self):
         self.saved = None
-        if _FUNCTIONS is None or not _X86_64_LINUX or flushes():
-            return self
-        self.saved = ctypes.create_string_buffer(_FENV_BYTES)
-        _FUNCTIONS[0](self.saved)
-        flushing = ctypes.create_string_buffer(self.saved.raw, _FENV_BYTES)
-        mxcsr = int.from_bytes(flushing.raw[_MXCSR_AT:_MXCSR_AT + 4], "little") | _FTZ_DAZ
-        flushing[_MXCSR_AT:_MXCSR_AT + 4] = mxcsr.to_bytes(4, "little")
-        _FUNCTIONS[1](flushing)
+        if _FUNCTIONS is not None and _X86_64_LINUX and not flushes():
+            flushing = ctypes.create_string_buffer(self._save().raw, _FENV_BYTES)
+            mxcsr = int.from_bytes(flushing.raw[_MXCSR_AT:_MXCSR_AT + 4], "little") | _FTZ_DAZ
+            flushing[_MXCSR_AT:_MXCSR_AT + 4] = mxcsr.to_bytes(4, "little")
+            _FUNCTIONS[1](flushing)
         return self
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            _FUNCTIONS[1](self.saved)
-        return False
