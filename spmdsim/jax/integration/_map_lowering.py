@@ -33,11 +33,14 @@ def _callback_form(*args, as_bits: bool = False, **params):
     keys_out = [_dtypes.is_key(a.dtype) for a in out_avals]
     args = [jax.random.key_data(x) if k else x for x, k in zip(args, keys_in, strict=True)]
     shapes = [jax.ShapeDtypeStruct((*a.shape, *_dtypes.key_data_shape(a.dtype)), np.uint32) if k
-              else jax.ShapeDtypeStruct(a.shape, _crossing_dtype(a.dtype, as_bits))
+              else jax.ShapeDtypeStruct(a.shape, _crossing_dtype(a.dtype) if as_bits else a.dtype)
               for a, k in zip(out_avals, keys_out, strict=True)]
 
+    crossing = _crossing(out_avals)
+
     def host(*values):
-        return _crossing(simulate([to_numpy(v) for v in values], **params), as_bits)
+        outs = simulate([to_numpy(v) for v in values], **params)
+        return _as_bits(outs, crossing) if as_bits else outs
 
     outs = _host_call(host, shapes, args, params["jaxpr"].effects)
     return [jax.random.wrap_key_data(o, impl=a.dtype) if k else o
@@ -85,23 +88,30 @@ def _from_device_0(ctx, x, aval, replicated, sharding):
     """The callback's result ``x`` (on device 0) through the replicated sharding to ``sharding``. XLA's partitioner
     broadcasts a value from one device as an all-reduce sum with the other devices' zeros, which turns -0.0 into
     +0.0 and flushes subnormals: a real float comes from the callback as its bits (an unsigned integer of its
-    width, :func:`_crossing`) and is bitcast back here."""
-    crossing = aval.update(dtype=_crossing_dtype(aval.dtype, True))
+    width, :func:`_as_bits`) and is bitcast back here."""
+    crossing = aval.update(dtype=_crossing_dtype(aval.dtype))
     x = _constrain(ctx, _constrain(ctx, x, crossing, replicated), crossing, sharding)
     return x if crossing == aval else mlir.hlo.bitcast_convert(mlir.aval_to_ir_type(ctx.module_context, aval), x)
 
 
-def _crossing_dtype(dtype, as_bits: bool):
-    """The dtype a callback's result of ``dtype`` crosses as: with ``as_bits``, a real float's the unsigned
-    integer of its width (not one narrower than a byte)."""
-    if not as_bits or not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits != 8 * np.dtype(dtype).itemsize:
+def _crossing_dtype(dtype):
+    """The dtype a callback's result of ``dtype`` crosses the devices as: a real float's the unsigned integer of
+    its width; other dtypes, and floats narrower than a byte, their own."""
+    if not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits != 8 * np.dtype(dtype).itemsize:
         return dtype
     return np.dtype(f"uint{8 * np.dtype(dtype).itemsize}")
 
 
-def _crossing(outs: list, as_bits: bool) -> list:
-    """The host's results as they cross (see :func:`_crossing_dtype`)."""
-    return [np.asarray(o).view(_crossing_dtype(np.asarray(o).dtype, True)) for o in outs] if as_bits else outs
+def _crossing(avals) -> list:
+    """(declared dtype, crossing dtype) of each result (see :func:`_crossing_dtype`)."""
+    return [(a.dtype, _crossing_dtype(a.dtype)) for a in avals]
+
+
+def _as_bits(outs: list, crossing: list) -> list:
+    """The host's results as they cross (:func:`_crossing`): a real float first takes its declared dtype, then is
+    viewed as its bits."""
+    return [o if bits == dtype else np.asarray(o, dtype=dtype).view(bits)
+            for o, (dtype, bits) in zip(outs, crossing, strict=True)]
 
 
 _HOST_CALLS = frozenset({"pure_callback", "io_callback", "debug_callback"})
@@ -167,7 +177,7 @@ def _sharded_callback_form(*args, mesh, **params):
         stacked_in.append(x)
     out_avals = global_avals(params)
     shapes = [jax.ShapeDtypeStruct((math.prod(n for _, n in _unreduced.partials_axes(s, axes)), *a.shape)
-                                   if _unreduced.spec_unreduced(s) else a.shape, _crossing_dtype(a.dtype, True))
+                                   if _unreduced.spec_unreduced(s) else a.shape, _crossing_dtype(a.dtype))
               for a, s in zip(out_avals, out_specs, strict=True)]
 
     # The body over the stacked partials, traced here with the map's axes manual on its mesh (the program's,
@@ -176,8 +186,11 @@ def _sharded_callback_form(*args, mesh, **params):
                                                params.get("check_vma", False))
     plain = {**params, "jaxpr": body, "in_specs": plain_in, "out_specs": plain_out}
 
+    crossing = _crossing(out_avals)
+
     def host(*values):
-        return _crossing([_unreduced.total(o) for o in simulate([to_numpy(v) for v in values], **plain)], True)
+        outs = [_unreduced.total(o) for o in simulate([to_numpy(v) for v in values], **plain)]
+        return _as_bits(outs, crossing)
 
     outs = _host_call(host, shapes, stacked_in, params["jaxpr"].effects)
     result = []
