@@ -180,6 +180,65 @@ def test_sum_of_squares(form, axis, n):
         _check(lambda x: jnp.sum(square(x), axis=axis), x)
 
 
+PRODUCT_SUMS = {  # (the summed products, a second output or None)
+    "a*b": (lambda a, b, c, axis: a * b, None),
+    "a*broadcast(w)": (lambda a, b, c, axis: a * (b[:1] if axis == 0 else b[:, :1]), None),
+    "-(a*b)": (lambda a, b, c, axis: -(a * b), None),
+    "exp(a)*b": (lambda a, b, c, axis: jnp.exp(a) * b, None),
+    "a*b, also added": (lambda a, b, c, axis: a * b, lambda p, c: p + c),
+    "a*b, also returned": (lambda a, b, c, axis: a * b, lambda p, c: p),
+}
+
+
+@pytest.mark.parametrize("n", [2, 3, 6, 8, 16, 31, 32, 33])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("form", sorted(PRODUCT_SUMS))
+def test_sum_of_products(form, axis, n):
+    """A sum of up to 32 products of two values that XLA:CPU fuses into the sum's loop: from the init 0, each
+    product contracted into its add, also when something else uses the product (XLA duplicates it into each
+    fusion), but not when the program returns it; over the last axis of 6 or 8 elements and 16 outputs, jaxlib
+    0.10's vectorised loop adds the plain products unfused (jaxlib 0.12 contracts them: both compared live)."""
+    if not _xla_cpu_isa.current().fma:
+        pytest.skip("no FMA in this ISA: nothing is contracted")
+    if n > 32 or form == "a*b, also returned":
+        _needs_measured_sums()  # a plain sum of the products: XLA's loop order
+    product, other = PRODUCT_SUMS[form]
+    shape = (n, 16) if axis == 0 else (16, n)
+
+    def fun(a, b, c):
+        p = product(a, b, c, axis)
+        return (jnp.sum(p, axis=axis),) + (() if other is None else (other(p, c),))
+
+    for seed in range(3):
+        r = np.random.default_rng(seed)
+        _check(fun, *(r.standard_normal(shape).astype(f32) for _ in range(3)))
+
+
+def test_division_by_a_square_root_used_twice():
+    """XLA rewrites ``A / sqrt(B)`` as ``A * rsqrt(B)`` only where nothing else uses the square root
+    (``Sqrt(B).WithOneUse()``): a normalisation's gradient divides by it twice, as ``0.5 / s`` and ``x / s``."""
+    def fun(x, v):
+        s = jnp.sqrt(v + 1e-5)
+        return 0.5 / s, x / s
+    r = np.random.default_rng(1)
+    _check(fun, r.standard_normal((16, 4)).astype(f32), np.abs(r.standard_normal(4)).astype(f32))
+
+
+def test_gradient_of_a_bias_before_a_normalisation():
+    """pgx's case (issue 38), on new inputs: the gradient of a bias right before a normalisation is 0 up to
+    rounding, so every fused sum and division of its backward pass shows in its bits."""
+    _needs_measured_sums()
+
+    def loss(b, x, w):
+        h = x @ w + b
+        h = (h - h.mean(0)) / jnp.sqrt(h.var(0) + 1e-5)
+        return jnp.sum(jnp.sin(h))
+    for seed in range(4):
+        r = np.random.default_rng(seed)
+        _check(jax.grad(loss), np.zeros(4, f32), r.standard_normal((16, 5)).astype(f32),
+               r.standard_normal((5, 4)).astype(f32))
+
+
 @pytest.mark.parametrize("case", ["softmax_16x128", "mean_var_16x4", "div_bcast_16x4_1x4"])
 def test_recorded_programs(case):
     """The recorded programs built on these divisions, on new inputs (their sums' order: AMD Zen 4's)."""

@@ -19,8 +19,10 @@ agree with each other bit for bit; the rewrite is made once per jaxpr.
 float64's fused multiply-add is :func:`._xla_cpu_math.fma64` (exactly rounded from error-free transformations).
 Not modelled (XLA's result can still differ by an ulp there; measured): a product used by two sums that XLA
 fuses into one loop (``(p + c) - (p + d)``: XLA then contracts neither), complex128 products (XLA:CPU fuses one
-product of each part, as complex64's), products that feed an add through a reshape or from another jaxpr (a ``jit`` call's output: XLA inlines calls), and
-contractions inside reductions (``reduce_sum`` of a product).
+product of each part, as complex64's), products that feed an add through a reshape or from another jaxpr (a ``jit``
+call's output: XLA inlines calls), and products inside sums of more than 32 elements or that
+:func:`fused_square_sums` leaves alone. A sum of up to 32 products is :func:`fused_square_sums`; it copies the
+product into its own loop, as XLA does, so a product that such a sum and an add use is contracted into both.
 """
 from __future__ import annotations
 
@@ -136,7 +138,10 @@ def reciprocal_divisions(jaxpr):
     the optimized HLO and on every element:
 
     - ``A / sqrt(B) => A * rsqrt(B)`` and ``A / rsqrt(B) => A * sqrt(B)``, whatever the shapes (``rsqrt`` is then
-      XLA:CPU's own, :func:`._xla_cpu_math.rsqrt`; a normalisation ``(x - m) / jnp.sqrt(v + eps)`` is one);
+      XLA:CPU's own, :func:`._xla_cpu_math.rsqrt`; a normalisation ``(x - m) / jnp.sqrt(v + eps)`` is one), where
+      nothing else uses the square root (XLA's pattern is ``Sqrt(B).WithOneUse()``; a broadcast of it used once
+      counts as the one use): a normalisation's gradient divides by the same square root twice, and XLA then
+      divides (``A / Broadcast(B)`` below);
     - ``A / Broadcast(B) => A * Broadcast(1 / B)`` and ``A / Const => A * (1 / Const)``: the reciprocal of the
       broadcast's operand (or of the constant) rounded, then a product. Such a divisor is a literal, a constant
       of the jaxpr, an operand the division itself broadcasts (a smaller shape) or a ``broadcast_in_dim`` of
@@ -153,6 +158,10 @@ def reciprocal_divisions(jaxpr):
     broadcasts = {v for v, e in producers.items() if e.primitive.name == "broadcast_in_dim"
                   and _size(e.invars[0].aval) < _size(v.aval)}
     constants = set(jaxpr.constvars)
+    uses: dict = {}
+    for v in [v for e in jaxpr.eqns for v in e.invars] + list(jaxpr.outvars):
+        if isinstance(v, core.Var):
+            uses[v] = uses.get(v, 0) + 1
     eqns, changed, spent = [], False, set()
     for e in jaxpr.eqns:
         if e.primitive.name != "div" or e.params or len(e.invars) != 2:
@@ -170,7 +179,8 @@ def reciprocal_divisions(jaxpr):
         spread = producers[y] if isinstance(y, core.Var) and y in broadcasts else None
         source = spread.invars[0] if spread is not None else y
         root = producers.get(source) if isinstance(source, core.Var) else None
-        if root is not None and root.primitive.name in ("sqrt", "rsqrt") and _plain(root):
+        if root is not None and root.primitive.name in ("sqrt", "rsqrt") and _plain(root) \
+                and uses.get(source) == 1 and (spread is None or uses.get(y) == 1):
             inverse_p = _RSQRT_P if root.primitive.name == "sqrt" else _SQRT_P
             inverse = core.Var(core.ShapedArray(source.aval.shape, dtype))
             eqns.append(core.new_jaxpr_eqn([root.invars[0]], [inverse], inverse_p, dict(root.params), root.effects,
@@ -206,6 +216,7 @@ def _used(eqns, outvars) -> set:
 
 
 _SQUARE_SUM_MAX = 32  # the longest reduction measured to run as one fused loop (33 and more: another order)
+_LOOP_ELEMENTS = 4096  # from this many elements jaxlib 0.10 hands a float32 sum to YNNPACK (_reductions)
 
 
 def _squared(eqn) -> core.Var | None:
@@ -221,15 +232,83 @@ def _squared(eqn) -> core.Var | None:
     return None
 
 
+def _short_sum(e) -> bool:
+    """Whether ``e`` is a float32 ``reduce_sum`` that XLA:CPU runs as one loop of its own (over one axis of 2 to 32
+    elements, fewer than 4096 in all): what it reads is fused into it, a copy of what other fusions compute."""
+    if e.primitive.name != "reduce_sum" or len(e.invars) != 1 or not isinstance(e.invars[0], core.Var):
+        return False
+    g, axes = e.invars[0], tuple(e.params.get("axes", ()))
+    return len(axes) == 1 and e.params.get("out_sharding") is None and np.dtype(g.aval.dtype) == np.float32 \
+        and 2 <= g.aval.shape[axes[0]] <= _SQUARE_SUM_MAX and _size(g.aval) < _LOOP_ELEMENTS
+
+
+def _product_factors(eqn) -> tuple | None:
+    """``(a, b)`` where ``eqn`` multiplies two different values (``mul(a, b)``) of its own rank, each of its shape
+    or 1 along some axes (the products :func:`reciprocal_divisions` makes), else None."""
+    if eqn.primitive.name != "mul" or not _plain(eqn) or len(eqn.invars) != 2:
+        return None
+    a, b = eqn.invars
+    shape = eqn.outvars[0].aval.shape
+    if not (isinstance(a, core.Var) and isinstance(b, core.Var)) or a is b or not all(
+            len(v.aval.shape) == len(shape) and all(d in (1, n) for d, n in zip(v.aval.shape, shape)) for v in (a, b)):
+        return None
+    return a, b
+
+
+_LOADED = ("dot_general", "conv_general_dilated")  # computed before the sum's loop: read from memory in it
+_LAYOUT = ("squeeze", "reshape", "expand_dims", "copy", "copy_p", "pvary")  # no work for XLA (a map's squeeze)
+
+
+def _returned(jaxpr) -> set:
+    """The jaxpr's outputs and what they are layout changes of (a map's body returns ``broadcast_in_dim(x)``)."""
+    returned = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
+    for e in reversed(jaxpr.eqns):
+        if len(e.outvars) == 1 and e.outvars[0] in returned and e.invars and isinstance(e.invars[0], core.Var) \
+                and (e.primitive.name in _LAYOUT or e.primitive.name == "broadcast_in_dim"
+                     and _size(e.invars[0].aval) == _size(e.outvars[0].aval)):
+            returned.add(e.invars[0])
+    return returned
+
+
+def _loaded(v, producers) -> bool:
+    """Whether XLA's fused loop reads ``v`` from memory: an input, or computed by an operation it does not fuse
+    (``_LOADED``), through layout changes."""
+    e = producers.get(v)
+    while e is not None and e.primitive.name in _LAYOUT and isinstance(e.invars[0], core.Var):
+        e = producers.get(e.invars[0])
+    return e is None or e.primitive.name in _LOADED
+
+
+def _vectorized_plain(e, producers, a, b) -> bool:
+    """Whether jaxlib 0.10's LLVM (AMD Zen 4) vectorises the loop of ``reduce_sum(a * b)`` over the outputs and adds
+    the products unfused, in order: measured where the sum is over the last axis, of 5 to 8 elements, the outputs
+    a multiple of 4 (12 and a few others excepted: not modelled) and both factors read from memory, not computed in
+    the loop (an elementwise operation or a broadcast of either factor keeps the loop scalar, and contracted)."""
+    g = e.invars[0]
+    axis, n = e.params["axes"][0], g.aval.shape[e.params["axes"][0]]
+    outputs = _size(g.aval) // max(n, 1)
+    loaded = _loaded(a, producers) and _loaded(b, producers)
+    return (_xla_cpu_isa.jaxlib_minor() == (0, 10) and axis == g.aval.ndim - 1 and 5 <= n <= 8
+            and outputs % 4 == 0 and loaded)
+
+
 def fused_square_sums(jaxpr):
-    """``reduce_sum`` over one axis of ``n`` (2 to 32) elements of squares that nothing else uses, in float32 with
-    FMA: XLA:CPU fuses the squares (and what computes them: ``jnp.var``'s ``x - mean``) into the reduction's loop,
-    and LLVM contracts each square into the add that takes it: ``s = fma(d0, d0, d1 * d1)``, then ``s = fma(di,
-    di, s)`` for i = 2 .. n-1 (the optimized IR: ``fadd reassoc (fmul d0 d0) (fmul d1 d1)``, then ``fadd reassoc s
-    (fmul di di)``, which the DAG combiner fuses at its first operand that is a product; measured bit for bit with
-    jaxlib 0.10.2 and 0.12.0.1 over both axes, lengths 2-32, with and without the subtraction; 33 elements and more are split
-    otherwise). A sum of two different factors' products is a dot to XLA, not this. Written as ``n`` slices and
-    ``n - 1`` ``xla_cpu_fma`` equations (and one product), so every executor computes it with the rules it has."""
+    """``reduce_sum`` over one axis of ``n`` (2 to 32) elements of products that nothing else uses, in float32 with
+    FMA: XLA:CPU fuses the products (and what computes them) into the reduction's loop, which adds them in order
+    from the init 0, and LLVM contracts each product into the add that takes it. Measured bit for bit with jaxlib
+    0.10.2 and 0.12.0.1 over both axes, lengths 2-32, on AMD Zen 4 (33 elements and more are split otherwise: the
+    products are then computed on their own):
+
+    - a square (``square``, ``mul(p, p)``, ``integer_pow[y=2]``; ``jnp.var``'s ``(x - mean) ** 2``): LLVM folds
+      the add of the init 0 away (a square is never -0), so ``s = fma(d0, d0, d1 * d1)``, then ``s = fma(di, di,
+      s)`` for i = 2 .. n-1 (the optimized IR: ``fadd reassoc (fmul d0 d0) (fmul d1 d1)``, which the DAG combiner
+      fuses at its first operand that is a product);
+    - a product of two values ``a * b`` (a normalisation's gradient, ``(x * w).sum(-1)``): ``s = fma(a0, b0, 0)``,
+      then ``s = fma(ai, bi, s)`` for i = 1 .. n-1; with jaxlib 0.10, over the last axis, where LLVM vectorises the
+      loop instead (:func:`_vectorized_plain`), the products are added unfused, in order: left as they are.
+
+    A sum of more than 32 products is left as it is. Written as slices and ``xla_cpu_fma`` equations (and one
+    product), so every executor computes it with the rules it has."""
     if np.dtype(np.float32) not in _fused_dtypes():
         return jaxpr
     producers = {e.outvars[0]: e for e in jaxpr.eqns if len(e.outvars) == 1 and e.invars}
@@ -237,46 +316,70 @@ def fused_square_sums(jaxpr):
     for v in [v for e in jaxpr.eqns for v in e.invars] + list(jaxpr.outvars):
         if isinstance(v, core.Var):
             uses[v] = uses.get(v, 0) + 1
-    eqns, changed = [], False
+    outputs = _returned(jaxpr)
+    eqns, fused = [], set()
     for e in jaxpr.eqns:
         g = e.invars[0] if e.primitive.name == "reduce_sum" and len(e.invars) == 1 else None
         axes = tuple(e.params.get("axes", ()))
-        square = producers.get(g) if isinstance(g, core.Var) and uses.get(g) == 1 else None
-        p = _squared(square) if square is not None else None
-        if p is None or len(axes) != 1 or e.params.get("out_sharding") is not None \
-                or np.dtype(g.aval.dtype) != np.float32 or not 2 <= g.aval.shape[axes[0]] <= _SQUARE_SUM_MAX:
+        negation = producers.get(g) if isinstance(g, core.Var) and uses.get(g) == 1 else None
+        if negation is None or negation.primitive.name != "neg" or not isinstance(negation.invars[0], core.Var):
+            negation = None
+        m = negation.invars[0] if negation is not None else g
+        product = producers.get(m) if isinstance(m, core.Var) and m not in outputs else None
+        p = _squared(product) if product is not None else None
+        factors = (p, p) if p is not None else _product_factors(product) if product is not None else None
+        if factors is None or not _short_sum(e) or p is None and _vectorized_plain(e, producers, *factors):
             eqns.append(e)
             continue
-        changed = True
+        fused.update((g, m))
         axis, shape = axes[0], g.aval.shape
         out_aval = e.outvars[0].aval
-        rows = []
-        for i in range(shape[axis]):
-            start = tuple(i if k == axis else 0 for k in range(len(shape)))
-            limit = tuple(i + 1 if k == axis else n for k, n in enumerate(shape))
-            piece = core.Var(core.ShapedArray(tuple(1 if k == axis else n for k, n in enumerate(shape)), np.float32))
-            row = core.Var(core.ShapedArray(out_aval.shape, np.float32))
-            eqns.append(core.new_jaxpr_eqn([p], [piece], _SLICE_P, {"start_indices": start, "limit_indices": limit,
-                                                                    "strides": None}, e.effects, e.source_info, e.ctx))
-            eqns.append(core.new_jaxpr_eqn([piece], [row], _SQUEEZE_P, {"dimensions": (axis,)}, e.effects,
+
+        def rows(v):  # v's rows along the axis, squeezed (a factor of 1 row: that row each time)
+            out, own = [], v.aval.shape
+            for i in range(shape[axis]):
+                if own[axis] == 1 and out:
+                    out.append(out[0])
+                    continue
+                start = tuple(i if k == axis else 0 for k in range(len(own)))
+                limit = tuple(i + 1 if k == axis else n for k, n in enumerate(own))
+                piece = core.Var(core.ShapedArray(tuple(1 if k == axis else n for k, n in enumerate(own)),
+                                                  np.float32))
+                row = core.Var(core.ShapedArray(tuple(n for k, n in enumerate(own) if k != axis), np.float32))
+                eqns.append(core.new_jaxpr_eqn([v], [piece], _SLICE_P, {"start_indices": start,
+                                                                         "limit_indices": limit, "strides": None},
+                                               e.effects, e.source_info, e.ctx))
+                eqns.append(core.new_jaxpr_eqn([piece], [row], _SQUEEZE_P, {"dimensions": (axis,)}, e.effects,
+                                               e.source_info, e.ctx))
+                out.append(row)
+            return out
+
+        left = rows(factors[0])
+        right = left if p is not None else rows(factors[1])
+        if p is not None:  # fma(d0, d0, d1 * d1), then the rest
+            acc = core.Var(core.ShapedArray(out_aval.shape, np.float32))
+            eqns.append(core.new_jaxpr_eqn([left[1], left[1]], [acc], _MUL_P, dict(_MUL_PARAMS), e.effects,
                                            e.source_info, e.ctx))
-            rows.append(row)
-        acc = core.Var(core.ShapedArray(out_aval.shape, np.float32))
-        eqns.append(core.new_jaxpr_eqn([rows[1], rows[1]], [acc], _MUL_P, dict(_MUL_PARAMS), e.effects,
-                                       e.source_info, e.ctx))
-        for k, row in enumerate(rows):
-            if k == 1:
-                continue
-            target = e.outvars[0] if k == len(rows) - 1 or (k == 0 and len(rows) == 2) else \
-                core.Var(core.ShapedArray(out_aval.shape, np.float32))
-            eqns.append(core.new_jaxpr_eqn([row, row, acc], [target], fma_p,
+            order = [0] + list(range(2, len(left)))
+        else:  # fma(a0, b0, 0), then the rest
+            acc = core.Literal(np.float32(0), core.ShapedArray((), np.float32))
+            order = list(range(len(left)))
+        result = e.outvars[0] if negation is None else core.Var(core.ShapedArray(out_aval.shape, np.float32))
+        for k in order:
+            target = result if k == order[-1] else core.Var(core.ShapedArray(out_aval.shape, np.float32))
+            eqns.append(core.new_jaxpr_eqn([left[k], right[k], acc], [target], fma_p,
                                            {"negate_product": False, "negate_addend": False}, e.effects,
                                            e.source_info, e.ctx))
             acc = target
-    if not changed:
+        if negation is not None:  # XLA sums the products and negates the sum
+            eqns.append(core.new_jaxpr_eqn([result], e.outvars, negation.primitive, negation.params, e.effects,
+                                           e.source_info, e.ctx))
+    if not fused:
         return jaxpr
     used = _used(eqns, jaxpr.outvars)
-    return jaxpr.replace(eqns=[e for e in eqns if not (e.outvars and e.invars and _squared(e) is not None
+    eqns = [e for e in eqns if not (e.outvars and e.outvars[0] in fused and e.outvars[0] not in used)]
+    used = _used(eqns, jaxpr.outvars)  # a product only the dropped negation read
+    return jaxpr.replace(eqns=[e for e in eqns if not (e.outvars and e.outvars[0] in fused
                                                        and e.outvars[0] not in used)])
 
 
@@ -297,9 +400,10 @@ def _contract(jaxpr):
         return jaxpr
     products = {e.outvars[0]: e for e in jaxpr.eqns
                 if e.primitive.name in _PRODUCTS and _plain(e) and np.dtype(e.outvars[0].aval.dtype) in dtypes}
-    # a product that anything but a sum uses (or the jaxpr returns) is computed as it is, and no sum fuses it
-    kept = {_key(products[v]) for e in jaxpr.eqns if not _is_sum(e) for v in e.invars
-            if isinstance(v, core.Var) and v in products}
+    # a product that anything but a sum uses (or the jaxpr returns) is computed as it is, and no sum fuses it; a
+    # reduction is a fusion of its own, into which XLA copies the product (fused_square_sums): it does not count
+    kept = {_key(products[v]) for e in jaxpr.eqns if not _is_sum(e) and not _short_sum(e)
+            for v in e.invars if isinstance(v, core.Var) and v in products}
     kept.update(_key(products[v]) for v in jaxpr.outvars if isinstance(v, core.Var) and v in products)
     fusible = {v for v, e in products.items() if _key(e) not in kept}
     eqns, fused = [], set()
