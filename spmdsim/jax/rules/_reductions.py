@@ -82,13 +82,59 @@ def by_devices(fn: Callable, *stacked: np.ndarray) -> np.ndarray:
     return np.concatenate([parts[lo] for lo in sorted(parts)])
 
 
-def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
+def _outer_lanes(rows: int, cols: int, dtype) -> int:
+    """How many lanes LLVM's vectorizer gives the loop nest of a float32 or float64 sum over a ``(rows, cols)``
+    block, its last two dimensions (both at most 32: no TreeReductionRewriter windows), in XLA:CPU's code for AMD
+    Zen 4 (jaxlib 0.10.2, measured for every ``rows`` 2-32 and ``cols`` 2-16): XLA emits the adds with
+    ``reassoc``, the inner loop of 2-8 elements is unrolled and the loop over rows vectorised, each lane summing
+    the rows ``i`` with ``i % lanes == lane`` in order, a row's elements in order (:func:`_lanes_fold`). 1: no
+    vectorisation (the sequential fold), as for 9 or more columns. Other CPU models: not measured."""
+    if not 2 <= cols <= 8 or rows < 2:
+        return 1
+    if rows == 2:
+        return 2
+    if np.dtype(dtype) == np.float64:  # float32's widths halved, and 12 rows vectorised too
+        return (2 if cols >= 7 else 4) if rows in (4, 8, 12) or rows >= 16 else 1
+    if rows == 4:
+        return 4
+    if rows < 8 or 9 <= rows <= 15:
+        return 1
+    if cols >= 7 or 20 <= rows <= 23 or 28 <= rows <= 31 and cols > 2:
+        return 4
+    return 8
+
+
+def _lanes_fold(v: np.ndarray, lanes: int) -> np.ndarray:
+    """``v`` ``(rows, cols, columns)`` summed over its first two axes as :func:`_outer_lanes`'s vectorised loop
+    does: ``lanes`` accumulators from 0, each adding its rows' elements in order, halved pairwise (``acc[:h] +
+    acc[h:]``) down to one, then the rows left over (``rows % lanes``) added in order."""
+    rows, cols, columns = v.shape
+    whole = rows // lanes * lanes
+    steps = v[:whole].reshape(whole // lanes, lanes, cols, columns).transpose(0, 2, 1, 3)
+    acc = np.add.accumulate(steps.reshape(-1, lanes, columns), axis=0)[-1] + v.dtype.type(0)
+    while len(acc) > 1:
+        acc = acc[:len(acc) // 2] + acc[len(acc) // 2:]
+    total = acc[0]
+    for i in range(whole, rows):
+        for j in range(cols):
+            total = total + v[i, j]
+    return total
+
+
+def _trailing_pair(shape: tuple, axes) -> bool:
+    """Whether the reduced ``axes`` of ``shape``, size-1 dimensions dropped (XLA drops them), are its last two."""
+    dims = [d in axes for d, n in enumerate(shape) if n != 1]
+    return dims[-2:] == [True, True] and sum(dims) == 2
+
+
+def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: bool = False) -> np.ndarray:
     """A float16/bfloat16 sum or product as XLA:CPU computes the ``reduce`` (measured bit for bit on every
     single-axis shape tried): in the operand's dtype, rounded after every step, from the identity, in XLA's
-    tree order. Where every reduced dimension has at least 32 elements, XLA's TreeReductionRewriter first
-    reduces windows of 32 along each of them (SAME padding with the identity, so the windows at the ends are
-    shorter), then reduces the windows' results the same way; otherwise the reduced elements are folded in
-    row-major order."""
+    tree order. Where a reduced dimension has more than 32 elements, XLA's TreeReductionRewriter first reduces
+    windows of ``min(n, 32)`` elements along each reduced dimension of ``n`` (SAME padding with the identity, so
+    the windows at the ends are shorter), then reduces the windows' results the same way, until no reduced
+    dimension has more than 32 (``xla/service/tree_reduction_rewriter.cc``); the rest is folded in row-major
+    order."""
     dtype, axes = x.dtype, sorted(int(a) for a in axes)
     if not axes:  # nothing reduced: XLA's reduce is the operand
         return x
@@ -111,14 +157,20 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
             acc = ufunc(acc, rows[:, j]) if work == dtype else ufunc(acc, rows[:, j]).astype(dtype).astype(work)
         return acc
 
-    while not any(n < _TREE_WINDOW for n in v.shape[:k]):
-        counts = [-(-n // _TREE_WINDOW) for n in v.shape[:k]]
-        pads = [((c * _TREE_WINDOW - n) // 2, c * _TREE_WINDOW - n - (c * _TREE_WINDOW - n) // 2)
-                for c, n in zip(counts, v.shape[:k])]
+    while any(n > _TREE_WINDOW for n in v.shape[:k]):
+        windows = [min(n, _TREE_WINDOW) for n in v.shape[:k]]
+        counts = [-(-n // w) for n, w in zip(v.shape[:k], windows)]
+        pads = [((c * w - n) // 2, c * w - n - (c * w - n) // 2) for c, w, n in zip(counts, windows, v.shape[:k])]
         v = np.pad(v, pads + [(0, 0)], constant_values=identity)
-        v = v.reshape(*(d for c in counts for d in (c, _TREE_WINDOW)), columns)
+        v = v.reshape(*(d for c, w in zip(counts, windows) for d in (c, w)), columns)
         v = v.transpose(*range(0, 2 * k, 2), *range(1, 2 * k, 2), 2 * k)
-        v = fold(v.reshape(math.prod(counts), _TREE_WINDOW ** k, columns)).reshape(*counts, columns)
+        v = fold(v.reshape(math.prod(counts), math.prod(windows), columns)).reshape(*counts, columns)
+    final = [n for n in v.shape[:k] if n != 1]
+    if lanes and work == dtype and dtype in (np.float32, np.float64) and columns and len(final) == 2 \
+            and _trailing_pair(x.shape, axes):
+        ways = _outer_lanes(*final, dtype)
+        if ways > 1:
+            return _lanes_fold(v.reshape(*final, columns), ways).reshape(kept_shape)
     return fold(v.reshape(1, -1, columns) if columns else v.reshape(1, 0, 0)).astype(dtype).reshape(kept_shape)
 
 
@@ -129,8 +181,9 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc) -> np.ndarray:
 # xla/backends/cpu/ynn_support.cc's IsReduceOpOffloadedToYnn):
 #   * an operand of at least _YNN_ELEMENTS elements goes to YNNPACK (a "__ynn_fusion"), whose order is
 #     _ynn_rows (reduced axes innermost: its k1 kernel) or _ynn_columns (reduced axes outermost: its kn kernel);
-#   * anything smaller, and every float64 sum, is XLA's own loop: TreeReductionRewriter (windows of 32, as
-#     _low_precision_fold) and a sequential fold, _tree_sum.
+#   * anything smaller is XLA's own loop: TreeReductionRewriter (windows of 32, as _low_precision_fold) and a
+#     sequential fold, _tree_sum; so are float64 sums (below 4096 elements: from there YNNPACK's float64 kernels,
+#     8 lanes, whose order is not modelled beyond rows of 256: NumPy's pairwise sum).
 # The YNNPACK tile sizes come from its scheduler (tiles of _YNN_TILE elements); measured on Zen 4 only.
 _YNN_ELEMENTS = 4096
 _YNN_TILE = 32768
@@ -239,31 +292,32 @@ def _ynn_columns(x: np.ndarray) -> np.ndarray:
 
 
 def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
-    """A float32/float64 sum as XLA:CPU's own loops compute it: TreeReductionRewriter's windows of 32 where every
+    """A float32/float64 sum as XLA:CPU's own loops compute it: TreeReductionRewriter's windows of 32 where a
     reduced dimension has more than 32 elements (xla/service/tree_reduction_rewriter.cc, as
     :func:`_low_precision_fold`), each window and the final reduce folded in row-major order from the init 0
-    (xla/backends/cpu loop emitter). None where the fold would take more than _SEQUENTIAL_STEPS NumPy steps or
-    the program's operand (``elements``, one device's) has more than _TREE_ELEMENTS elements, and SPMDSIM_EXACT
-    is off."""
+    (xla/backends/cpu loop emitter), except a final reduce over the last two dimensions that LLVM vectorises
+    (:func:`_outer_lanes`, measured with AVX-512; under the AVX2 cap LLVM vectorises other nests too, e.g. a sum
+    over the leading two axes: not modelled, sequential here). None where the fold would take more than
+    _SEQUENTIAL_STEPS NumPy steps or the program's operand (``elements``, one device's) has more than
+    _TREE_ELEMENTS elements, and SPMDSIM_EXACT is off."""
     axes = sorted(int(a) for a in axes)
     kept = [d for d in range(x.ndim) if d not in axes]
     shape = [x.shape[a] for a in axes]
     steps, s = 0, list(shape)
-    while s and not any(n < _TREE_WINDOW for n in s):
-        steps += _TREE_WINDOW ** len(s)
-        s = [-(-n // _TREE_WINDOW) for n in s]
+    while any(n > _TREE_WINDOW for n in s):
+        steps += math.prod(min(n, _TREE_WINDOW) for n in s)
+        s = [-(-n // min(n, _TREE_WINDOW)) for n in s]
     steps += math.prod(s)
     if (steps > _SEQUENTIAL_STEPS or elements > _TREE_ELEMENTS) and not _xla_cpu_isa.exact():
         return None
-    return _low_precision_fold(x, axes, np.add)
+    return _low_precision_fold(x, axes, np.add, lanes=_xla_cpu_isa.current().avx512)
 
 
 def _xla_ordered(dtype) -> bool:
-    """Whether a sum of ``dtype`` follows XLA:CPU's order (:func:`_xla_sum`): float32, on the CPU model and jaxlib
-    it was measured with (AMD Zen 4, jaxlib 0.10: :func:`_xla_cpu_isa.ynnpack_orders`;
-    ``SPMDSIM_XLA_CPU_MODEL=amd-zen4`` pins the model). Elsewhere, and for float64 (whose row sums XLA:CPU
-    orders otherwise: not modelled), NumPy's pairwise sum."""
-    return dtype == np.float32 and _xla_cpu_isa.ynnpack_orders()
+    """Whether a sum of ``dtype`` follows XLA:CPU's order (:func:`_xla_sum`): float32 and float64, on the CPU model
+    and jaxlib it was measured with (AMD Zen 4, jaxlib 0.10: :func:`_xla_cpu_isa.ynnpack_orders`;
+    ``SPMDSIM_XLA_CPU_MODEL=amd-zen4`` pins the model). Elsewhere NumPy's pairwise sum."""
+    return dtype in (np.float32, np.float64) and _xla_cpu_isa.ynnpack_orders()
 
 
 def _xla_sum(x: np.ndarray, axes, batch: int = 0) -> np.ndarray:
@@ -274,6 +328,8 @@ def _xla_sum(x: np.ndarray, axes, batch: int = 0) -> np.ndarray:
     if not axes:
         return x
     operand = x.shape[batch:]
+    if x.dtype == np.float64 and math.prod(operand) >= _YNN_ELEMENTS:  # YNNPACK's float64 order: not modelled
+        return np.add.reduce(_canonical(x, axes), axis=-1, dtype=x.dtype)
     if x.dtype == np.float32 and math.prod(operand) >= _YNN_ELEMENTS:
         k, nd = len(axes), x.ndim
         lead = math.prod(x.shape[:batch])
