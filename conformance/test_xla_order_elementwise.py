@@ -164,15 +164,17 @@ def test_normalisation_by_square_root():
     _check(lambda x: (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5), _normal(16, 256))
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 16, 31, 32])
+@pytest.mark.parametrize("rows", [6, 16])
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 8, 16, 31, 32])
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("form", ["square", "pow", "mul"])
-def test_sum_of_squares(form, axis, n):
-    """A sum of up to 32 squares that XLA:CPU fuses into the sum's loop: each square contracted into its add."""
+def test_sum_of_squares(form, axis, n, rows):
+    """A sum of up to 32 squares that XLA:CPU fuses into the sum's loop: each square contracted into its add (over
+    the last axis of 16 rows, jaxlib 0.10 vectorises 5-8 plain squares and 2-8 squares of a difference, unfused)."""
     if not _xla_cpu_isa.current().fma:
         pytest.skip("no FMA in this ISA: nothing is contracted")
     square = {"square": jnp.square, "pow": lambda d: d ** 2, "mul": lambda d: d * d}[form]
-    shape = (n, 6) if axis == 0 else (6, n)
+    shape = (n, rows) if axis == 0 else (rows, n)
     for seed in range(3):
         r = np.random.default_rng(seed)
         x, m = r.standard_normal(shape).astype(f32), r.standard_normal(shape).astype(f32)
@@ -212,6 +214,37 @@ def test_sum_of_products(form, axis, n):
     for seed in range(3):
         r = np.random.default_rng(seed)
         _check(fun, *(r.standard_normal(shape).astype(f32) for _ in range(3)))
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 7, 12])
+def test_product_broadcast_into_an_add_is_not_contracted(n):
+    """A product of fewer elements than the add it feeds (``x - x.mean(-1, keepdims=True)``'s mean, ``x + s * u``
+    with ``s * u`` of shape (6, 1)) is computed once, outside the add's loop: XLA contracts nothing there. (``jnp.var``
+    over the last axis went wrong this way for every length but 2, 4 and 8.)"""
+    if n >= 8:
+        _needs_measured_sums()  # the mean's sum in XLA's order (NumPy's pairwise sum agrees below 8 elements)
+    r = np.random.default_rng(n)
+    x, s, u = (r.standard_normal(shape).astype(f32) for shape in ((6, n), (6, 1), (6, 1)))
+    _check(lambda x: (x - x.mean(-1, keepdims=True), x.var(-1)), x)
+    _check(lambda x, s, u: x + s * u, x, s, u)
+    _check(lambda x, s, u: x - s[:1].T * u[:1], x.T.copy(), s, u)
+
+
+@pytest.mark.parametrize("case", ["a*b", "a*a", "(a-b)**2", "var", "-(a*b)"])
+@pytest.mark.parametrize("shape,axis", [((16, 4), 0), ((16, 6), 1), ((6, 7), 1), ((3, 32), 0), ((16, 12), 1)])
+def test_float64_sums_of_products(case, shape, axis):
+    """float64 sums of products and squares are fused as float32's (measured with jaxlib 0.10.2 and 0.12.0.1)."""
+    if not _xla_cpu_isa.current().fma:
+        pytest.skip("no FMA in this ISA: nothing is contracted")
+    if case == "var" or _xla_cpu_isa.jaxlib_minor() == (0, 10) and axis == 1 and shape[1] <= 8:
+        _needs_measured_sums()  # a plain float64 sum in XLA's order: jaxlib 0.10 on AMD Zen 4
+    fun = {"a*b": lambda a, b: (a * b).sum(axis), "a*a": lambda a, b: (a * a).sum(axis),
+           "(a-b)**2": lambda a, b: jnp.square(a - b).sum(axis), "var": lambda a, b: a.var(axis),
+           "-(a*b)": lambda a, b: (-(a * b)).sum(axis)}[case]
+    with jax.enable_x64(True):
+        for seed in range(3):
+            r = np.random.default_rng(seed)
+            _check(fun, r.standard_normal(shape), r.standard_normal(shape), executors=False)
 
 
 def test_division_by_a_square_root_used_twice():

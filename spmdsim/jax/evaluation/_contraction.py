@@ -4,7 +4,8 @@ XLA:CPU fuses the elementwise operations of a program into loops and compiles th
 a multiply feeding an add into one fused multiply-add (``fma``: rounded once) where the instruction set has one:
 float32 and float64 with FMA (AVX2 and above), float16 with AVX512-FP16, never bfloat16 (:mod:`._xla_cpu_isa`;
 measured with jax 0.10.2 and 0.12.0.1: float64 contracts in exactly the patterns float32 does, inside loops too).
-A product used only by adds is fused into each of them (of an add of two products, the first operand's); a
+A product used only by adds is fused into each of them (of an add of two products, the first operand's; a product
+broadcast into the add, of fewer elements, is computed once outside the add's loop and fused into none); a
 product that something else uses too (another multiply, the program's output), counting equal products as one
 as XLA's common-subexpression elimination does, is computed on its own and fused into none.
 ``jax.random.uniform(k, shape, minval, maxval)`` computes ``u * (hi - lo) + lo`` this way, and so do flax's
@@ -217,6 +218,7 @@ def _used(eqns, outvars) -> set:
 
 _SQUARE_SUM_MAX = 32  # the longest reduction measured to run as one fused loop (33 and more: another order)
 _LOOP_ELEMENTS = 4096  # from this many elements jaxlib 0.10 hands a float32 sum to YNNPACK (_reductions)
+_LOOP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # their fused sums measured alike
 
 
 def _squared(eqn) -> core.Var | None:
@@ -238,7 +240,7 @@ def _short_sum(e) -> bool:
     if e.primitive.name != "reduce_sum" or len(e.invars) != 1 or not isinstance(e.invars[0], core.Var):
         return False
     g, axes = e.invars[0], tuple(e.params.get("axes", ()))
-    return len(axes) == 1 and e.params.get("out_sharding") is None and np.dtype(g.aval.dtype) == np.float32 \
+    return len(axes) == 1 and e.params.get("out_sharding") is None and np.dtype(g.aval.dtype) in _LOOP_DTYPES \
         and 2 <= g.aval.shape[axes[0]] <= _SQUARE_SUM_MAX and _size(g.aval) < _LOOP_ELEMENTS
 
 
@@ -281,35 +283,49 @@ def _loaded(v, producers) -> bool:
 
 def _vectorized_plain(e, producers, a, b) -> bool:
     """Whether jaxlib 0.10's LLVM (AMD Zen 4) vectorises the loop of ``reduce_sum(a * b)`` over the outputs and adds
-    the products unfused, in order: measured where the sum is over the last axis, of 5 to 8 elements, the outputs
-    a multiple of 4 (12 and a few others excepted: not modelled) and both factors read from memory, not computed in
-    the loop (an elementwise operation or a broadcast of either factor keeps the loop scalar, and contracted)."""
+    the products unfused, in order. Measured where the sum is over the last axis and the outputs' last dimension
+    (size-1 dimensions dropped) is a multiple of 4 other than 12 (18 and 100 outputs: some of their elements, not
+    modelled): for 5 to 8 products of two factors read from memory, not computed in the loop (``a * b``, ``a * a``;
+    a broadcast or an elementwise operation of either keeps the loop scalar, and contracted), and for 2 to 8 squares
+    of a difference or sum of two such values (``(a - b) ** 2``; ``(a + 1) ** 2`` and ``(x - mean) ** 2`` stay
+    scalar). Under the AVX2 cap not for 5 or 7 elements, nor for 8 unless the outputs' last dimension is a multiple
+    of 8."""
     g = e.invars[0]
     axis, n = e.params["axes"][0], g.aval.shape[e.params["axes"][0]]
-    outputs = _size(g.aval) // max(n, 1)
-    loaded = _loaded(a, producers) and _loaded(b, producers)
-    return (_xla_cpu_isa.jaxlib_minor() == (0, 10) and axis == g.aval.ndim - 1 and 5 <= n <= 8
-            and outputs % 4 == 0 and loaded)
+    kept = [d for k, d in enumerate(g.aval.shape) if k != axis and d != 1]
+    if _xla_cpu_isa.jaxlib_minor() != (0, 10) or axis != g.aval.ndim - 1 or not kept or kept[-1] % 4 \
+            or kept[-1] == 12 or not 2 <= n <= 8:
+        return False
+    if not _xla_cpu_isa.current().avx512 and (n in (5, 7) or n == 8 and kept[-1] % 8):  # AVX2's vectors: 8 floats
+        return False
+    if _loaded(a, producers) and _loaded(b, producers):
+        return n >= 5
+    d = producers.get(a)
+    return a is b and d is not None and d.primitive.name in ("sub", "add") and len(d.invars) == 2 and all(
+        isinstance(v, core.Var) and v.aval.shape == a.aval.shape and _loaded(v, producers) for v in d.invars)
 
 
 def fused_square_sums(jaxpr):
-    """``reduce_sum`` over one axis of ``n`` (2 to 32) elements of products that nothing else uses, in float32 with
-    FMA: XLA:CPU fuses the products (and what computes them) into the reduction's loop, which adds them in order
-    from the init 0, and LLVM contracts each product into the add that takes it. Measured bit for bit with jaxlib
-    0.10.2 and 0.12.0.1 over both axes, lengths 2-32, on AMD Zen 4 (33 elements and more are split otherwise: the
-    products are then computed on their own):
+    """``reduce_sum`` over one axis of ``n`` (2 to 32) elements of products the program does not return, in float32
+    or float64 with FMA: XLA:CPU fuses the products (and what computes them) into the reduction's loop, which adds
+    them in order from the init 0, and LLVM contracts each product into the add that takes it. Measured bit for bit
+    with jaxlib 0.10.2 and 0.12.0.1 over both axes, lengths 2-32, on AMD Zen 4, both dtypes (33
+    elements and more are split otherwise: the products are then computed on their own):
 
     - a square (``square``, ``mul(p, p)``, ``integer_pow[y=2]``; ``jnp.var``'s ``(x - mean) ** 2``): LLVM folds
       the add of the init 0 away (a square is never -0), so ``s = fma(d0, d0, d1 * d1)``, then ``s = fma(di, di,
       s)`` for i = 2 .. n-1 (the optimized IR: ``fadd reassoc (fmul d0 d0) (fmul d1 d1)``, which the DAG combiner
       fuses at its first operand that is a product);
     - a product of two values ``a * b`` (a normalisation's gradient, ``(x * w).sum(-1)``): ``s = fma(a0, b0, 0)``,
-      then ``s = fma(ai, bi, s)`` for i = 1 .. n-1; with jaxlib 0.10, over the last axis, where LLVM vectorises the
-      loop instead (:func:`_vectorized_plain`), the products are added unfused, in order: left as they are.
+      then ``s = fma(ai, bi, s)`` for i = 1 .. n-1.
+
+    With jaxlib 0.10, over the last axis, where LLVM vectorises the loop over the outputs instead
+    (:func:`_vectorized_plain`), the products or squares are added unfused, in order: left as they are.
 
     A sum of more than 32 products is left as it is. Written as slices and ``xla_cpu_fma`` equations (and one
     product), so every executor computes it with the rules it has."""
-    if np.dtype(np.float32) not in _fused_dtypes():
+    dtypes = [d for d in _LOOP_DTYPES if d in _fused_dtypes()]
+    if not dtypes:
         return jaxpr
     producers = {e.outvars[0]: e for e in jaxpr.eqns if len(e.outvars) == 1 and e.invars}
     uses: dict = {}
@@ -328,11 +344,12 @@ def fused_square_sums(jaxpr):
         product = producers.get(m) if isinstance(m, core.Var) and m not in outputs else None
         p = _squared(product) if product is not None else None
         factors = (p, p) if p is not None else _product_factors(product) if product is not None else None
-        if factors is None or not _short_sum(e) or p is None and _vectorized_plain(e, producers, *factors):
+        if factors is None or not _short_sum(e) or np.dtype(g.aval.dtype) not in dtypes \
+                or _vectorized_plain(e, producers, *factors):
             eqns.append(e)
             continue
         fused.update((g, m))
-        axis, shape = axes[0], g.aval.shape
+        axis, shape, dtype = axes[0], g.aval.shape, np.dtype(g.aval.dtype)
         out_aval = e.outvars[0].aval
 
         def rows(v):  # v's rows along the axis, squeezed (a factor of 1 row: that row each time)
@@ -344,8 +361,8 @@ def fused_square_sums(jaxpr):
                 start = tuple(i if k == axis else 0 for k in range(len(own)))
                 limit = tuple(i + 1 if k == axis else n for k, n in enumerate(own))
                 piece = core.Var(core.ShapedArray(tuple(1 if k == axis else n for k, n in enumerate(own)),
-                                                  np.float32))
-                row = core.Var(core.ShapedArray(tuple(n for k, n in enumerate(own) if k != axis), np.float32))
+                                                  dtype))
+                row = core.Var(core.ShapedArray(tuple(n for k, n in enumerate(own) if k != axis), dtype))
                 eqns.append(core.new_jaxpr_eqn([v], [piece], _SLICE_P, {"start_indices": start,
                                                                          "limit_indices": limit, "strides": None},
                                                e.effects, e.source_info, e.ctx))
@@ -357,16 +374,16 @@ def fused_square_sums(jaxpr):
         left = rows(factors[0])
         right = left if p is not None else rows(factors[1])
         if p is not None:  # fma(d0, d0, d1 * d1), then the rest
-            acc = core.Var(core.ShapedArray(out_aval.shape, np.float32))
+            acc = core.Var(core.ShapedArray(out_aval.shape, dtype))
             eqns.append(core.new_jaxpr_eqn([left[1], left[1]], [acc], _MUL_P, dict(_MUL_PARAMS), e.effects,
                                            e.source_info, e.ctx))
             order = [0] + list(range(2, len(left)))
         else:  # fma(a0, b0, 0), then the rest
-            acc = core.Literal(np.float32(0), core.ShapedArray((), np.float32))
+            acc = core.Literal(dtype.type(0), core.ShapedArray((), dtype))
             order = list(range(len(left)))
-        result = e.outvars[0] if negation is None else core.Var(core.ShapedArray(out_aval.shape, np.float32))
+        result = e.outvars[0] if negation is None else core.Var(core.ShapedArray(out_aval.shape, dtype))
         for k in order:
-            target = result if k == order[-1] else core.Var(core.ShapedArray(out_aval.shape, np.float32))
+            target = result if k == order[-1] else core.Var(core.ShapedArray(out_aval.shape, dtype))
             eqns.append(core.new_jaxpr_eqn([left[k], right[k], acc], [target], fma_p,
                                            {"negate_product": False, "negate_addend": False}, e.effects,
                                            e.source_info, e.ctx))
@@ -408,8 +425,10 @@ def _contract(jaxpr):
     fusible = {v for v, e in products.items() if _key(e) not in kept}
     eqns, fused = [], set()
     for e in jaxpr.eqns:
-        position = next((k for k, v in enumerate(e.invars) if isinstance(v, core.Var) and v in fusible), None) \
-            if _is_sum(e) else None
+        # a product of fewer elements than the sum (broadcast into it: ``x - mean(x, keepdims=True)``'s mean) is
+        # computed once, outside the sum's loop, and contracted into nothing (measured, jaxlib 0.10.2)
+        position = next((k for k, v in enumerate(e.invars) if isinstance(v, core.Var) and v in fusible
+                         and v.aval.shape == e.outvars[0].aval.shape), None) if _is_sum(e) else None
         if position is None:
             eqns.append(e)
             continue
