@@ -22,11 +22,12 @@ Not modelled (XLA's result can still differ by an ulp there; measured): a produc
 fuses into one loop (``(p + c) - (p + d)``: XLA then contracts neither), complex128 products (XLA:CPU fuses one
 product of each part, as complex64's), products that feed an add through a reshape or from another jaxpr (a ``jit``
 call's output: XLA inlines calls), and products inside sums of more than 32 elements or that
-:func:`fused_square_sums` leaves alone. A sum of up to 32 products is :func:`fused_square_sums`; it copies the
+:func:`fused_product_sums` leaves alone. A sum of up to 32 products is :func:`fused_product_sums`; it copies the
 product into its own loop, as XLA does, so a product that such a sum and an add use is contracted into both.
 """
 from __future__ import annotations
 
+import collections
 
 import numpy as np
 from spmdsim.jax._internals import core
@@ -90,10 +91,7 @@ def fold_transposed_products(jaxpr):
     producer = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive.name == "dot_general"}
     if not producer:
         return jaxpr
-    uses: dict = {}
-    for v in [v for e in jaxpr.eqns for v in e.invars] + list(jaxpr.outvars):
-        if isinstance(v, core.Var):
-            uses[v] = uses.get(v, 0) + 1
+    uses = _uses(jaxpr)
     eqns, folded = [], set()
     for e in jaxpr.eqns:
         operand = e.invars[0] if e.primitive.name == "transpose" and isinstance(e.invars[0], core.Var) else None
@@ -159,10 +157,7 @@ def reciprocal_divisions(jaxpr):
     broadcasts = {v for v, e in producers.items() if e.primitive.name == "broadcast_in_dim"
                   and _size(e.invars[0].aval) < _size(v.aval)}
     constants = set(jaxpr.constvars)
-    uses: dict = {}
-    for v in [v for e in jaxpr.eqns for v in e.invars] + list(jaxpr.outvars):
-        if isinstance(v, core.Var):
-            uses[v] = uses.get(v, 0) + 1
+    uses = _uses(jaxpr)
     eqns, changed, spent = [], False, set()
     for e in jaxpr.eqns:
         if e.primitive.name != "div" or e.params or len(e.invars) != 2:
@@ -208,6 +203,12 @@ def reciprocal_divisions(jaxpr):
     used = _used(eqns, jaxpr.outvars)
     return jaxpr.replace(eqns=[e for e in eqns if not (e.outvars and e.outvars[0] in spent
                                                        and e.outvars[0] not in used)])
+
+
+def _uses(jaxpr) -> collections.Counter:
+    """How many times the equations read each variable, the jaxpr's outputs counted as reads."""
+    return collections.Counter(v for v in [*(v for e in jaxpr.eqns for v in e.invars), *jaxpr.outvars]
+                               if isinstance(v, core.Var))
 
 
 def _used(eqns, outvars) -> set:
@@ -305,7 +306,7 @@ def _vectorized_plain(e, producers, a, b) -> bool:
         isinstance(v, core.Var) and v.aval.shape == a.aval.shape and _loaded(v, producers) for v in d.invars)
 
 
-def fused_square_sums(jaxpr):
+def fused_product_sums(jaxpr):
     """``reduce_sum`` over one axis of ``n`` (2 to 32) elements of products the program does not return, in float32
     or float64 with FMA: XLA:CPU fuses the products (and what computes them) into the reduction's loop, which adds
     them in order from the init 0, and LLVM contracts each product into the add that takes it. Measured bit for bit
@@ -328,10 +329,7 @@ def fused_square_sums(jaxpr):
     if not dtypes:
         return jaxpr
     producers = {e.outvars[0]: e for e in jaxpr.eqns if len(e.outvars) == 1 and e.invars}
-    uses: dict = {}
-    for v in [v for e in jaxpr.eqns for v in e.invars] + list(jaxpr.outvars):
-        if isinstance(v, core.Var):
-            uses[v] = uses.get(v, 0) + 1
+    uses = _uses(jaxpr)
     outputs = _returned(jaxpr)
     eqns, fused = [], set()
     for e in jaxpr.eqns:
@@ -411,14 +409,14 @@ _MUL_P, _MUL_PARAMS, _SQRT_P, _RSQRT_P, _SLICE_P, _SQUEEZE_P = _primitives()
 
 def _contract(jaxpr):
     jaxpr = fold_transposed_products(jaxpr)
-    jaxpr = fused_square_sums(reciprocal_divisions(jaxpr))
+    jaxpr = fused_product_sums(reciprocal_divisions(jaxpr))
     dtypes = _fused_dtypes()
     if not dtypes or not any(e.primitive.name in _PRODUCTS for e in jaxpr.eqns):
         return jaxpr
     products = {e.outvars[0]: e for e in jaxpr.eqns
                 if e.primitive.name in _PRODUCTS and _plain(e) and np.dtype(e.outvars[0].aval.dtype) in dtypes}
     # a product that anything but a sum uses (or the jaxpr returns) is computed as it is, and no sum fuses it; a
-    # reduction is a fusion of its own, into which XLA copies the product (fused_square_sums): it does not count
+    # reduction is a fusion of its own, into which XLA copies the product (fused_product_sums): it does not count
     kept = {_key(products[v]) for e in jaxpr.eqns if not _is_sum(e) and not _short_sum(e)
             for v in e.invars if isinstance(v, core.Var) and v in products}
     kept.update(_key(products[v]) for v in jaxpr.outvars if isinstance(v, core.Var) and v in products)

@@ -176,17 +176,16 @@ def _sharded_callback_form(*args, mesh, **params):
                                                check_vma=False)(x)
         stacked_in.append(x)
     out_avals = global_avals(params)
+    crossing = _crossing(out_avals)
     shapes = [jax.ShapeDtypeStruct((math.prod(n for _, n in _unreduced.partials_axes(s, axes)), *a.shape)
-                                   if _unreduced.spec_unreduced(s) else a.shape, _crossing_dtype(a.dtype))
-              for a, s in zip(out_avals, out_specs, strict=True)]
+                                   if _unreduced.spec_unreduced(s) else a.shape, bits)
+              for a, s, (_, bits) in zip(out_avals, out_specs, crossing, strict=True)]
 
     # The body over the stacked partials, traced here with the map's axes manual on its mesh (the program's,
     # when the map takes its mesh from the context), as :func:`_simulate_partials` traces it.
     body, plain_in, plain_out = _partials_body(params["jaxpr"], in_specs, out_specs, axes, params.get("mesh") or mesh,
                                                params.get("check_vma", False))
     plain = {**params, "jaxpr": body, "in_specs": plain_in, "out_specs": plain_out}
-
-    crossing = _crossing(out_avals)
 
     def host(*values):
         outs = [_unreduced.total(o) for o in simulate([to_numpy(v) for v in values], **plain)]

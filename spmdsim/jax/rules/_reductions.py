@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -80,6 +80,16 @@ def by_devices(fn: Callable, *stacked: np.ndarray) -> np.ndarray:
         parts[lo] = fn(*(x[lo:hi] for x in stacked))
     _threads.in_parallel(part, n, cpus=_blas.cpus())
     return np.concatenate([parts[lo] for lo in sorted(parts)])
+
+
+def _tree_levels(dims: list) -> Iterator[tuple[list, list]]:
+    """XLA's TreeReductionRewriter over reduced dimensions of sizes ``dims``: ``(windows, counts)`` of each level
+    (windows of ``min(n, 32)`` along every reduced dimension of ``n``, ``counts`` windows along it) while one has
+    more than 32 elements (``xla/service/tree_reduction_rewriter.cc``)."""
+    while any(n > _TREE_WINDOW for n in dims):
+        windows = [min(n, _TREE_WINDOW) for n in dims]
+        dims = [-(-n // w) for n, w in zip(dims, windows)]
+        yield windows, dims
 
 
 def _outer_lanes(rows: int, cols: int, dtype) -> int:
@@ -157,9 +167,7 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: bool = False) -> np.n
             acc = ufunc(acc, rows[:, j]) if work == dtype else ufunc(acc, rows[:, j]).astype(dtype).astype(work)
         return acc
 
-    while any(n > _TREE_WINDOW for n in v.shape[:k]):
-        windows = [min(n, _TREE_WINDOW) for n in v.shape[:k]]
-        counts = [-(-n // w) for n, w in zip(v.shape[:k], windows)]
+    for windows, counts in _tree_levels(list(v.shape[:k])):
         pads = [((c * w - n) // 2, c * w - n - (c * w - n) // 2) for c, w, n in zip(counts, windows, v.shape[:k])]
         v = np.pad(v, pads + [(0, 0)], constant_values=identity)
         v = v.reshape(*(d for c, w in zip(counts, windows) for d in (c, w)), columns)
@@ -303,10 +311,9 @@ def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
     axes = sorted(int(a) for a in axes)
     kept = [d for d in range(x.ndim) if d not in axes]
     shape = [x.shape[a] for a in axes]
-    steps, s = 0, list(shape)
-    while any(n > _TREE_WINDOW for n in s):
-        steps += math.prod(min(n, _TREE_WINDOW) for n in s)
-        s = [-(-n // min(n, _TREE_WINDOW)) for n in s]
+    steps, s = 0, shape
+    for windows, s in _tree_levels(shape):
+        steps += math.prod(windows)
     steps += math.prod(s)
     if (steps > _SEQUENTIAL_STEPS or elements > _TREE_ELEMENTS) and not _xla_cpu_isa.exact():
         return None
