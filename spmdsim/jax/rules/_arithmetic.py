@@ -49,10 +49,36 @@ def _xla_float32(port, other):
     return fn
 
 
+def _c_library(symbol, other):
+    """float32 and float64 as XLA:CPU computes them, by calling the C library's ``symbol`` (``symbolf``) as it
+    does (:func:`._libm.call`); other dtypes (complex) by ``other``."""
+    def fn(*xs):
+        if xs[0].dtype in (np.float32, np.float64):
+            return _libm.call(symbol, *xs, fallback=other)
+        return other(*xs)
+    fn.__name__ = symbol
+    return fn
+
+
+_atan_c_library = _c_library("atan", np.arctan)
+
+
+def _log(x):
+    """float64: the C library's ``log``, as XLA:CPU calls it (:func:`._libm.log64`); complex: NumPy's."""
+    return _libm.log64(x) if x.dtype == np.float64 else np.log(x)
+
+
+def _atan(x):
+    """jaxlib 0.10 and 0.11 (or none): the C library's ``atan`` (see :mod:`._libm`); jaxlib 0.12 inlines its own
+    code (not ported): NumPy's arctan, within an ulp."""
+    minor = _xla_cpu_isa.jaxlib_minor()
+    return (np.arctan if minor is not None and minor >= (0, 12) else _atan_c_library)(x)
+
+
 _UNARY_XLA = {
-    "exp": (_xla_cpu_math.exp, np.exp), "log": (_xla_cpu_math.log, np.log),
+    "exp": (_xla_cpu_math.exp, np.exp), "log": (_xla_cpu_math.log, _log),
     "log1p": (_xla_cpu_math.log1p, _log1p), "tanh": (_xla_cpu_math.tanh, np.tanh),
-    "erf": (_xla_cpu_math.erf, scipy.special.erf), "expm1": (_xla_cpu_math.expm1, np.expm1),
+    "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)), "expm1": (_xla_cpu_math.expm1, np.expm1),
     "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt), "sin": (_xla_cpu_math.sin, np.sin), "cos": (_xla_cpu_math.cos, np.cos),
 }
 
@@ -72,9 +98,9 @@ def _abs(x):
 
 _UNARY = {
     "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
-    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+    "tan": _c_library("tan", np.tan), "atan": _atan, "asin": np.arcsin, "acos": np.arccos,
     "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
-    "sqrt": np.sqrt, "cbrt": np.cbrt, "abs": _abs, "real": np.real, "imag": np.imag,
+    "sqrt": np.sqrt, "cbrt": _c_library("cbrt", np.cbrt), "abs": _abs, "real": np.real, "imag": np.imag,
     "conj": lambda x: np.conj(x) if x.dtype.kind == "c" else np.asarray(x, np.result_type(x, np.complex64)),
     "square": np.square, "sign": _sign, "erfc": scipy.special.erfc,
     **{name: _xla_float32(port, other) for name, (port, other) in _UNARY_XLA.items()},
@@ -101,7 +127,7 @@ _multiply.for_dtype = lambda dtype: _multiply if dtype in (np.complex64, np.comp
 
 
 _BINARY = {
-    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": _multiply, "atan2": np.arctan2,
+    "add": np.add, "add_any": np.add, "sub": np.subtract, "mul": _multiply, "atan2": _c_library("atan2", np.arctan2),
 }
 _COMPARISONS = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
                 "ge": np.greater_equal}
