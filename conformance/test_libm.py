@@ -119,8 +119,6 @@ LIBM_CASES = {  # name: (function, dtypes, operand transform)
 @pytest.mark.parametrize("name,dtype", [(n, d) for n, (_, ds) in LIBM_CASES.items() for d in ds],
                          ids=lambda v: v if isinstance(v, str) else np.dtype(v).name)
 def test_c_library_functions_equal_xla_cpu_bit_for_bit(name, dtype):
-    if name == "atan" and _xla_cpu_isa.jaxlib_minor() >= (0, 12):
-        pytest.skip("jaxlib 0.12 inlines its own atan (not ported)")
     fn = LIBM_CASES[name][0]
     xs = [_wide_operands(dtype)] + ([_wide_operands(dtype, seed=5)] if name == "atan2" else [])
     if (name, dtype) in (("cbrt", np.float32), ("atan2", np.float32), ("atan2", np.float64)):

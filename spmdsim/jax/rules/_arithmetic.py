@@ -69,10 +69,13 @@ def _log(x):
 
 
 def _atan(x):
-    """jaxlib 0.10 and 0.11 (or none): the C library's ``atan`` (see :mod:`._libm`); jaxlib 0.12 inlines its own
-    code (not ported): NumPy's arctan, within an ulp."""
+    """jaxlib 0.10 and 0.11 (or none): the C library's ``atan`` (:mod:`._libm`), which XLA:CPU calls on arrays of
+    50 elements or more (jaxlib 0.10: smaller arrays and the last ``n % 4`` elements by its own code, within an
+    ulp); jaxlib 0.12: XLA's own code (:func:`._xla_cpu_math.atan`); complex: NumPy's."""
     minor = _xla_cpu_isa.jaxlib_minor()
-    return (np.arctan if minor is not None and minor >= (0, 12) else _atan_c_library)(x)
+    if minor is not None and minor >= (0, 12) and x.dtype in (np.float32, np.float64):
+        return _xla_cpu_math.atan(x)
+    return _atan_c_library(x)
 
 
 _UNARY_XLA = {
