@@ -30,7 +30,7 @@ import numpy as np
 from spmdsim.runtime import _blas, _buffers, _threads
 from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_probe
 
-__all__ = ["exp", "log", "sin", "cos", "atan", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "lgamma", "digamma", "fma", "fma64", "multiply_add",
+__all__ = ["exp", "log", "sin", "cos", "atan", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "rsqrt64", "lgamma", "digamma", "fma", "fma64", "multiply_add",
            "ftz", "flush_subnormals"]
 
 f32, f64 = np.float32, np.float64
@@ -564,6 +564,28 @@ def rsqrt(x: np.ndarray) -> np.ndarray:
         for _ in range(2):
             refined = fma(refined * f32(-0.5), fma(x * refined, refined, f32(-1)), refined)
     return np.where(special, y, refined).astype(f32)
+
+
+def rsqrt64(x: np.ndarray) -> np.ndarray:
+    """float64 ``rsqrt`` as XLA:CPU computes it (jaxlib 0.10-0.12, where AVX-512F is in effect): the CPU's
+    estimate ``vrsqrt14pd`` (:func:`._cpu_estimate.rsqrt14`, the instruction itself) refined by two Newton-Raphson
+    steps ``h = fma(x y, y, -1)``, ``y = fma(-y/2, h, y)``; below the smallest normal (zero, negatives, flushed
+    subnormals) and at +inf the estimate itself, as XLA selects it. Elsewhere (no AVX-512F in effect, a later
+    jaxlib, or the instruction cannot be run here) the correctly rounded ``1 / sqrt(x)``, which is XLA's
+    fallback, or within an ulp of its result."""
+    x = flush_subnormals(np.asarray(x, f64))
+    minor = _xla_cpu_isa.jaxlib_minor()
+    estimate = None
+    if _xla_cpu_isa.current().avx512 and (minor is None or minor <= (0, 12)):
+        from spmdsim.jax.numerics import _cpu_estimate
+        estimate = _cpu_estimate.rsqrt14(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if estimate is None:
+            return f64(1) / np.sqrt(x)
+        y = estimate
+        for _ in range(2):
+            y = fma64(y * f64(-0.5), fma64(x * y, y, f64(-1)), y)
+    return np.where((x < np.finfo(f64).tiny) | (x == np.inf), estimate, y)
 
 
 # Lanczos' approximation with g = 7, n = 9, as StableHLO's CHLO decomposition (materializeLgamma) writes lgamma

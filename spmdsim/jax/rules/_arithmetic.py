@@ -14,6 +14,9 @@ from spmdsim.jax.rules._elementwise import LOW_FLOATS, _operand_dtype, elementwi
 # -- elementwise -----------------------------------------------------------------------------------------
 
 def _rsqrt(x):
+    """float64 as XLA:CPU computes it (:func:`._xla_cpu_math.rsqrt64`); complex as ``1 / sqrt(x)``."""
+    if x.dtype == np.float64:
+        return _xla_cpu_math.rsqrt64(x)
     return np.asarray(1, x.dtype) / np.sqrt(x)
 
 
