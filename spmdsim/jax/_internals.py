@@ -60,7 +60,7 @@ def _first(name: str, *owners):
 
 try:  # JAX 0.12: float32 (and float16/bfloat16 through it) lgamma is JAX's own program, lowered by lower_fun
     from jax._src.lax.lgamma import lgamma_impl as lgamma_float32_program
-except ImportError:  # up to 0.11: CHLO's Lanczos approximation, XLA's (spmdsim.jax.numerics._xla_cpu_math.lgamma)
+except ImportError:  # up to 0.11: CHLO's Lanczos approximation, XLA's (spmdsim.jax.numerics._xla_cpu_math64.lgamma)
     lgamma_float32_program = None
 
 # The abstract mesh of ``jax.sharding.use_abstract_mesh`` and the concrete mesh of ``jax.set_mesh``: thread-local

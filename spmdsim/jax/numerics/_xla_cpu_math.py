@@ -14,7 +14,8 @@ XLA's sequence of float32 operations, so their results equal XLA:CPU's bit for b
   float32), which differs from one rounding in about one case in 2**29.
 - Inputs below the smallest normal float32 count as zero and results below it are flushed to zero, as XLA:CPU
   does (FTZ/DAZ).
-- float16 and bfloat16 use the float32 functions (XLA:CPU upcasts them); float64 keeps NumPy/SciPy.
+- float16 and bfloat16 use the float32 functions (XLA:CPU upcasts them); float64's own ports (and lgamma,
+  digamma, atan) are in :mod:`._xla_cpu_math64`, the C library's functions in :mod:`._libm`.
 
 XLA's results depend on its version and on the instruction set it compiles for: without FMA (a CPU before
 AVX2, or ``--xla_cpu_max_isa=AVX``) LLVM does not fuse, and :func:`fma` then rounds the product first, as XLA
@@ -30,7 +31,7 @@ import numpy as np
 from spmdsim.runtime import _blas, _buffers, _threads
 from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_probe
 
-__all__ = ["exp", "log", "sin", "cos", "atan", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "rsqrt64", "lgamma", "digamma", "fma", "fma64", "multiply_add",
+__all__ = ["exp", "log", "sin", "cos", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "fma", "fma64", "multiply_add",
            "ftz", "flush_subnormals"]
 
 f32, f64 = np.float32, np.float64
@@ -566,50 +567,6 @@ def rsqrt(x: np.ndarray) -> np.ndarray:
     return np.where(special, y, refined).astype(f32)
 
 
-def rsqrt64(x: np.ndarray) -> np.ndarray:
-    """float64 ``rsqrt`` as XLA:CPU computes it (jaxlib 0.10-0.12, where AVX-512F is in effect): the CPU's
-    estimate ``vrsqrt14pd`` (:func:`._cpu_estimate.rsqrt14`, the instruction itself) refined by two Newton-Raphson
-    steps ``h = fma(x y, y, -1)``, ``y = fma(-y/2, h, y)``; below the smallest normal (zero, negatives, flushed
-    subnormals) and at +inf the estimate itself, as XLA selects it. Elsewhere (no AVX-512F in effect, a later
-    jaxlib, or the instruction cannot be run here) the correctly rounded ``1 / sqrt(x)``, which is XLA's
-    fallback, or within an ulp of its result."""
-    x = flush_subnormals(np.asarray(x, f64))
-    minor = _xla_cpu_isa.jaxlib_minor()
-    estimate = None
-    if _xla_cpu_isa.current().avx512 and (minor is None or minor <= (0, 12)):
-        from spmdsim.jax.numerics import _cpu_estimate
-        estimate = _cpu_estimate.rsqrt14(x)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if estimate is None:
-            return f64(1) / np.sqrt(x)
-        y = estimate
-        for _ in range(2):
-            y = fma64(y * f64(-0.5), fma64(x * y, y, f64(-1)), y)
-    return np.where((x < np.finfo(f64).tiny) | (x == np.inf), estimate, y)
-
-
-# Lanczos' approximation with g = 7, n = 9, as StableHLO's CHLO decomposition (materializeLgamma) writes lgamma
-_LANCZOS_G = 7.0
-_LANCZOS_BASE = 0.99999999999980993227684700473478
-_LANCZOS = (676.520368121885098567009190444019, -1259.13921672240287047156078755283,
-            771.3234287776530788486528258894, -176.61502916214059906584551354, 12.507343278686904814458936853,
-            -0.13857109526572011689554707, 9.984369578019570859563e-6, 1.50563273514931155834e-7)
-
-
-def _lanczos(x: np.ndarray):
-    """What lgamma and digamma share: ``reflect`` (x < 1/2), ``z`` (-x there, x - 1 elsewhere), ``a(z)``,
-    ``t(z) = z + 7.5`` and ``log t(z)`` as CHLO writes them, in x's dtype (float32 with XLA:CPU's log1p)."""
-    c = x.dtype.type
-    reflect = x < c(0.5)
-    z = np.where(reflect, -x, x + c(-1))
-    a = np.full_like(z, c(_LANCZOS_BASE))
-    for k, coefficient in enumerate(_LANCZOS, 1):
-        a = a + c(coefficient) / (z + c(k))
-    log1p_ = log1p if x.dtype == f32 else np.log1p
-    log_t = log1p_(z * c(1 / (_LANCZOS_G + 0.5))) + c(np.log(_LANCZOS_G + 0.5))
-    return reflect, z, a, z + c(_LANCZOS_G + 0.5), log_t
-
-
 def _sin_cos(x: np.ndarray, fn) -> np.ndarray:
     """float32 sin/cos as XLA:CPU computes them (:func:`sin`, :func:`cos`); float64 by NumPy."""
     if x.dtype != f32:
@@ -677,97 +634,3 @@ def sin(x: np.ndarray) -> np.ndarray:
 def cos(x: np.ndarray) -> np.ndarray:
     """float32 ``cos`` as XLA:CPU computes it: the C library's ``cosf`` (see :func:`_libm_screened`)."""
     return _libm_screened(x, "cosf", np.cos)
-
-
-# XLA:CPU's own arctangent (jaxlib 0.12; jaxlib 0.10 on arrays of fewer than 50 elements): Eigen's rational
-# approximation ``x p(x^2) / q(x^2)`` on [0, 1], ``pi/2 - atan(1/x)`` above 1, as ``xla/codegen/intrinsic/cpp/
-# eigen_unary.cc`` writes its scalar ``atan_f32``/``atan_f64`` and Eigen its vector one (float64: the operand
-# itself below 1e-9, as both do; float32: the vector loop's, without the scalar code's bypass below 1e-3); the
-# polynomials' steps are multiply-adds (``llvm.fmuladd``: fused where the ISA has FMA). Coefficients, highest
-# power first.
-_ATAN = {
-    f32: (1e-3, (1.12026982009410858154296875e-01, 7.296695709228515625e-01, 8.109951019287109375e-01),
-          (1.00917108356952667236328125e-02, 2.8318560123443603515625e-01, 1.0, 8.109951019287109375e-01)),
-    f64: (1e-9, (2.6667153866462208e-05, 3.0917513112462781e-03, 5.2574296781008604e-02, 3.0409318473444424e-01,
-                 7.5365702534987022e-01, 8.2704055405494614e-01, 3.3004361289279920e-01),
-          (2.7311202462436667e-04, 1.0899150928962708e-02, 1.1548932646420353e-01, 4.9716458728465573e-01, 1.0,
-           9.3705509168587852e-01, 3.3004361289279920e-01)),
-}
-
-
-@_blockwise
-def atan(x: np.ndarray) -> np.ndarray:
-    """float32 or float64 ``atan`` by XLA:CPU's own code (see ``_ATAN``), as jaxlib 0.12 computes it: bit for bit
-    on arrays of 50 elements or more but a few elements in a hundred (float32: and on smaller arrays but below
-    1e-3, where its scalar code returns the operand). NaN stays NaN, +-inf gives +-pi/2, subnormals count as
-    zeros."""
-    x = flush_subnormals(np.asarray(x))  # XLA's own code: DAZ
-    c = x.dtype.type
-    tiny, alpha, beta = _ATAN[c]
-    step = fma if c == f32 else (fma64 if _xla_cpu_isa.current().fma else lambda a, b, d: a * b + d)
-    magnitude = np.abs(x)
-    large = magnitude > c(1)
-    with np.errstate(all="ignore"):
-        t = np.where(large, c(1) / magnitude, magnitude).astype(c)
-        t2 = t * t
-        p, q = np.full_like(t2, c(alpha[0])), np.full_like(t2, c(beta[0]))
-        for a in alpha[1:]:
-            p = step(p, t2, c(a))
-        for b in beta[1:]:
-            q = step(q, t2, c(b))
-        r = t * (p / q)
-        out = np.copysign(np.where(large, c(np.pi / 2) - r, r), x)
-    return (out if c == f32 else np.where(magnitude < c(tiny), x, out)).astype(c)
-
-
-@_blockwise
-def digamma(x: np.ndarray) -> np.ndarray:
-    """digamma of float32 or float64 as CHLO's decomposition (materializeDigamma) writes it:
-    ``log t + a'(z) / a(z) - 7 / t`` with ``a'(z) = -sum c_k / (z + k)^2`` (see :func:`_lanczos`); reflected below
-    1/2 as ``digamma(1 - x) - pi cos(pi x') / sin(pi x')`` with ``x' = x + |floor(x + 1/2)|``; NaN at the poles
-    (x <= 0, integral; at +-0 the jaxlib's value, :func:`._xla_cpu_probe.digamma_at_zero`). Bit for bit with XLA:CPU in float32 (with :func:`sin` and :func:`cos` below 1/2: 200,000 values in [-20, 1/2)
-measured equal)."""
-    x = np.asarray(x)
-    c = x.dtype.type
-    with np.errstate(all="ignore"):
-        reflect, z, a, t, log_t = _lanczos(x)
-        a_prime = np.zeros_like(z)
-        for k, coefficient in enumerate(_LANCZOS, 1):
-            term = z + c(k)
-            a_prime = a_prime - c(coefficient) / (term * term)
-        out = (log_t + a_prime / a) - c(_LANCZOS_G) / t
-        reduced = (x + np.abs(np.floor(x + c(0.5)))) * c(np.pi)
-        reflected = out - (_sin_cos(reduced, np.cos) * c(np.pi)) / _sin_cos(reduced, np.sin)
-        out = np.where(reflect, reflected, out)
-        out = np.where((x <= 0) & (x == np.floor(x)), c(np.nan), out)
-        out = np.where(x == 0, c(_xla_cpu_probe.digamma_at_zero()), out)
-    return out.astype(x.dtype)
-
-
-@_blockwise
-def lgamma(x: np.ndarray) -> np.ndarray:
-    """lgamma of float32 or float64 as XLA computes it: CHLO's Lanczos approximation (``z = x - 1``, or ``-x``
-    reflected below 1/2, ``a(z) = c0 + sum c_k / (z + k)``, ``log t(z) = log1p(z * (1/7.5)) + log(7.5)``: XLA's
-    simplifier turns the division by 7.5 into a multiplication by its rounded reciprocal,
-    ``lgamma = fma(z + 1/2 - t / log t, log t, log(2 pi) / 2) + log(a)``; reflection
-    ``log(pi) - log(sin(pi * |frac(x)|')) - lgamma(1 - x)``; +inf at +-inf), so lgamma(1) is 4.8e-7 in float32
-    and -5.8e-8 in float64 as in XLA, not 0. float32 with XLA:CPU's log, log1p and multiply-adds: equal to
-    XLA:CPU's result bit for bit, below 1/2 with its sinf (:func:`sin`; 200,000 values in [-20, 1/2) measured
-    equal). float64 with
-    NumPy's log, log1p and sin and unfused multiply-adds (XLA:CPU's differ in the last bits)."""
-    x = np.asarray(x)
-    dtype = x.dtype
-    c = dtype.type
-    log_ = log if dtype == f32 else np.log
-    with np.errstate(all="ignore"):
-        reflect, z, a, t, log_t = _lanczos(x)
-        s = (z + c(0.5)) - t / log_t
-        half_log_2pi = c((np.log(2) + np.log(np.pi)) / 2)
-        head = fma(s, log_t, half_log_2pi) if dtype == f32 else s * log_t + half_log_2pi
-        out = head + log_(a)
-        frac = np.abs(x) - np.floor(np.abs(x))
-        frac = np.where(c(0.5) < frac, c(1) - frac, frac)
-        denominator = log_(_sin_cos(c(np.pi) * frac, np.sin))
-        reflected = np.where(np.isfinite(denominator), (c(np.log(np.pi)) - denominator) - out, -denominator)
-        out = np.where(reflect, reflected, out)
-    return np.where(np.isinf(x), c(np.inf), out).astype(dtype)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.special
 
-from spmdsim.jax.numerics import _libm, _xla_cpu_isa, _xla_cpu_math, _xla_cpu_probe
+from spmdsim.jax.numerics import _libm, _xla_cpu_isa, _xla_cpu_math, _xla_cpu_math64, _xla_cpu_probe
 from spmdsim.jax.evaluation._registry import PER_DEVICE, specialize
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, _operand_dtype, elementwise, is_float, via_f32
 
@@ -14,9 +14,9 @@ from spmdsim.jax.rules._elementwise import LOW_FLOATS, _operand_dtype, elementwi
 # -- elementwise -----------------------------------------------------------------------------------------
 
 def _rsqrt(x):
-    """float64 as XLA:CPU computes it (:func:`._xla_cpu_math.rsqrt64`); complex as ``1 / sqrt(x)``."""
+    """float64 as XLA:CPU computes it (:func:`._xla_cpu_math64.rsqrt64`); complex as ``1 / sqrt(x)``."""
     if x.dtype == np.float64:
-        return _xla_cpu_math.rsqrt64(x)
+        return _xla_cpu_math64.rsqrt64(x)
     return np.asarray(1, x.dtype) / np.sqrt(x)
 
 
@@ -74,17 +74,32 @@ def _log(x):
 def _atan(x):
     """jaxlib 0.10 and 0.11 (or none): the C library's ``atan`` (:mod:`._libm`), which XLA:CPU calls on arrays of
     50 elements or more (jaxlib 0.10: smaller arrays and the last ``n % 4`` elements by its own code, within an
-    ulp); jaxlib 0.12: XLA's own code (:func:`._xla_cpu_math.atan`); complex: NumPy's."""
+    ulp); jaxlib 0.12: XLA's own code (:func:`._xla_cpu_math64.atan`); complex: NumPy's."""
     minor = _xla_cpu_isa.jaxlib_minor()
     if minor is not None and minor >= (0, 12) and x.dtype in (np.float32, np.float64):
-        return _xla_cpu_math.atan(x)
+        return _xla_cpu_math64.atan(x)
     return _atan_c_library(x)
 
 
+def _float64_port(port, other, jaxlibs=None):
+    """float64 by XLA:CPU's own algorithm ``port`` (:mod:`._xla_cpu_math`) where the installed jaxlib computes it
+    so (``jaxlibs``: a predicate of its ``(major, minor)``; None: every one measured), other dtypes and jaxlibs
+    by ``other``."""
+    def fn(x):
+        minor = _xla_cpu_isa.jaxlib_minor()
+        if x.dtype == np.float64 and (jaxlibs is None or minor is None or jaxlibs(minor)):
+            return port(x)
+        return other(x)
+    fn.__name__ = f"{port.__name__}_or_{getattr(other, '__name__', 'other')}"
+    return fn
+
+
 _UNARY_XLA = {
-    "exp": (_xla_cpu_math.exp, np.exp), "log": (_xla_cpu_math.log, _log),
-    "log1p": (_xla_cpu_math.log1p, _log1p), "tanh": (_xla_cpu_math.tanh, np.tanh),
-    "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)), "expm1": (_xla_cpu_math.expm1, np.expm1),
+    "exp": (_xla_cpu_math.exp, _float64_port(_xla_cpu_math64.exp64, np.exp)), "log": (_xla_cpu_math.log, _log),
+    "log1p": (_xla_cpu_math.log1p, _float64_port(_xla_cpu_math64.log1p64, _log1p, lambda v: v == (0, 10))),
+    "tanh": (_xla_cpu_math.tanh, _float64_port(_xla_cpu_math64.tanh64, np.tanh)),
+    "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)),
+    "expm1": (_xla_cpu_math.expm1, _float64_port(_xla_cpu_math64.expm1_64, np.expm1, lambda v: v < (0, 12))),
     "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt), "sin": (_xla_cpu_math.sin, np.sin), "cos": (_xla_cpu_math.cos, np.cos),
 }
 
@@ -153,6 +168,8 @@ for _name, _fn in {**_COMPARISONS, **_BITWISE}.items():
 def _logistic_wide(x):
     if x.dtype == np.float32:
         return _xla_cpu_math.logistic(x)
+    if x.dtype == np.float64:  # XLA's LogisticExpander, with its float64 exp
+        return _xla_cpu_math.flush_subnormals(1 / (1 + PER_DEVICE["exp"](-x)))
     if x.dtype.kind == "f":
         return np.asarray(scipy.special.expit(x), x.dtype)
     return np.asarray(1, x.dtype) / (np.asarray(1, x.dtype) + np.exp(-x))

@@ -4,7 +4,7 @@
 JAX itself (``mlir.lower_fun`` of its ``*_impl`` in ``jax/_src/lax/special.py``: series and continued fractions
 in ``while`` loops): XLA:CPU runs that program, so spmdsim evaluates the same program, traced once per operand
 shapes and dtypes, with its own rules (:func:`_as_jax_lowers`). ``digamma`` (and ``lgamma``, in
-``_arithmetic``) is CHLO's Lanczos approximation as XLA computes it (:mod:`._xla_cpu_math`). The others, by
+``_arithmetic``) is CHLO's Lanczos approximation as XLA computes it (:mod:`._xla_cpu_math64`). The others, by
 ``scipy.special``:
 
 Every rule is elementwise (its vectorized twin is the same rule on the stacked operands). float32, float16 and
@@ -25,7 +25,7 @@ import scipy.special as sp
 from spmdsim.jax._internals import jax_special, lgamma_float32_program
 
 from spmdsim.jax.evaluation._interpreter import PER_DEVICE as per_device_executor
-from spmdsim.jax.numerics import _xla_cpu_math
+from spmdsim.jax.numerics import _xla_cpu_math64
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, both, elementwise, expand_to, via_f32
 
 
@@ -115,7 +115,7 @@ for _name, _fn in _FUNCTIONS.items():
     elementwise(_name)(_in_float64(_fn))
 
 # CHLO's Lanczos approximation, as XLA computes it (float16/bfloat16 through float32, rounded once)
-elementwise("digamma")(via_f32(_xla_cpu_math.digamma))
+elementwise("digamma")(via_f32(_xla_cpu_math64.digamma))
 
 # SciPy's forms of the primitives below: no longer rules (JAX's lowering is), kept as references with XLA's
 # boundaries for tests.
@@ -175,11 +175,11 @@ if lgamma_float32_program is not None:
     _LOWERED_BY_JAX["lgamma_float32"] = lgamma_float32_program
     _lgamma_float32 = _as_jax_lowers("lgamma_float32")
 else:
-    _lgamma_float32 = _xla_cpu_math.lgamma
+    _lgamma_float32 = _xla_cpu_math64.lgamma
 
 
 def _lgamma(x):
-    return _xla_cpu_math.lgamma(x) if x.dtype == np.float64 else _lgamma_float32(x)
+    return _xla_cpu_math64.lgamma(x) if x.dtype == np.float64 else _lgamma_float32(x)
 
 
 elementwise("lgamma")(via_f32(_lgamma))
