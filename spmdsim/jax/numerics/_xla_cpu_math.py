@@ -31,7 +31,7 @@ import numpy as np
 from spmdsim.runtime import _blas, _buffers, _threads
 from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_probe
 
-__all__ = ["exp", "log", "sin", "cos", "log1p", "tanh", "erf", "logistic", "expm1", "rsqrt", "fma", "fma64", "multiply_add",
+__all__ = ["exp", "log", "sin", "cos", "log1p", "tanh", "erf", "erfc", "logistic", "expm1", "rsqrt", "fma", "fma64", "multiply_add",
            "ftz", "flush_subnormals"]
 
 f32, f64 = np.float32, np.float64
@@ -523,6 +523,36 @@ def erf(x: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         out = (x * _horner_fma(x2, _ERF_NUMERATOR)) / _horner_fma(x2, _ERF_DENOMINATOR)
     return ftz(np.where(f32(3.832506856900711) <= np.abs(x), np.copysign(f32(1), x), out))
+
+
+def _hex32(*words: str) -> tuple:
+    return tuple(float(np.frombuffer(bytes.fromhex(w)[::-1], f32)[0]) for w in words)
+
+
+# float32 erfc as CHLO decomposes it and XLA:CPU compiles it (jaxlib 0.10.2's LLVM IR; Cephes' erfcf): for
+# |x| < 1, 1 - x E(x^2); else exp(-x^2) / |x| R(1/x^2), R one of two polynomials (|x| < 2 or not), 0 where
+# x^2 > 88.72, 2 - that for x < 0. Highest degree first; every step a fused multiply-add.
+_ERFC_SMALL = _hex32("3CBE9CF4", "BE0E0868", "3EBCCBD0", "BF151CF8", "3F1EF9E3", "BEFD28C0", "3EAE5471", "BE8C5880",
+                     "3F1056E6")
+_ERFC_LARGE = _hex32("C127A483", "414FA29C", "C0EFDB4A", "403AF1FA", "BF81F436", "3ED7FC3E", "BE906C5D", "3F106EB9")
+_ERFC_ERF = _hex32("38A4B519", "BA51FB80", "3BAA02D9", "BCDBFC87", "3DE7167C", "BEC0939F", "3F906EBA")
+_ERFC_UNDERFLOW = _hex32("42B17218")[0]
+
+
+@_blockwise
+def erfc(x: np.ndarray) -> np.ndarray:
+    """float32 ``erfc`` as XLA:CPU computes CHLO's decomposition (see ``_ERFC_SMALL``), with its own ``exp``."""
+    x = _daz(x)
+    with np.errstate(all="ignore"):
+        x2 = ftz(x * x)
+        w = f32(1) / x2
+        magnitude = np.abs(x)
+        tail = np.where(magnitude < f32(2), _horner_fma(w, _ERFC_SMALL), _horner_fma(w, _ERFC_LARGE))
+        q = ftz((exp(-x2) * (f32(1) / magnitude)) * tail)
+        q = np.where(x2 > f32(_ERFC_UNDERFLOW), f32(0), q)
+        q = np.where(x < 0, f32(2) - q, q)
+        near = fma(-x, _horner_fma(x2, _ERFC_ERF), f32(1))
+        return np.where(magnitude < f32(1), near, q).astype(f32)
 
 
 @_blockwise

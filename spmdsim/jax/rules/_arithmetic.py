@@ -98,7 +98,7 @@ _UNARY_XLA = {
     "exp": (_xla_cpu_math.exp, _float64_port(_xla_cpu_math64.exp64, np.exp)), "log": (_xla_cpu_math.log, _log),
     "log1p": (_xla_cpu_math.log1p, _float64_port(_xla_cpu_math64.log1p64, _log1p, lambda v: v == (0, 10))),
     "tanh": (_xla_cpu_math.tanh, _float64_port(_xla_cpu_math64.tanh64, np.tanh)),
-    "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)),
+    "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)), "erfc": (_xla_cpu_math.erfc, scipy.special.erfc),
     "expm1": (_xla_cpu_math.expm1, _float64_port(_xla_cpu_math64.expm1_64, np.expm1, lambda v: v < (0, 12))),
     "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt), "sin": (_xla_cpu_math.sin, np.sin), "cos": (_xla_cpu_math.cos, np.cos),
 }
@@ -123,7 +123,7 @@ _UNARY = {
     "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
     "sqrt": np.sqrt, "cbrt": _c_library("cbrt", np.cbrt), "abs": _abs, "real": np.real, "imag": np.imag,
     "conj": lambda x: np.conj(x) if x.dtype.kind == "c" else np.asarray(x, np.result_type(x, np.complex64)),
-    "square": np.square, "sign": _sign, "erfc": scipy.special.erfc,
+    "square": np.square, "sign": _sign,
     **{name: _xla_float32(port, other) for name, (port, other) in _UNARY_XLA.items()},
 }
 
