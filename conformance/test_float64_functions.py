@@ -91,6 +91,7 @@ PORTS = {  # name: (function, operands, whether the installed jaxlib computes it
     "log1p": (jax.lax.log1p, "above -1", lambda: _minor() == (0, 10)),
     "lgamma": (jax.lax.lgamma, "wide", lambda: _minor() == (0, 10)),
     "digamma": (jax.lax.digamma, "wide", lambda: _minor() == (0, 10)),
+    "erf_inv": (jax.lax.erf_inv, "in [-1, 1]", lambda: _minor() == (0, 10)),
 }
 
 
@@ -99,6 +100,8 @@ def _port_operands(kind):
     x = np.concatenate([rng.standard_normal(4096) * 5, rng.uniform(-0.6, 0.6, 2048), rng.uniform(-750, 750, 1024),
                         [0, -0.0, np.inf, -np.inf, np.nan, 19.99, 20, -25, 1e-300, 1e-310, -1e-310, 709.8, -708.4,
                          -745.2, 0.5, -0.5, 3, -3]])
+    if kind == "in [-1, 1]":
+        return np.concatenate([np.tanh(x), [1, -1, 1 - 2 ** -53, -1 + 2 ** -53, 0.5, 1e-300, 2, np.nan]])
     return np.where(x <= -1, -x, x) if kind == "above -1" else x
 
 
@@ -132,3 +135,15 @@ def test_a_float64_program_of_exp_log_and_logistic_equals_jax_pmap(executor):
 
     with jax.enable_x64(True):
         np.testing.assert_array_equal(_bits(sjax.pmap(f, executor=executor)(x)), _bits(jax.pmap(f)(x)))
+
+
+@pytest.mark.skipif(jax.__version_info__ >= (0, 11), reason="float64 erf_inv ported from jaxlib 0.10 only")
+@pytest.mark.parametrize("executor", ["threads", "vectorized"])
+def test_float64_normal_samples_equal_jax_pmap(executor):
+    """``jax.random.normal`` in float64 (``sqrt(2) erf_inv(u)``): the same samples as JAX's, bit for bit."""
+    def f(key):
+        return jax.random.normal(key, (1000,), dtype=jnp.float64)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 8)
+    with jax.enable_x64(True):
+        np.testing.assert_array_equal(_bits(sjax.pmap(f, executor=executor)(keys)), _bits(jax.pmap(f)(keys)))

@@ -15,7 +15,7 @@ from spmdsim.jax.numerics import _cpu_estimate, _libm, _xla_cpu_isa, _xla_cpu_pr
 from spmdsim.jax.numerics._xla_cpu_math import (_blockwise, _sin_cos, f32, f64, flush_subnormals, fma, fma64,
                                                 log, log1p)
 
-__all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "rsqrt64", "atan", "lgamma", "digamma"]
+__all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "erf_inv64", "rsqrt64", "atan", "lgamma", "digamma"]
 
 
 # XLA:CPU's float64 exp (jaxlib 0.10.2-0.12.0.1; its LLVM IR, ``XLA_FLAGS=--xla_dump_to``): Cephes' exp, the
@@ -271,3 +271,46 @@ def lgamma(x: np.ndarray) -> np.ndarray:
         reflected = np.where(np.isfinite(denominator), (c(np.log(np.pi)) - denominator) - out, -denominator)
         out = np.where(reflect, reflected, out)
     return np.where(np.isinf(x), c(np.inf), out).astype(dtype)
+
+
+# jaxlib 0.10's float64 erf_inv (CHLO's decomposition as XLA:CPU compiles it, read from its LLVM IR): Giles'
+# double-precision approximation, w = -log1p(-x^2) (XLA's float64 log1p, :func:`log1p64`), a polynomial in
+# w - 3.125 below 6.25, in sqrt(w) - 3.25 below 16, in sqrt(w) - 5 beyond (Horner, fused multiply-adds), times x;
+# +-inf at +-1. Coefficients, highest degree first.
+_ERF_INV64 = (
+    (-3.64441206401782e-21, -1.6850591381820166e-19, 1.28584807152564e-18, 1.1157877678025181e-17,
+     -1.333171662854621e-16, 2.0972767875968562e-17, 6.637638134358324e-15, -4.054566272975207e-14,
+     -8.151934197605472e-14, 2.6335093153082323e-12, -1.2975133253453532e-11, -5.415412054294628e-11,
+     1.0512122733215323e-09, -4.112633980346984e-09, -2.9070369957882005e-08, 4.2347877827932404e-07,
+     -1.3654692000834679e-06, -1.3882523362786469e-05, 0.00018673420803405714, -0.000740702534166267,
+     -0.006033670871430149, 0.24015818242558962, 1.6536545626831027),
+    (2.2137376921775787e-09, 9.075656193888539e-08, -2.7517406297064545e-07, 1.8239629214389228e-08,
+     1.5027403968909828e-06, -4.013867526981546e-06, 2.9234449089955446e-06, 1.2475304481671779e-05,
+     -4.7318229009055734e-05, 6.828485145957318e-05, 2.4031110387097894e-05, -0.0003550375203628475,
+     0.0009532893797373805, -0.0016882755560235047, 0.002491442096107851, -0.003751208507569241,
+     0.005370914553590064, 1.0052589676941592, 3.0838856104922208),
+    (-2.7109920616438573e-11, -2.555641816996525e-10, 1.5076572693500548e-09, -3.789465440126737e-09,
+     7.61570120807834e-09, -1.496002662714924e-08, 2.914795345090108e-08, -6.771199775845234e-08,
+     2.2900482228026655e-07, -9.9298272942317e-07, 4.526062597223154e-06, -1.968177810553167e-05,
+     7.599527703001776e-05, -0.00021503011930044477, -0.00013871931833623122, 1.0103004648645344,
+     4.849906401408584),
+)
+
+
+@_blockwise
+def erf_inv64(x: np.ndarray) -> np.ndarray:
+    """float64 ``erf_inv`` as jaxlib 0.10's XLA:CPU computes it (see ``_ERF_INV64``); NaN outside [-1, 1]."""
+    x = flush_subnormals(np.asarray(x, f64))
+    madd = _madd64()
+    with np.errstate(all="ignore"):
+        log_term = log1p64(x * -x)  # -w
+        central, middle = log_term > f64(-6.25), log_term > f64(-16)
+        root = np.sqrt(-log_term)
+        t = np.where(central, f64(-3.125) - log_term, root - np.where(middle, f64(3.25), f64(5)))
+        out = np.empty_like(t)
+        for mask, coefficients in zip((central, middle & ~central, ~middle), _ERF_INV64):
+            p = np.full_like(t, coefficients[0])
+            for c in coefficients[1:]:
+                p = madd(p, t, f64(c))
+            out = np.where(mask, p, out)
+        return x * np.where(np.abs(x) == 1, np.inf, out)

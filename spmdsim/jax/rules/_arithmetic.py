@@ -379,9 +379,11 @@ def _round(x, *, rounding_method):
 @elementwise("erf_inv")
 def _erf_inv(x):
     """float32 (and float16/bfloat16 through it): Giles' single-precision polynomial with XLA's log1p, as
-    XLA:CPU computes it; float64: scipy.special.erfinv."""
+    XLA:CPU computes it; float64: Giles' double-precision one as jaxlib 0.10 computes it
+    (:func:`._xla_cpu_math64.erf_inv64`), scipy.special.erfinv with later jaxlibs (their log1p differs)."""
     if x.dtype == np.float64:
-        return scipy.special.erfinv(x)
+        minor = _xla_cpu_isa.jaxlib_minor()
+        return _xla_cpu_math64.erf_inv64(x) if minor in (None, (0, 10)) else scipy.special.erfinv(x)
     fma = _xla_cpu_math.fma
     a = x.astype(np.float32)
     w = -_xla_cpu_math.log1p(-a * a)
