@@ -92,6 +92,7 @@ PORTS = {  # name: (function, operands, whether the installed jaxlib computes it
     "lgamma": (jax.lax.lgamma, "wide", lambda: _minor() == (0, 10)),
     "digamma": (jax.lax.digamma, "wide", lambda: _minor() == (0, 10)),
     "erf_inv": (jax.lax.erf_inv, "in [-1, 1]", lambda: _minor() == (0, 10)),
+    "erfc": (jax.lax.erfc, "wide", lambda: True),
 }
 
 

@@ -15,7 +15,7 @@ from spmdsim.jax.numerics import _cpu_estimate, _libm, _xla_cpu_isa, _xla_cpu_pr
 from spmdsim.jax.numerics._xla_cpu_math import (_blockwise, _sin_cos, f32, f64, flush_subnormals, fma, fma64,
                                                 log, log1p)
 
-__all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "erf_inv64", "rsqrt64", "atan", "lgamma", "digamma"]
+__all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "erf_inv64", "erfc64", "rsqrt64", "atan", "lgamma", "digamma"]
 
 
 # XLA:CPU's float64 exp (jaxlib 0.10.2-0.12.0.1; its LLVM IR, ``XLA_FLAGS=--xla_dump_to``): Cephes' exp, the
@@ -314,3 +314,47 @@ def erf_inv64(x: np.ndarray) -> np.ndarray:
                 p = madd(p, t, f64(c))
             out = np.where(mask, p, out)
         return x * np.where(np.abs(x) == 1, np.inf, out)
+
+
+# float64 erfc as CHLO decomposes it and XLA:CPU compiles it (jaxlib 0.10.2's LLVM IR, the same results with 0.11.2
+# and 0.12.0.1; Cephes' erfc): below |x| = 1,
+# 1 - x T(x^2) / U(x^2); else exp(-x^2) P(|x|) / Q(|x|) below |x| = 8 and exp(-x^2) R(|x|) / S(|x|) beyond, 0 where
+# x^2 exceeds exp's range, 2 - that for x < 0. Q, S and U are monic (their first step an add). Horner, highest
+# degree first, fused multiply-adds.
+_ERFC64_P = _hex64("3DF0EB24A24F6479", "3FE20DD746363488", "401DDA53DEC56DC4", "4048518FACADBA66", "406890AAA9E020F7",
+                   "4080738FC264CF58", "408D343A6C7434D8", "40900E3521D6972A", "40816C485DE8FFB3")
+_ERFC64_Q = _hex64("402A74D5FD7C23CC", "4055AD42FEE17365", "40762F01246F610D", "408E7DAB02F641D0", "409C7FA2FCA47151",
+                   "40A18CACDAFAF4FF", "4099E2A70192EDE2", "40816C4860C442D6")
+_ERFC64_R = _hex64("3FE20DD750429B62", "3FF467E6EBB8C5A6", "40141381F436A71A", "4018A40E58DD0C0C", "401DA3939718960E",
+                   "4007D4B80A470367")
+_ERFC64_S = _hex64("400215900917CE21", "4022CAC521D84CFD", "402819107F052C4D", "403114D9959C7FF5", "402337CAAA6326C1",
+                   "400AF3DE5AB62D90")
+_ERFC64_T = _hex64("402335BF1E375D88", "405681AA4E9E067F", "40A17002BCB435B7", "40BB5B533C72EF90", "40EB2509A44213DC")
+_ERFC64_U = _hex64("4040C7E63FEFA6BA", "40804ADD14C63AEE", "40B1F252E680FD12", "40D6194001017C0A", "40E80E6C9DC8F567")
+
+
+def _horner64(x: np.ndarray, coefficients, *, monic: bool = False) -> np.ndarray:
+    """``((c0 x + c1) x + c2) ...`` (``monic``: ``((x + c0) x + c1) ...``), each step a multiply-add as XLA:CPU's
+    LLVM code computes it."""
+    madd = _madd64()
+    p = x + f64(coefficients[0]) if monic else madd(x, f64(coefficients[0]), f64(coefficients[1]))
+    for c in coefficients[1 if monic else 2:]:
+        p = madd(x, p, f64(c))
+    return p
+
+
+@_blockwise
+def erfc64(x: np.ndarray) -> np.ndarray:
+    """float64 ``erfc`` as XLA:CPU computes it (see ``_ERFC64_P``; jaxlib 0.10.2, 0.11.2 and 0.12.0.1 alike)."""
+    x = flush_subnormals(np.asarray(x, f64))
+    with np.errstate(all="ignore"):
+        magnitude, square = np.abs(x), x * x
+        e = exp64(-square)
+        near = flush_subnormals(flush_subnormals(e * _horner64(magnitude, _ERFC64_P))
+                                / _horner64(magnitude, _ERFC64_Q, monic=True))  # FTZ after each step
+        far = flush_subnormals(flush_subnormals(e * _horner64(magnitude, _ERFC64_R))
+                               / _horner64(magnitude, _ERFC64_S, monic=True))
+        y = np.where(square > _EXP64_HI, f64(0), np.where(magnitude < 8, near, far))
+        y = np.where(x < 0, f64(2) - y, y)
+        small = f64(1) - (x * _horner64(square, _ERFC64_T)) / _horner64(square, _ERFC64_U, monic=True)
+        return np.where(magnitude < 1, small, y)
