@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+import spmdsim.jax as sjax
 from conformance.test_op_regressions import check, per_device
 
 pytestmark = pytest.mark.area("lax primitives vs XLA:CPU")
@@ -167,3 +168,36 @@ def test_erfc_is_xlas_float32_decomposition():
 def test_erfc_of_low_precision_floats_through_float32(dtype):
     values = np.concatenate([np.arange(-6, 6, 0.125), [np.inf, -np.inf]]).astype(dtype)
     check(lax.erfc, per_device(lambda d: [values]))
+
+
+# -- the inverse and hyperbolic functions: CHLO's decompositions, each step as XLA:CPU computes it --------------
+
+INVERSE_AND_HYPERBOLIC = {"asin": lax.asin, "acos": lax.acos, "sinh": lax.sinh, "cosh": lax.cosh,
+                          "asinh": lax.asinh, "acosh": lax.acosh, "atanh": lax.atanh}
+
+
+def _inverse_and_hyperbolic_operands(name, dtype, rng):
+    x = np.concatenate([rng.standard_normal(1500) * 3, rng.uniform(-1, 1, 500), [0, -0.0, 1, -1, 2, np.inf,
+                                                                                    -np.inf, np.nan, 1e30, -1e30]])
+    if name == "acosh":
+        x = np.concatenate([np.abs(x) + 1, [1, 0.5, 3e38]])
+    return x.astype(dtype)
+
+
+@pytest.mark.skipif(jax.__version_info__ >= (0, 11), reason="jaxlib 0.11/0.12 compute some steps otherwise")
+@pytest.mark.parametrize("name", INVERSE_AND_HYPERBOLIC)
+def test_inverse_and_hyperbolic_functions_are_chlos_decompositions_bit_for_bit(name):
+    """float32 in every executor and float64 per device (NumPy's functions differed from XLA in 25-50% of
+    elements): asin = 2 atan2(x, 1 + sqrt((1 - x)(1 + x))), cosh = exp(x - log 2) + exp(-log 2 - x), ...; atanh's
+    two log1p share -x^2/2, which LLVM then does not fuse (two uses)."""
+    rng = np.random.default_rng(11)
+    fn = INVERSE_AND_HYPERBOLIC[name]
+    check(fn, per_device(lambda d: [_inverse_and_hyperbolic_operands(name, np.float32, rng)]))
+    x = _inverse_and_hyperbolic_operands(name, np.float64, rng)
+    with jax.enable_x64(True), np.errstate(all="ignore"):
+        closed = jax.make_jaxpr(fn)(x)
+        got = np.asarray(sjax.eval_jaxpr(closed.jaxpr, closed.consts, x)[0])
+        expected = np.asarray(jax.jit(fn)(x))
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(got[~np.isnan(got)].view(np.uint64), expected[~np.isnan(expected)].view(np.uint64))

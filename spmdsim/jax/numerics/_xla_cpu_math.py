@@ -31,7 +31,7 @@ import numpy as np
 from spmdsim.runtime import _blas, _buffers, _threads
 from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_probe
 
-__all__ = ["exp", "log", "sin", "cos", "log1p", "tanh", "erf", "erfc", "logistic", "expm1", "rsqrt", "fma", "fma64", "multiply_add",
+__all__ = ["exp", "log", "sin", "cos", "log1p", "atanh", "tanh", "erf", "erfc", "logistic", "expm1", "rsqrt", "fma", "fma64", "multiply_add",
            "ftz", "flush_subnormals"]
 
 f32, f64 = np.float32, np.float64
@@ -488,6 +488,24 @@ def log1p(x: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         large = log(x + f32(1))
     return np.asarray(np.where(np.abs(x) < f32(0.41421356237309504880), small, large), f32)
+
+
+@_blockwise
+def atanh(x: np.ndarray) -> np.ndarray:
+    """float32 ``atanh`` as XLA:CPU computes CHLO's ``(log1p(x) - log1p(-x)) / 2`` (NaN beyond |x| = 1) fused in
+    one loop: the two :func:`log1p` share ``-x^2/2``, which then has two uses, and LLVM fuses a multiply into an
+    add only where it has one, so each small branch is ``fma(+-x^3, P/Q, round(-x^2/2))`` (the standalone log1p
+    fuses ``-x^2/2`` instead)."""
+    x = _daz(x)
+    with np.errstate(all="ignore"):
+        x2 = x * x
+        half = x2 * f32(-0.5)
+        ratio = [_horner_fma(v, (0.0, *_LOG1P_NUMERATOR)) / _horner_fma(v, (0.0, *_LOG1P_DENOMINATOR)) for v in (x, -x)]
+        small = np.abs(x) < f32(0.41421356237309504880)
+        up = np.where(small, x + fma(x * x2, ratio[0], half), log(x + f32(1)))
+        down = np.where(small, fma(-x * x2, ratio[1], half) - x, log(f32(1) - x))
+        out = (up - down) * f32(0.5)
+    return np.where(np.abs(x) > f32(1), f32(np.nan), out).astype(f32)
 
 
 _TANH_NUMERATOR = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,

@@ -15,7 +15,7 @@ from spmdsim.jax.numerics import _cpu_estimate, _libm, _xla_cpu_isa, _xla_cpu_pr
 from spmdsim.jax.numerics._xla_cpu_math import (_blockwise, _sin_cos, f32, f64, flush_subnormals, fma, fma64,
                                                 log, log1p)
 
-__all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "erf_inv64", "erfc64", "rsqrt64", "atan", "lgamma", "digamma"]
+__all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "erf_inv64", "erfc64", "atanh64", "rsqrt64", "atan", "lgamma", "digamma"]
 
 
 # XLA:CPU's float64 exp (jaxlib 0.10.2-0.12.0.1; its LLVM IR, ``XLA_FLAGS=--xla_dump_to``): Cephes' exp, the
@@ -358,3 +358,29 @@ def erfc64(x: np.ndarray) -> np.ndarray:
         y = np.where(x < 0, f64(2) - y, y)
         small = f64(1) - (x * _horner64(square, _ERFC64_T)) / _horner64(square, _ERFC64_U, monic=True)
         return np.where(magnitude < 1, small, y)
+
+
+@_blockwise
+def atanh64(x: np.ndarray) -> np.ndarray:
+    """float64 ``atanh`` as jaxlib 0.10's XLA:CPU computes it, as float32's (:func:`._xla_cpu_math.atanh`) with
+    :func:`log1p64`'s rational function: each small branch ``fma(+-x^3, N/D, round(-x^2/2))``."""
+    x = flush_subnormals(np.asarray(x, f64))
+    madd = _madd64()
+
+    def ratio(v):
+        d = madd(v, f64(0), f64(1))
+        for c in _LOG1P64_D:
+            d = madd(d, v, f64(c))
+        n = v * f64(0) + f64(_LOG1P64_N[0])
+        for c in _LOG1P64_N[1:]:
+            n = madd(n, v, f64(c))
+        return n / d
+
+    with np.errstate(all="ignore"):
+        x2 = x * x
+        half = x2 * f64(-0.5)
+        small = np.abs(x) < _LOG1P64_SMALL
+        up = np.where(small, x + madd(x * x2, ratio(x), half), _libm.log64(x + f64(1)))
+        down = np.where(small, madd(-x * x2, ratio(-x), half) - x, _libm.log64(f64(1) - x))
+        out = (up - down) * f64(0.5)
+    return np.where(np.abs(x) > 1, np.nan, out)

@@ -119,8 +119,7 @@ def _abs(x):
 
 _UNARY = {
     "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "is_finite": np.isfinite,
-    "tan": _c_library("tan", np.tan), "atan": _atan, "asin": np.arcsin, "acos": np.arccos,
-    "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "tan": _c_library("tan", np.tan), "atan": _atan,
     "sqrt": np.sqrt, "cbrt": _c_library("cbrt", np.cbrt), "abs": _abs, "real": np.real, "imag": np.imag,
     "conj": lambda x: np.conj(x) if x.dtype.kind == "c" else np.asarray(x, np.result_type(x, np.complex64)),
     "square": np.square, "sign": _sign,
@@ -184,6 +183,77 @@ def _logistic(x, *, accuracy=None):
         return _logistic_wide(x)
     one = np.asarray(1, x.dtype)
     return PER_DEVICE["div"](one, PER_DEVICE["add"](one, PER_DEVICE["exp"](np.negative(x))))
+
+
+# The inverse and hyperbolic functions as CHLO decomposes them (read from XLA:CPU's HLO before optimization, jaxlib
+# 0.10.2), each step by its own rule (the C library's atan2 and log, XLA's exp, expm1, log1p): bit for bit in
+# float32 and float64 where those steps are (a product feeding an add inside the fused loop is fused only where
+# LLVM fuses it: a product with one use; ``x^2 + 1`` in asinh has two). float16 and bfloat16: in float32 (CHLO
+# upcasts them), rounded once. Complex: NumPy's.
+
+def _chlo(decomposition, numpy_fn):
+    def fn(x):
+        return decomposition(x, x.dtype.type) if x.dtype in (np.float32, np.float64) else numpy_fn(x)
+    fn.__name__ = decomposition.__name__
+    return fn
+
+
+def _asin(x, c):
+    """``2 atan2(x, 1 + sqrt((1 - x)(1 + x)))``"""
+    a = PER_DEVICE["atan2"](x, np.sqrt((c(1) - x) * (x + c(1))) + c(1))
+    return a + a
+
+
+def _acos(x, c):
+    """``atan2(sqrt((1 - x)(1 + x)), x)``"""
+    return PER_DEVICE["atan2"](np.sqrt((c(1) - x) * (x + c(1))), x)
+
+
+def _sinh(x, c):
+    """``(e + e / (e + 1)) / 2`` with ``e = expm1(x)`` below |x| = 1, ``exp(x - log 2) - exp(-log 2 - x)`` beyond."""
+    e = PER_DEVICE["expm1"](x)
+    log2 = c(-0.693147182) if c is np.float32 else c(-0.69314718055994529)
+    big = PER_DEVICE["exp"](x + log2) - PER_DEVICE["exp"](log2 - x)
+    return np.where(np.abs(x) < c(1), (e + e / (e + c(1))) * c(0.5), big).astype(c)
+
+
+def _cosh(x, c):
+    """``exp(x - log 2) + exp(-log 2 - x)``"""
+    log2 = c(-0.693147182) if c is np.float32 else c(-0.69314718055994529)
+    return PER_DEVICE["exp"](x + log2) + PER_DEVICE["exp"](log2 - x)
+
+
+def _asinh(x, c):
+    """``sign(x) log1p(|x| + x^2 / (sqrt(x^2 + 1) + 1))``, ``sign(x) (log |x| + log 2)`` from sqrt(max)."""
+    a = np.abs(x)
+    a2 = a * a
+    small = PER_DEVICE["log1p"](a + a2 / (np.sqrt(a2 + c(1)) + c(1)))
+    big = PER_DEVICE["log"](a) + c(0.693147182 if c is np.float32 else 0.69314718055994529)
+    return (_sign(x) * np.where(a >= np.sqrt(np.finfo(c).max), big, small)).astype(c)
+
+
+def _acosh(x, c):
+    """``log1p(sqrt(x - 1) (sqrt(x + 1) + sqrt(x - 1)))``, ``log x + log 2`` from max / 2."""
+    root = np.sqrt(x - c(1))
+    small = PER_DEVICE["log1p"](root * (np.sqrt(x + c(1)) + root))
+    big = PER_DEVICE["log"](x) + c(0.693147182 if c is np.float32 else 0.69314718055994529)
+    return np.where(x >= np.finfo(c).max / c(2), big, small).astype(c)
+
+
+def _atanh(x, c):
+    """``(log1p(x) - log1p(-x)) / 2``, NaN beyond |x| = 1, as one fused loop computes it
+    (:func:`._xla_cpu_math.atanh`; float64 with jaxlib 0.10, NumPy's with later ones)."""
+    if c is np.float32:
+        return _xla_cpu_math.atanh(x)
+    minor = _xla_cpu_isa.jaxlib_minor()
+    return _xla_cpu_math64.atanh64(x) if minor in (None, (0, 10)) else np.arctanh(x)
+
+
+for _name, _decomposition, _numpy_fn in (("asin", _asin, np.arcsin), ("acos", _acos, np.arccos),
+                                         ("sinh", _sinh, np.sinh), ("cosh", _cosh, np.cosh),
+                                         ("asinh", _asinh, np.arcsinh), ("acosh", _acosh, np.arccosh),
+                                         ("atanh", _atanh, np.arctanh)):
+    elementwise(_name)(via_f32(_chlo(_decomposition, _numpy_fn)))
 
 
 @elementwise("exp2")
