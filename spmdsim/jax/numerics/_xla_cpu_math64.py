@@ -88,19 +88,29 @@ def tanh64(x: np.ndarray) -> np.ndarray:
         return np.where(np.abs(x) >= 20, np.copysign(f64(1), x), (c * p) / q)
 
 
-# jaxlib 0.10's float64 log1p (its LLVM IR; 0.11 and 0.12 compute it otherwise): for |x| < 0.4142 (sqrt(2) - 1),
-# x - x^2/2 + x^3 N(x)/D(x) (Cephes' rational function, Horner with fused multiply-adds, D's first step
-# ``x * 0 + 1`` as emitted), else log(1 + x) by the C library's log.
+# XLA:CPU's float64 log1p (jaxlib 0.10's LLVM IR; 0.11's and 0.12's object code): on a small range, x - x^2/2 +
+# x^3 N(x)/D(x) (Cephes' rational function, Horner with fused multiply-adds, D's first step ``x * 0 + 1`` as
+# emitted), else log(1 + x) by the C library's log. The range: |x| < sqrt(2) - 1 with jaxlib 0.10, and
+# 1 - sqrt(1/2) <= -x, x <= sqrt(2) - 1 from 0.11 (1 + x in [sqrt(1/2), sqrt(2)]).
 _LOG1P64_D = _hex64("402E20359E903E37", "4054C30B52213498", "406BB86590FCFB56", "407351945DC908A5", "406B0DB13E48E066",
                     "404E0F304466448E")
 _LOG1P64_N = _hex64("3F07BC0962B395CA", "3FDFE818A0FE1A83", "401A509F46F4FA53", "403DE9738B8CB9C9", "404E798EB86C3351",
                     "404C8E7597479A10", "40340A202D99830A")
 _LOG1P64_SMALL = _hex64("3FDA827999FCEF32")[0]
+_LOG1P64_BELOW = _hex64("BFD2BEC333018867")[0]  # -(1 - sqrt(1/2)): jaxlib 0.11's lower end
+
+
+def _log1p64_small(x: np.ndarray) -> np.ndarray:
+    """Where the installed jaxlib's float64 log1p takes its rational function (see ``_LOG1P64_D``)."""
+    minor = _xla_cpu_isa.jaxlib_minor()
+    if minor is None or minor <= (0, 10):
+        return np.abs(x) < _LOG1P64_SMALL
+    return (x >= _LOG1P64_BELOW) & (x <= _LOG1P64_SMALL)
 
 
 @_blockwise
 def log1p64(x: np.ndarray) -> np.ndarray:
-    """float64 ``log1p`` as jaxlib 0.10's XLA:CPU computes it (see ``_LOG1P64_D``; subnormals count as zeros)."""
+    """float64 ``log1p`` as XLA:CPU computes it (see ``_LOG1P64_D``; subnormals count as zeros)."""
     x = flush_subnormals(np.asarray(x, f64))
     madd = _madd64()
     with np.errstate(all="ignore"):
@@ -112,7 +122,7 @@ def log1p64(x: np.ndarray) -> np.ndarray:
         for coefficient in _LOG1P64_N[1:]:
             n = madd(n, x, f64(coefficient))
         small = x + madd(x2, f64(-0.5), (x * x2) * (n / d))
-        return np.where(np.abs(x) < _LOG1P64_SMALL, small, _libm.log64(x + f64(1)))
+        return np.where(_log1p64_small(x), small, _libm.log64(x + f64(1)))
 
 
 @_blockwise
@@ -157,10 +167,8 @@ _LANCZOS = (676.520368121885098567009190444019, -1259.13921672240287047156078755
 
 
 def _log1p_of(x: np.ndarray) -> np.ndarray:
-    """log1p as XLA:CPU computes it where ported (float32; float64 with jaxlib 0.10), else NumPy's."""
-    if x.dtype == f32:
-        return log1p(x)
-    return log1p64(x) if _xla_cpu_isa.jaxlib_minor() in (None, (0, 10)) else np.log1p(x)
+    """log1p as XLA:CPU computes it (:func:`._xla_cpu_math.log1p`, :func:`log1p64`)."""
+    return log1p(x) if x.dtype == f32 else log1p64(x)
 
 
 def _lanczos(x: np.ndarray):
@@ -237,9 +245,8 @@ measured equal)."""
         reflected = out - (_sin_cos(reduced, np.cos) * c(np.pi)) / _sin_cos(reduced, np.sin)
         out = np.where(reflect, reflected, out)
         out = np.where((x <= 0) & (x == np.floor(x)), c(np.nan), out)
-        out = np.where(x == 0, c(_xla_cpu_probe.digamma_at_zero()), out)
-        if x.dtype == f64:  # flushed to zero by DAZ, then a pole: NaN (only an exact zero takes the value above)
-            out = np.where((x != 0) & (np.abs(x) < np.finfo(f64).tiny), c(np.nan), out)
+        # zero, and subnormals (flushed to zero by DAZ): the jaxlib's value at zero
+        out = np.where(np.abs(x) < np.finfo(x.dtype).tiny, c(_xla_cpu_probe.digamma_at_zero()), out)
     return out.astype(x.dtype)
 
 
@@ -273,8 +280,9 @@ def lgamma(x: np.ndarray) -> np.ndarray:
     return np.where(np.isinf(x), c(np.inf), out).astype(dtype)
 
 
-# jaxlib 0.10's float64 erf_inv (CHLO's decomposition as XLA:CPU compiles it, read from its LLVM IR): Giles'
-# double-precision approximation, w = -log1p(-x^2) (XLA's float64 log1p, :func:`log1p64`), a polynomial in
+# XLA:CPU's float64 erf_inv (CHLO's decomposition as it compiles it, read from jaxlib 0.10's LLVM IR; the same
+# results with 0.11 and 0.12): Giles' double-precision approximation, w = -log1p(-x^2) (XLA's float64 log1p,
+# :func:`log1p64`), a polynomial in
 # w - 3.125 below 6.25, in sqrt(w) - 3.25 below 16, in sqrt(w) - 5 beyond (Horner, fused multiply-adds), times x;
 # +-inf at +-1. Coefficients, highest degree first.
 _ERF_INV64 = (
@@ -299,7 +307,7 @@ _ERF_INV64 = (
 
 @_blockwise
 def erf_inv64(x: np.ndarray) -> np.ndarray:
-    """float64 ``erf_inv`` as jaxlib 0.10's XLA:CPU computes it (see ``_ERF_INV64``); NaN outside [-1, 1]."""
+    """float64 ``erf_inv`` as XLA:CPU computes it (see ``_ERF_INV64``); NaN outside [-1, 1]."""
     x = flush_subnormals(np.asarray(x, f64))
     madd = _madd64()
     with np.errstate(all="ignore"):
@@ -362,7 +370,7 @@ def erfc64(x: np.ndarray) -> np.ndarray:
 
 @_blockwise
 def atanh64(x: np.ndarray) -> np.ndarray:
-    """float64 ``atanh`` as jaxlib 0.10's XLA:CPU computes it, as float32's (:func:`._xla_cpu_math.atanh`) with
+    """float64 ``atanh`` as XLA:CPU computes it, as float32's (:func:`._xla_cpu_math.atanh`) with
     :func:`log1p64`'s rational function: each small branch ``fma(+-x^3, N/D, round(-x^2/2))``."""
     x = flush_subnormals(np.asarray(x, f64))
     madd = _madd64()
@@ -379,8 +387,7 @@ def atanh64(x: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         x2 = x * x
         half = x2 * f64(-0.5)
-        small = np.abs(x) < _LOG1P64_SMALL
-        up = np.where(small, x + madd(x * x2, ratio(x), half), _libm.log64(x + f64(1)))
-        down = np.where(small, madd(-x * x2, ratio(-x), half) - x, _libm.log64(f64(1) - x))
+        up = np.where(_log1p64_small(x), x + madd(x * x2, ratio(x), half), _libm.log64(x + f64(1)))
+        down = np.where(_log1p64_small(-x), madd(-x * x2, ratio(-x), half) - x, _libm.log64(f64(1) - x))
         out = (up - down) * f64(0.5)
     return np.where(np.abs(x) > 1, np.nan, out)

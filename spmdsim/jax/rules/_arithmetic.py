@@ -96,7 +96,7 @@ def _float64_port(port, other, jaxlibs=None):
 
 _UNARY_XLA = {
     "exp": (_xla_cpu_math.exp, _float64_port(_xla_cpu_math64.exp64, np.exp)), "log": (_xla_cpu_math.log, _log),
-    "log1p": (_xla_cpu_math.log1p, _float64_port(_xla_cpu_math64.log1p64, _log1p, lambda v: v == (0, 10))),
+    "log1p": (_xla_cpu_math.log1p, _float64_port(_xla_cpu_math64.log1p64, _log1p)),
     "tanh": (_xla_cpu_math.tanh, _float64_port(_xla_cpu_math64.tanh64, np.tanh)),
     "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)), "erfc": (_xla_cpu_math.erfc, _float64_port(_xla_cpu_math64.erfc64, scipy.special.erfc)),
     "expm1": (_xla_cpu_math.expm1, _float64_port(_xla_cpu_math64.expm1_64, np.expm1, lambda v: v < (0, 12))),
@@ -242,11 +242,8 @@ def _acosh(x, c):
 
 def _atanh(x, c):
     """``(log1p(x) - log1p(-x)) / 2``, NaN beyond |x| = 1, as one fused loop computes it
-    (:func:`._xla_cpu_math.atanh`; float64 with jaxlib 0.10, NumPy's with later ones)."""
-    if c is np.float32:
-        return _xla_cpu_math.atanh(x)
-    minor = _xla_cpu_isa.jaxlib_minor()
-    return _xla_cpu_math64.atanh64(x) if minor in (None, (0, 10)) else np.arctanh(x)
+    (:func:`._xla_cpu_math.atanh`, :func:`._xla_cpu_math64.atanh64`)."""
+    return _xla_cpu_math.atanh(x) if c is np.float32 else _xla_cpu_math64.atanh64(x)
 
 
 for _name, _decomposition, _numpy_fn in (("asin", _asin, np.arcsin), ("acos", _acos, np.arccos),
@@ -449,11 +446,9 @@ def _round(x, *, rounding_method):
 @elementwise("erf_inv")
 def _erf_inv(x):
     """float32 (and float16/bfloat16 through it): Giles' single-precision polynomial with XLA's log1p, as
-    XLA:CPU computes it; float64: Giles' double-precision one as jaxlib 0.10 computes it
-    (:func:`._xla_cpu_math64.erf_inv64`), scipy.special.erfinv with later jaxlibs (their log1p differs)."""
+    XLA:CPU computes it; float64: Giles' double-precision one (:func:`._xla_cpu_math64.erf_inv64`)."""
     if x.dtype == np.float64:
-        minor = _xla_cpu_isa.jaxlib_minor()
-        return _xla_cpu_math64.erf_inv64(x) if minor in (None, (0, 10)) else scipy.special.erfinv(x)
+        return _xla_cpu_math64.erf_inv64(x)
     fma = _xla_cpu_math.fma
     a = x.astype(np.float32)
     w = -_xla_cpu_math.log1p(-a * a)
