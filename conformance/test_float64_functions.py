@@ -2,8 +2,8 @@
 estimate refined by two Newton-Raphson steps where AVX-512F is in effect (``spmdsim/jax/numerics/_cpu_estimate.py``,
 ``_xla_cpu_math64.rsqrt64``), the correctly rounded ``1 / sqrt(x)`` elsewhere. ``exp`` (and ``exp2``,
 ``logistic``), ``tanh``, ``expm1`` (jaxlib 0.10/0.11), ``log1p``, ``lgamma``, ``digamma``, ``erf_inv``,
-``erfc``: XLA's own rational approximations, ported from the LLVM IR it emits. Expected values: ``jax.jit`` and ``jax.pmap`` on
-the machine running the test, and NumPy for the estimate's documented accuracy."""
+``erfc``: XLA's own rational approximations, ported from the LLVM IR it emits. Expected values: ``jax.jit`` and
+``jax.pmap`` on the machine running the test, and NumPy for the estimate's documented accuracy."""
 from __future__ import annotations
 
 import jax

@@ -31,7 +31,8 @@ import numpy as np
 from spmdsim.runtime import _blas, _buffers, _threads
 from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_probe
 
-__all__ = ["exp", "log", "sin", "cos", "log1p", "atanh", "tanh", "erf", "erfc", "logistic", "expm1", "rsqrt", "fma", "fma64", "multiply_add",
+__all__ = ["exp", "log", "sin", "cos", "log1p", "atanh", "tanh", "erf", "erfc", "logistic", "expm1", "rsqrt", "fma",
+           "fma64", "multiply_add",
            "ftz", "flush_subnormals"]
 
 f32, f64 = np.float32, np.float64

@@ -1,5 +1,6 @@
-"""XLA:CPU's own float64 functions, ported (``exp``, ``tanh``, ``log1p``, ``expm1``, ``rsqrt``), and the functions
-of both widths built on them or on the C library (``lgamma``, ``digamma``, ``atan``).
+"""XLA:CPU's own float64 functions, ported (``exp``, ``tanh``, ``log1p``, ``expm1``, ``erf_inv``, ``erfc``,
+``atanh``, ``rsqrt``), and the functions of both widths built on them or on the C library (``lgamma``,
+``digamma``, ``atan``).
 
 Each port follows the LLVM IR XLA:CPU emits for the function (``XLA_FLAGS=--xla_dump_to``), step for step, with
 a multiply feeding an add fused where the ISA has FMA (LLVM's ``AllowFPOpFusion``), subnormal operands as zeros
@@ -15,7 +16,8 @@ from spmdsim.jax.numerics import _cpu_estimate, _libm, _xla_cpu_isa, _xla_cpu_pr
 from spmdsim.jax.numerics._xla_cpu_math import (_blockwise, _sin_cos, f32, f64, flush_subnormals, fma, fma64,
                                                 log, log1p)
 
-__all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "erf_inv64", "erfc64", "atanh64", "rsqrt64", "atan", "lgamma", "digamma"]
+__all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "erf_inv64", "erfc64", "atanh64", "rsqrt64", "atan", "lgamma",
+           "digamma"]
 
 
 # XLA:CPU's float64 exp (jaxlib 0.10.2-0.12.0.1; its LLVM IR, ``XLA_FLAGS=--xla_dump_to``): Cephes' exp, the
@@ -230,7 +232,8 @@ def digamma(x: np.ndarray) -> np.ndarray:
     """digamma of float32 or float64 as CHLO's decomposition (materializeDigamma) writes it:
     ``log t + a'(z) / a(z) - 7 / t`` with ``a'(z) = -sum c_k / (z + k)^2`` (see :func:`_lanczos`); reflected below
     1/2 as ``digamma(1 - x) - pi cos(pi x') / sin(pi x')`` with ``x' = x + |floor(x + 1/2)|``; NaN at the poles
-    (x <= 0, integral; at +-0 the jaxlib's value, :func:`._xla_cpu_probe.digamma_at_zero`). Bit for bit with XLA:CPU in float32 (with :func:`sin` and :func:`cos` below 1/2: 200,000 values in [-20, 1/2)
+    (x <= 0, integral; at +-0 and subnormals the jaxlib's value, :func:`._xla_cpu_probe.digamma_at_zero`). Bit
+    for bit with XLA:CPU in float32 (with :func:`sin` and :func:`cos` below 1/2: 200,000 values in [-20, 1/2)
 measured equal)."""
     x = np.asarray(x)
     c = x.dtype.type

@@ -82,7 +82,7 @@ def _atan(x):
 
 
 def _float64_port(port, other, jaxlibs=None):
-    """float64 by XLA:CPU's own algorithm ``port`` (:mod:`._xla_cpu_math`) where the installed jaxlib computes it
+    """float64 by XLA:CPU's own algorithm ``port`` (:mod:`._xla_cpu_math64`) where the installed jaxlib computes it
     so (``jaxlibs``: a predicate of its ``(major, minor)``; None: every one measured), other dtypes and jaxlibs
     by ``other``."""
     def fn(x):
@@ -98,7 +98,8 @@ _UNARY_XLA = {
     "exp": (_xla_cpu_math.exp, _float64_port(_xla_cpu_math64.exp64, np.exp)), "log": (_xla_cpu_math.log, _log),
     "log1p": (_xla_cpu_math.log1p, _float64_port(_xla_cpu_math64.log1p64, _log1p)),
     "tanh": (_xla_cpu_math.tanh, _float64_port(_xla_cpu_math64.tanh64, np.tanh)),
-    "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)), "erfc": (_xla_cpu_math.erfc, _float64_port(_xla_cpu_math64.erfc64, scipy.special.erfc)),
+    "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)),
+    "erfc": (_xla_cpu_math.erfc, _float64_port(_xla_cpu_math64.erfc64, scipy.special.erfc)),
     "expm1": (_xla_cpu_math.expm1, _float64_port(_xla_cpu_math64.expm1_64, np.expm1, lambda v: v < (0, 12))),
     "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt), "sin": (_xla_cpu_math.sin, np.sin), "cos": (_xla_cpu_math.cos, np.cos),
 }
