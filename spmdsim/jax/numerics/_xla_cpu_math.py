@@ -478,13 +478,17 @@ _LOG1P_DENOMINATOR = (1.0, 1.5062909083469192043167e1, 8.3047565967967209469434e
                       3.0909872225312059774938e2, 2.1642788614495947685003e2, 6.0118660497603843919306e1)
 
 
+def _log1p_ratio(x: np.ndarray) -> np.ndarray:
+    """``P(x) / Q(x)`` of Cephes' log1p, Horner with fused multiply-adds."""
+    return _horner_fma(x, (0.0, *_LOG1P_NUMERATOR)) / _horner_fma(x, (0.0, *_LOG1P_DENOMINATOR))
+
+
 @_blockwise
 def log1p(x: np.ndarray) -> np.ndarray:
     """For |x| < sqrt(2) - 1, Cephes' rational approximation x - x^2/2 + x^3 P(x)/Q(x); else log(1 + x)."""
     x = _daz(x)
     x2 = x * x
-    ratio = _horner_fma(x, (0.0, *_LOG1P_NUMERATOR)) / _horner_fma(x, (0.0, *_LOG1P_DENOMINATOR))
-    small = fma(f32(-0.5), x2, (x * x2) * ratio)
+    small = fma(f32(-0.5), x2, (x * x2) * _log1p_ratio(x))
     small = x + small
     with np.errstate(invalid="ignore"):
         large = log(x + f32(1))
@@ -501,10 +505,9 @@ def atanh(x: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         x2 = x * x
         half = x2 * f32(-0.5)
-        ratio = [_horner_fma(v, (0.0, *_LOG1P_NUMERATOR)) / _horner_fma(v, (0.0, *_LOG1P_DENOMINATOR)) for v in (x, -x)]
         small = np.abs(x) < f32(0.41421356237309504880)
-        up = np.where(small, x + fma(x * x2, ratio[0], half), log(x + f32(1)))
-        down = np.where(small, fma(-x * x2, ratio[1], half) - x, log(f32(1) - x))
+        up = np.where(small, x + fma(x * x2, _log1p_ratio(x), half), log(x + f32(1)))
+        down = np.where(small, fma(-x * x2, _log1p_ratio(-x), half) - x, log(f32(1) - x))
         out = (up - down) * f32(0.5)
     return np.where(np.abs(x) > f32(1), f32(np.nan), out).astype(f32)
 
@@ -544,18 +547,20 @@ def erf(x: np.ndarray) -> np.ndarray:
     return ftz(np.where(f32(3.832506856900711) <= np.abs(x), np.copysign(f32(1), x), out))
 
 
-def _hex32(*words: str) -> tuple:
-    return tuple(float(np.frombuffer(bytes.fromhex(w)[::-1], f32)[0]) for w in words)
+def from_hex(dtype, *words: str) -> tuple:
+    """Constants written as their IEEE bits in hex (``"3F800000"``: 1.0), as XLA's LLVM IR prints them."""
+    return tuple(float(np.frombuffer(bytes.fromhex(w)[::-1], dtype)[0]) for w in words)
 
 
 # float32 erfc as CHLO decomposes it and XLA:CPU compiles it (jaxlib 0.10.2's LLVM IR; Cephes' erfcf): for
 # |x| < 1, 1 - x E(x^2); else exp(-x^2) / |x| R(1/x^2), R one of two polynomials (|x| < 2 or not), 0 where
 # x^2 > 88.72, 2 - that for x < 0. Highest degree first; every step a fused multiply-add.
-_ERFC_SMALL = _hex32("3CBE9CF4", "BE0E0868", "3EBCCBD0", "BF151CF8", "3F1EF9E3", "BEFD28C0", "3EAE5471", "BE8C5880",
-                     "3F1056E6")
-_ERFC_LARGE = _hex32("C127A483", "414FA29C", "C0EFDB4A", "403AF1FA", "BF81F436", "3ED7FC3E", "BE906C5D", "3F106EB9")
-_ERFC_ERF = _hex32("38A4B519", "BA51FB80", "3BAA02D9", "BCDBFC87", "3DE7167C", "BEC0939F", "3F906EBA")
-_ERFC_UNDERFLOW = _hex32("42B17218")[0]
+_ERFC_SMALL = from_hex(f32, "3CBE9CF4", "BE0E0868", "3EBCCBD0", "BF151CF8", "3F1EF9E3", "BEFD28C0", "3EAE5471",
+                       "BE8C5880", "3F1056E6")
+_ERFC_LARGE = from_hex(f32, "C127A483", "414FA29C", "C0EFDB4A", "403AF1FA", "BF81F436", "3ED7FC3E", "BE906C5D",
+                       "3F106EB9")
+_ERFC_ERF = from_hex(f32, "38A4B519", "BA51FB80", "3BAA02D9", "BCDBFC87", "3DE7167C", "BEC0939F", "3F906EBA")
+_ERFC_UNDERFLOW = from_hex(f32, "42B17218")[0]
 
 
 @_blockwise

@@ -14,7 +14,7 @@ import numpy as np
 
 from spmdsim.jax.numerics import _cpu_estimate, _libm, _xla_cpu_isa, _xla_cpu_probe
 from spmdsim.jax.numerics._xla_cpu_math import (_blockwise, _sin_cos, f32, f64, flush_subnormals, fma, fma64,
-                                                log, log1p)
+                                                from_hex, log, log1p)
 
 __all__ = ["exp64", "tanh64", "log1p64", "expm1_64", "erf_inv64", "erfc64", "atanh64", "rsqrt64", "atan", "lgamma",
            "digamma"]
@@ -60,7 +60,7 @@ def _madd64():
 
 
 def _hex64(*words: str) -> tuple:
-    return tuple(float(np.frombuffer(bytes.fromhex(w)[::-1], f64)[0]) for w in words)
+    return from_hex(f64, *words)
 
 
 # XLA:CPU's float64 tanh (jaxlib 0.10.2-0.12.0.1, its LLVM IR): x clamped to +-17.71, x P(x^2) / Q(x^2) with P of
@@ -110,20 +110,25 @@ def _log1p64_small(x: np.ndarray) -> np.ndarray:
     return (x >= _LOG1P64_BELOW) & (x <= _LOG1P64_SMALL)
 
 
+def _log1p64_ratio(x: np.ndarray) -> np.ndarray:
+    """``N(x) / D(x)`` of the rational function (see ``_LOG1P64_D``), their steps as emitted."""
+    madd = _madd64()
+    d = madd(x, f64(0), f64(1))
+    for coefficient in _LOG1P64_D:
+        d = madd(d, x, f64(coefficient))
+    n = x * f64(0) + f64(_LOG1P64_N[0])
+    for coefficient in _LOG1P64_N[1:]:
+        n = madd(n, x, f64(coefficient))
+    return n / d
+
+
 @_blockwise
 def log1p64(x: np.ndarray) -> np.ndarray:
     """float64 ``log1p`` as XLA:CPU computes it (see ``_LOG1P64_D``; subnormals count as zeros)."""
     x = flush_subnormals(np.asarray(x, f64))
-    madd = _madd64()
     with np.errstate(all="ignore"):
         x2 = x * x
-        d = madd(x, f64(0), f64(1))
-        for coefficient in _LOG1P64_D:
-            d = madd(d, x, f64(coefficient))
-        n = x * f64(0) + f64(_LOG1P64_N[0])
-        for coefficient in _LOG1P64_N[1:]:
-            n = madd(n, x, f64(coefficient))
-        small = x + madd(x2, f64(-0.5), (x * x2) * (n / d))
+        small = x + _madd64()(x2, f64(-0.5), (x * x2) * _log1p64_ratio(x))
         return np.where(_log1p64_small(x), small, _libm.log64(x + f64(1)))
 
 
@@ -377,20 +382,11 @@ def atanh64(x: np.ndarray) -> np.ndarray:
     :func:`log1p64`'s rational function: each small branch ``fma(+-x^3, N/D, round(-x^2/2))``."""
     x = flush_subnormals(np.asarray(x, f64))
     madd = _madd64()
-
-    def ratio(v):
-        d = madd(v, f64(0), f64(1))
-        for c in _LOG1P64_D:
-            d = madd(d, v, f64(c))
-        n = v * f64(0) + f64(_LOG1P64_N[0])
-        for c in _LOG1P64_N[1:]:
-            n = madd(n, v, f64(c))
-        return n / d
-
     with np.errstate(all="ignore"):
         x2 = x * x
         half = x2 * f64(-0.5)
-        up = np.where(_log1p64_small(x), x + madd(x * x2, ratio(x), half), _libm.log64(x + f64(1)))
-        down = np.where(_log1p64_small(-x), madd(-x * x2, ratio(-x), half) - x, _libm.log64(f64(1) - x))
+        up = np.where(_log1p64_small(x), x + madd(x * x2, _log1p64_ratio(x), half), _libm.log64(x + f64(1)))
+        down = np.where(_log1p64_small(-x), madd(-x * x2, _log1p64_ratio(-x), half) - x,
+                        _libm.log64(f64(1) - x))
         out = (up - down) * f64(0.5)
     return np.where(np.abs(x) > 1, np.nan, out)
