@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -144,15 +144,13 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: bool = False) -> np.n
     windows of ``min(n, 32)`` elements along each reduced dimension of ``n`` (SAME padding with the identity, so
     the windows at the ends are shorter), then reduces the windows' results the same way, until no reduced
     dimension has more than 32 (``xla/service/tree_reduction_rewriter.cc``); the rest is folded in row-major
-    order."""
-    dtype, axes = x.dtype, sorted(int(a) for a in axes)
-    if not axes:  # nothing reduced: XLA's reduce is the operand
+    order. The shapes of each step are worked out once per operand shape (:func:`_fold_plan`): a loop's sum of a
+    few hundred elements costs a few NumPy calls."""
+    dtype = x.dtype
+    plan = _fold_plan(x.shape, tuple(sorted(int(a) for a in axes)), dtype, ufunc, lanes)
+    if plan is None:  # nothing reduced: XLA's reduce is the operand
         return x
-    kept = [d for d in range(x.ndim) if d not in axes]
-    k, kept_shape = len(axes), tuple(x.shape[d] for d in kept)
-    columns = math.prod(kept_shape)
     work = np.dtype(np.float32) if dtype in LOW_FLOATS else dtype  # float32/float64 sums: in their own dtype
-    v = np.transpose(x, axes + kept).astype(work).reshape(*(x.shape[a] for a in axes), columns)
     identity = work.type(1 if ufunc is np.multiply else 0)
 
     def fold(rows: np.ndarray) -> np.ndarray:  # (groups, R, columns) -> (groups, columns)
@@ -162,24 +160,66 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: bool = False) -> np.n
             # and XLA's sum, started from +0, is never -0: adding +0 at the end restores it). One call, not R.
             last = ufunc.accumulate(rows, axis=1)[:, -1]
             return last + identity if ufunc is np.add else last
-        acc = np.full((rows.shape[0], columns), identity, work)
+        acc = np.full((rows.shape[0], rows.shape[2]), identity, work)
         for j in range(rows.shape[1]):
             acc = ufunc(acc, rows[:, j]) if work == dtype else ufunc(acc, rows[:, j]).astype(dtype).astype(work)
         return acc
 
-    for windows, counts in _tree_levels(list(v.shape[:k])):
-        pads = [((c * w - n) // 2, c * w - n - (c * w - n) // 2) for c, w, n in zip(counts, windows, v.shape[:k])]
-        v = np.pad(v, pads + [(0, 0)], constant_values=identity)
-        v = v.reshape(*(d for c, w in zip(counts, windows) for d in (c, w)), columns)
-        v = v.transpose(*range(0, 2 * k, 2), *range(1, 2 * k, 2), 2 * k)
-        v = fold(v.reshape(math.prod(counts), math.prod(windows), columns)).reshape(*counts, columns)
-    final = [n for n in v.shape[:k] if n != 1]
-    if lanes and work == dtype and dtype in (np.float32, np.float64) and columns and len(final) == 2 \
-            and _trailing_pair(x.shape, axes):
+    v = (x.transpose(plan.order) if plan.order else x).astype(work, copy=False).reshape(plan.start)
+    for padded, where, split, order, grouped, after in plan.levels:
+        if padded is not None:  # SAME padding with the identity
+            full = np.full(padded, identity, work)
+            full[where] = v
+            v = full
+        v = fold(v.reshape(split).transpose(order).reshape(grouped)).reshape(after)
+    if plan.lanes > 1:
+        return _lanes_fold(v.reshape(plan.final), plan.lanes).reshape(plan.kept)
+    return fold(v.reshape(plan.last)).astype(dtype, copy=False).reshape(plan.kept)
+
+
+class _FoldPlan(NamedTuple):
+    """:func:`_low_precision_fold`'s steps for one operand shape: ``order`` (reduced axes first; () when they
+    already are), ``start`` (the reduced dimensions, then the kept ones merged), per tree level ``(padded shape or
+    None, where the operand goes in it, the windows split out, their order, (groups, window, columns), the
+    level's result shape)``, the shape of the final fold (``last``) or, where LLVM vectorises it, its lanes and
+    ``final`` shape, and the result's shape (``kept``). ``steps``: the NumPy steps of a sequential fold."""
+    order: tuple
+    start: tuple
+    levels: tuple
+    last: tuple
+    lanes: int
+    final: tuple
+    kept: tuple
+    steps: int
+
+
+@functools.lru_cache(maxsize=1024)
+def _fold_plan(shape: tuple, axes: tuple, dtype: np.dtype, ufunc, lanes: bool) -> _FoldPlan | None:
+    if not axes:
+        return None
+    ndim, k = len(shape), len(axes)
+    kept = [d for d in range(ndim) if d not in axes]
+    kept_shape = tuple(shape[d] for d in kept)
+    columns = math.prod(kept_shape)
+    order = tuple(axes) + tuple(kept)
+    dims, levels, steps = [shape[a] for a in axes], [], 0
+    for windows, counts in _tree_levels(dims):
+        steps += math.prod(windows)
+        pads = [((c * w - n) // 2, c * w - n - (c * w - n) // 2) for c, w, n in zip(counts, windows, dims)]
+        padded = (*(c * w for c, w in zip(counts, windows)), columns) if any(lo or hi for lo, hi in pads) else None
+        where = (*(slice(lo, lo + n) for (lo, _), n in zip(pads, dims)), slice(None))
+        split = (*(d for c, w in zip(counts, windows) for d in (c, w)), columns)
+        levels.append((padded, where, split, (*range(0, 2 * k, 2), *range(1, 2 * k, 2), 2 * k),
+                       (math.prod(counts), math.prod(windows), columns), (*counts, columns)))
+        dims = counts
+    steps += math.prod(dims)
+    final = tuple(n for n in dims if n != 1)
+    ways = 1
+    if lanes and dtype in (np.float32, np.float64) and columns and len(final) == 2 and _trailing_pair(shape, axes):
         ways = _outer_lanes(*final, dtype)
-        if ways > 1:
-            return _lanes_fold(v.reshape(*final, columns), ways).reshape(kept_shape)
-    return fold(v.reshape(1, -1, columns) if columns else v.reshape(1, 0, 0)).astype(dtype).reshape(kept_shape)
+    return _FoldPlan(order=() if order == tuple(range(ndim)) else order, start=(*(shape[a] for a in axes), columns),
+                     levels=tuple(levels), last=(1, -1, columns) if columns else (1, 0, 0), lanes=ways,
+                     final=(*final, columns), kept=kept_shape, steps=steps)
 
 
 # -- float32/float64 sums in XLA:CPU's order (jaxlib 0.10.2) ---------------------------------------------------
@@ -308,16 +348,12 @@ def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
     over the leading two axes: not modelled, sequential here). None where the fold would take more than
     _SEQUENTIAL_STEPS NumPy steps or the program's operand (``elements``, one device's) has more than
     _TREE_ELEMENTS elements, and SPMDSIM_EXACT is off."""
-    axes = sorted(int(a) for a in axes)
-    kept = [d for d in range(x.ndim) if d not in axes]
-    shape = [x.shape[a] for a in axes]
-    steps, s = 0, shape
-    for windows, s in _tree_levels(shape):
-        steps += math.prod(windows)
-    steps += math.prod(s)
-    if (steps > _SEQUENTIAL_STEPS or elements > _TREE_ELEMENTS) and not _xla_cpu_isa.exact():
+    lanes = _xla_cpu_isa.current().avx512
+    plan = _fold_plan(x.shape, tuple(sorted(int(a) for a in axes)), x.dtype, np.add, lanes)
+    if plan is not None and (plan.steps > _SEQUENTIAL_STEPS or elements > _TREE_ELEMENTS) \
+            and not _xla_cpu_isa.exact():
         return None
-    return _low_precision_fold(x, axes, np.add, lanes=_xla_cpu_isa.current().avx512)
+    return _low_precision_fold(x, axes, np.add, lanes=lanes)
 
 
 def _xla_ordered(dtype) -> bool:
