@@ -33,7 +33,7 @@ import numpy as np
 from spmdsim.jax._internals import core
 from spmdsim.jax._internals import weakref_lru_cache
 
-from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_math
+from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_math, _xla_cpu_scalar
 from spmdsim.jax.evaluation._registry import per_device, vectorized
 
 __all__ = ["contract", "fma_p"]
@@ -452,6 +452,10 @@ def _fma(a, b, c, *, negate_product: bool, negate_addend: bool, out=None):
     float16 values; a float32 sum is rounded to float64 first, which differs from one rounding in about one case
     in 2**29 (as :func:`._xla_cpu_math.fma`). ``out``: an array of the result's shape and dtype to write into,
     possibly an operand (``_compiled`` gives one that dies here)."""
+    if out is None and all(getattr(x, "ndim", None) == 0 and x.dtype == np.float32 for x in (a, b, c)):
+        value = _xla_cpu_scalar.fma(float(a), float(b), float(c), negate_product, negate_addend)
+        if value is not None:  # one value (a sampler's scalars): in Python floats, the same bits
+            return np.array(value, np.float32)
     dtype = np.result_type(a, b, c)
     if dtype == np.float64:
         return _xla_cpu_math.fma64(a, b, c, negate_product=negate_product, negate_addend=negate_addend, out=out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.special
 
-from spmdsim.jax.numerics import _libm, _xla_cpu_isa, _xla_cpu_math, _xla_cpu_math64, _xla_cpu_probe
+from spmdsim.jax.numerics import _libm, _xla_cpu_isa, _xla_cpu_math, _xla_cpu_math64, _xla_cpu_probe, _xla_cpu_scalar
 from spmdsim.jax.evaluation._registry import PER_DEVICE, specialize
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, _operand_dtype, elementwise, is_float, via_f32
 
@@ -43,11 +43,23 @@ def _log1p(x):
     return out.astype(x.dtype)
 
 
+_ONE_BY_ONE = 16  # up to this many values, a port's one-value form value by value (~3 us each; the port ~50-110)
+
+
 def _xla_float32(port, other):
-    """float32 (and float16/bfloat16 through it) by XLA:CPU's own algorithm (:mod:`._xla_cpu_math`); other
-    dtypes (float64, complex) by ``other``."""
+    """float32 (and float16/bfloat16 through it) by XLA:CPU's own algorithm (:mod:`._xla_cpu_math`; one value
+    by its Python-float form where there is one, :mod:`._xla_cpu_scalar`: the same bits); other dtypes (float64,
+    complex) by ``other``."""
+    one = _xla_cpu_scalar.SCALAR.get(port.__name__)
+
     def fn(x):
-        return port(x) if x.dtype == np.float32 else other(x)
+        if x.dtype != np.float32:
+            return other(x)
+        if one is not None and x.size <= _ONE_BY_ONE:
+            values = [one(v) for v in x.ravel().tolist()]
+            if None not in values:
+                return np.array(values, np.float32).reshape(x.shape)
+        return port(x)
     fn.__name__ = port.__name__
     return fn
 
@@ -165,9 +177,12 @@ for _name, _fn in {**_COMPARISONS, **_BITWISE}.items():
 # them (it computes each operation of a low-precision program in float32 and rounds its result; measured bit
 # for bit on every float16 and bfloat16 value tried, where one rounding at the end differs in 30-50% of them).
 
+_logistic32 = _xla_float32(_xla_cpu_math.logistic, None)
+
+
 def _logistic_wide(x):
     if x.dtype == np.float32:
-        return _xla_cpu_math.logistic(x)
+        return _logistic32(x)
     if x.dtype == np.float64:  # XLA's LogisticExpander, with its float64 exp
         return _xla_cpu_math.flush_subnormals(1 / (1 + PER_DEVICE["exp"](-x)))
     if x.dtype.kind == "f":
@@ -309,6 +324,19 @@ def _complex_pick(x, y, greater: bool):
 _SIGN_BIT = {np.dtype(np.float32): np.int32(-2**31), np.dtype(np.float64): np.int64(-2**63)}
 
 
+#: NumPy's own integer dtypes -> the mask of their bits (two's complement: ``int(x) & mask`` is the unsigned value)
+_MASK = {np.dtype(t): (1 << 8 * np.dtype(t).itemsize) - 1 for t in (np.int8, np.int16, np.int32, np.int64,
+                                                                    np.uint8, np.uint16, np.uint32, np.uint64)}
+
+
+def _int_scalars(*xs) -> bool:
+    """Whether every operand is one value (0-d) of one of NumPy's own integer dtypes (not ml_dtypes' sub-byte
+    ones): the rule then computes in Python ints, ~1 us against 5-20 us of NumPy calls on 0-d arrays (a sampler's
+    loop counters and tree bookkeeping). The same values as the array form."""
+    dtype = xs[0].dtype
+    return dtype in _MASK and all(x.ndim == 0 and x.dtype == dtype for x in xs)
+
+
 def _may_hold_negative_zero(x) -> bool:
     """Whether ``x`` holds a -0.0 (one pass over its bits; True for dtypes not checked)."""
     x = np.asarray(x)
@@ -316,12 +344,22 @@ def _may_hold_negative_zero(x) -> bool:
     return sign is None or bool((x.view(sign.dtype) == sign).any())
 
 
+def _zeros_to_order(x, y, out) -> bool:
+    """Whether ``max``/``min``'s result ``out`` may need its zeros put in XLA's order (-0.0 below +0.0; NumPy keeps
+    either zero): only where both operands are zeros and one is -0.0. A few values: whether ``out`` has a zero
+    (one check); more: whether an operand holds a -0.0 (ReLU's inputs rarely do, and ReLU's results are zeros)."""
+    if not is_float(out.dtype):
+        return False
+    if out.size <= 16:
+        return bool((out == 0).any())
+    return _may_hold_negative_zero(x) or _may_hold_negative_zero(y)
+
+
 def _float_max(x, y):
     if np.result_type(x, y).kind == "c":
         return _complex_pick(x, y, True)
     out = np.maximum(x, y)
-    # XLA orders -0.0 below +0.0; NumPy keeps either zero: only a -0.0 can make them differ (ReLU's inputs rarely)
-    if is_float(out.dtype) and (_may_hold_negative_zero(x) or _may_hold_negative_zero(y)):
+    if _zeros_to_order(x, y, out):
         out = np.where((x == 0) & (y == 0), x + y, out)
     return out
 
@@ -330,7 +368,7 @@ def _float_min(x, y):
     if np.result_type(x, y).kind == "c":
         return _complex_pick(x, y, False)
     out = np.minimum(x, y)
-    if is_float(out.dtype) and (_may_hold_negative_zero(x) or _may_hold_negative_zero(y)):
+    if _zeros_to_order(x, y, out):
         out = np.where((x == 0) & (y == 0), -((-x) + (-y)), out)
     return out
 
@@ -378,6 +416,10 @@ def _div(x, y):
 
 @elementwise("rem")
 def _rem(x, y):
+    if _int_scalars(x, y):  # C's remainder takes the dividend's sign; x % 0 is x, INT_MIN % -1 is 0
+        a, b = int(x), int(y)
+        r = a if b == 0 else abs(a) % abs(b) * (-1 if a < 0 else 1)
+        return np.asarray(r, x.dtype)
     if x.dtype.kind in "iu":  # C remainder; x % 0 is x, INT_MIN % -1 is 0
         safe, zero, overflow = _division_guard(x, y)
         return np.where(zero, x, np.fmod(x, safe)).astype(x.dtype)
@@ -471,6 +513,8 @@ def _erf_inv(x):
 
 @elementwise("population_count")
 def _popcount(x):
+    if _int_scalars(x):
+        return np.asarray(bin(int(x) & _MASK[x.dtype]).count("1"), x.dtype)
     bits = np.unpackbits(np.asarray(x, order="C").reshape(-1).view(np.uint8).reshape((*x.shape, x.dtype.itemsize)),
                          axis=-1)
     return bits.sum(axis=-1).astype(x.dtype)
@@ -501,6 +545,10 @@ def _shift_left(x, y):
 @elementwise("shift_right_logical")
 def _shift_right_logical(x, y):
     bits = x.dtype.itemsize * 8
+    if _int_scalars(x, y):
+        amount = int(y)
+        value = (int(x) & _MASK[x.dtype]) >> amount if 0 <= amount < bits else 0
+        return np.asarray(value, np.dtype(f"u{x.dtype.itemsize}")).view(x.dtype)
     unsigned = np.dtype(f"u{x.dtype.itemsize}")
     ok = _shift_amount_ok(y, bits)
     shifted = np.right_shift(np.asarray(x, order="C").view(unsigned), np.where(ok, y, 0).astype(unsigned))
@@ -510,6 +558,11 @@ def _shift_right_logical(x, y):
 @elementwise("shift_right_arithmetic")
 def _shift_right_arithmetic(x, y):
     bits = x.dtype.itemsize * 8
+    if _int_scalars(x, y):
+        amount, value = int(y), int(x) & _MASK[x.dtype]
+        signed = value - (1 << bits) if value >> (bits - 1) else value
+        return np.asarray(signed >> (amount if 0 <= amount < bits else bits - 1),
+                          np.dtype(f"i{x.dtype.itemsize}")).view(x.dtype)
     signed = np.dtype(f"i{x.dtype.itemsize}")
     xs = np.asarray(x, order="C").view(signed)
     amount = np.where(_shift_amount_ok(y, bits), y, bits - 1).astype(signed)
@@ -580,6 +633,8 @@ def _complex(x, y):
 def _select_n(which, *cases):
     if len(cases) == 1:
         return cases[0]
+    if which.ndim == 0 and all(c.shape == cases[0].shape and c.dtype == cases[0].dtype for c in cases):
+        return cases[int(which)]  # one predicate for the whole operand: the case itself (results are never written)
     if len(cases) == 2:  # np.where broadcasts the three itself; a boolean predicate is read as it is
         return np.where(which.astype(bool, copy=False), cases[1], cases[0])
     shape = np.broadcast_shapes(which.shape, *(c.shape for c in cases))

@@ -124,6 +124,10 @@ def shift(axes) -> tuple:
 def _float_to_int(x: np.ndarray, new_dtype: np.dtype) -> np.ndarray:
     """XLA's float-to-integer conversion: truncate toward zero, saturate, NaN to 0."""
     info = np.iinfo(new_dtype)
+    if x.ndim == 0 and x.dtype in (np.float32, np.float64):  # one value (a loop counter): the same, in Python
+        v = float(x)
+        return np.asarray(0 if v != v else info.max if v >= float(info.max) else info.min if v <= float(info.min)
+                          else int(v), new_dtype)
     y = np.trunc(x.astype(np.float64))
     out = np.where(np.isnan(y), 0, np.clip(y, info.min, info.max))
     big = y >= float(info.max)          # float(2**63 - 1) rounds up to 2**63: no cast of such values
