@@ -71,7 +71,8 @@ def test_one_value_fused_multiply_add_is_the_array_form():
                 with np.errstate(all="ignore"):
                     got = fma(np.asarray(a), np.asarray(b), np.asarray(c), **params)
                     want = fma(np.array([a, a]), np.array([b, b]), np.array([c, c]), **params)[0]
-                assert got.dtype == np.float32 and got.shape == () and got.tobytes() == want.tobytes(), (a, b, c, params)
+                assert got.dtype == np.float32 and got.shape == (), (a, b, c, params)
+                assert got.tobytes() == want.tobytes(), (a, b, c, params)
 
 
 INTEGERS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]

@@ -223,7 +223,7 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
                 continue
             ns[f"S{k}_{i}"], ns[f"D{k}_{i}"] = expected
             lines.append(f"    if type({out}) is not ndarray: {out} = asarray({out})")
-            lines.append(f"    if {out}.shape != S{k}_{i} or {out}.dtype != D{k}_{i}: "
+            lines.append(f"    if {out}.shape != S{k}_{i} or {out}.dtype is not D{k}_{i} and {out}.dtype != D{k}_{i}: "
                          f"bad_result(E{k}, {out}, S{k}_{i}, D{k}_{i})")
     results = []
     for j, v in enumerate(jaxpr.outvars):
