@@ -62,8 +62,9 @@ def test_live_default(shape):
         pytest.skip(f"XLA:CPU's dot order is measured on AMD Zen 4 with jaxlib 0.10.2 only (this CPU model: "
                     f"{_xla_cpu_isa.cpu_model()}, jax {jax.__version__})")
     batch, m, k, n = shape
-    if (m * n * k > _xla_cpu_dot.DEFAULT_WORK or k > _xla_cpu_dot.DEFAULT_K) and not _xla_cpu_isa.exact():
-        pytest.skip("a large product or a long k: the exact order only under SPMDSIM_EXACT=1 (see test_live_exact)")
+    p = _xla_cpu_dot.plan(m, n, k)
+    if p is not None and not _xla_cpu_dot.exact_by_default(m, n, k, p) and not _xla_cpu_isa.exact():
+        pytest.skip("a large product or long chains: the exact order only under SPMDSIM_EXACT=1 (see test_live_exact)")
     _check(batch, m, k, n)
 
 

@@ -30,7 +30,8 @@ import numpy as np
 
 from spmdsim.jax.numerics import _xla_cpu_isa
 
-__all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK", "DEFAULT_K", "conv_tile", "ynn_conv", "CONV_DEFAULT_WORK"]
+__all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK", "DEFAULT_STEPS", "exact_by_default", "conv_tile",
+           "ynn_conv", "CONV_DEFAULT_WORK"]
 
 f32, f64 = np.float32, np.float64
 
@@ -41,10 +42,10 @@ DEFAULT_WORK = 1 << 16
 # the same for a convolution's (M, K) @ (K, O) product (its chains are vectorized over M * O outputs, so the cost
 # per multiply-add is lower than a dot's): larger ones only under SPMDSIM_EXACT=1
 CONV_DEFAULT_WORK = 1 << 20
-# and whose k is at most this long: the order costs NumPy calls per step of k, which in loops of small products
-# (the gradient of a log density over 200 points, every leapfrog step of NUTS) cost more than the whole
-# product (numpyro's NUTS: 28 s with BLAS's order, 50 s with XLA's for k = 200)
-DEFAULT_K = 64
+# and whose chains take at most this many steps (k / tile_k): each step is a NumPy call, and in loops of small
+# products they cost more than the whole product (numpyro's NUTS: 28 s with BLAS's order, 50 s with XLA's for
+# k = 200; a training step's gradient, (1, 64) @ (64, 16) on 8 devices: 2.4 ms a step against 0.65 with BLAS's)
+DEFAULT_STEPS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,12 @@ class Plan:
 
     tile_k: int
     chunk: int | None
+
+
+def exact_by_default(m: int, n: int, k: int, p: Plan) -> bool:
+    """Whether an ``(m, k) @ (k, n)`` slice in order ``p`` is computed in XLA's order without ``SPMDSIM_EXACT=1``:
+    at most ``DEFAULT_WORK`` multiply-adds in chains of at most ``DEFAULT_STEPS`` steps."""
+    return m * n * k <= DEFAULT_WORK and -(-k // p.tile_k) <= DEFAULT_STEPS
 
 
 def _plan_amd_zen4(m: int, n: int, k: int) -> Plan | None:
@@ -98,32 +105,41 @@ def plan(m: int, n: int, k: int) -> Plan | None:
 
 
 _BLOCK_ELEMENTS = 1 << 14  # outputs per block of rows in a chain's loop: its planes stay in the CPU's cache
+_PRODUCT_ELEMENTS = 1 << 16  # float64 products computed ahead, a group of steps at a time (512 KiB)
 
 
 def _chains(a: np.ndarray, b: np.ndarray, lo: int, hi: int, tile_k: int) -> np.ndarray:
     """One kernel call over ``k`` in ``[lo, hi)``: ``tile_k`` fused multiply-add chains from zero, each over
     ``k = lo + lane (mod tile_k)``, then the lanes' reduction (``(l0 + l1) + (l2 + l3)``).
 
-    Each step is two NumPy passes: the exact product in float64, then its sum with the float32 accumulator
-    computed in float64 and rounded to float32 on the way out. The rows are done in blocks whose planes stay
-    in the cache (the order of each output element's chain does not depend on the blocks)."""
+    The exact products are computed in float64 ahead, a group of steps at a time (one NumPy call); each step is
+    then one NumPy call over every lane: its products' sums with the float32 accumulators, computed in float64
+    and rounded to float32 on the way out. ``k`` is padded with zero products up to a multiple of ``tile_k`` (a
+    zero leaves a lane as it is: the accumulators start at +0 and are never -0). The rows are done in blocks
+    whose planes stay in the cache (the order of each output element's chain does not depend on the blocks)."""
     shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    lanes = [np.zeros(shape, f32) for _ in range(tile_k)]
-    # k-major copies of the operands' columns / rows in [lo, hi): each step reads one contiguous vector
-    ak = np.ascontiguousarray(np.moveaxis(a[..., lo:hi], -1, 0))[..., :, None]
-    bk = np.ascontiguousarray(np.moveaxis(b[..., lo:hi, :], -2, 0))[..., None, :]
+    batch = len(shape) - 2
+    a = a.reshape((1,) * (batch + 2 - a.ndim) + a.shape)  # the same batch rank: k's axes lead below
+    b = b.reshape((1,) * (batch + 2 - b.ndim) + b.shape)
+    steps = -(-(hi - lo) // tile_k)
+    # k-major copies of the operands' columns / rows in [lo, hi), zero-padded, as (steps, lane, ...)
+    ak = np.zeros((steps * tile_k, *a.shape[:-1], 1), f32)
+    ak[:hi - lo] = np.moveaxis(a[..., lo:hi], -1, 0)[..., None]
+    bk = np.zeros((steps * tile_k, *b.shape[:-2], 1, b.shape[-1]), f32)
+    bk[:hi - lo] = np.moveaxis(b[..., lo:hi, :], -2, 0)[..., None, :]
+    ak, bk = ak.reshape(steps, tile_k, *ak.shape[1:]), bk.reshape(steps, tile_k, *bk.shape[1:])
+    lanes = np.zeros((tile_k, *shape), f32)
     m, n = shape[-2], shape[-1]
-    rows = max(1, min(m, _BLOCK_ELEMENTS // max(n * int(np.prod(shape[:-2], dtype=np.int64)), 1)))
-    term = np.empty((*shape[:-2], rows, n), f64)
+    outer = int(np.prod(shape[:-2], dtype=np.int64))
+    rows = max(1, min(m, _BLOCK_ELEMENTS // max(n * outer, 1)))
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
-        t = term[..., :r1 - r0, :]
-        block = [x[..., r0:r1, :] for x in lanes]
-        for kk in range(hi - lo):
-            acc = block[kk % tile_k]
-            np.multiply(ak[kk][..., r0:r1, :], bk[kk], out=t, dtype=f64)
-            np.add(t, acc, out=acc, dtype=f64, casting="same_kind")  # the chain's float32 rounding at every step
-    return _lane_sum(lanes)
+        block = lanes[..., r0:r1, :]
+        group = max(1, _PRODUCT_ELEMENTS // max(block.size, 1))
+        for s0 in range(0, steps, group):
+            for products in np.multiply(ak[s0:s0 + group, ..., r0:r1, :], bk[s0:s0 + group], dtype=f64):
+                np.add(products, block, out=block, dtype=f64, casting="same_kind")  # rounded at every step
+    return _lane_sum(list(lanes))
 
 
 def ynn_matmul(a: np.ndarray, b: np.ndarray, p: Plan) -> np.ndarray:
@@ -145,7 +161,7 @@ def ynn_matmul(a: np.ndarray, b: np.ndarray, p: Plan) -> np.ndarray:
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """``(..., M, K) @ (..., K, N)`` of float32 operands in XLA:CPU's order where :func:`plan` knows it and the
-    product's slices are small (``DEFAULT_WORK``, ``DEFAULT_K``) or ``SPMDSIM_EXACT=1`` is set; None otherwise (the caller's BLAS
+    product's slices are small (:func:`exact_by_default`) or ``SPMDSIM_EXACT=1`` is set; None otherwise (the caller's BLAS
     product then applies)."""
     if a.dtype != f32 or b.dtype != f32 or a.ndim < 2 or b.ndim < 2:
         return None
@@ -153,10 +169,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     n = b.shape[-1]
     if k == 0:
         return None
-    if (m * n * k > DEFAULT_WORK or k > DEFAULT_K) and not _xla_cpu_isa.exact():
-        return None
     p = plan(m, n, k)
-    return None if p is None else ynn_matmul(a, b, p)
+    if p is None or not exact_by_default(m, n, k, p) and not _xla_cpu_isa.exact():
+        return None
+    return ynn_matmul(a, b, p)
 
 
 # -- convolutions ------------------------------------------------------------------------------------------------
