@@ -137,7 +137,7 @@ def _trailing_pair(shape: tuple, axes) -> bool:
     return dims[-2:] == [True, True] and sum(dims) == 2
 
 
-def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: bool = False) -> np.ndarray:
+def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: bool = False, plan: "_FoldPlan | None" = None) -> np.ndarray:
     """A float16/bfloat16 sum or product as XLA:CPU computes the ``reduce`` (measured bit for bit on every
     single-axis shape tried): in the operand's dtype, rounded after every step, from the identity, in XLA's
     tree order. Where a reduced dimension has more than 32 elements, XLA's TreeReductionRewriter first reduces
@@ -145,9 +145,10 @@ def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: bool = False) -> np.n
     the windows at the ends are shorter), then reduces the windows' results the same way, until no reduced
     dimension has more than 32 (``xla/service/tree_reduction_rewriter.cc``); the rest is folded in row-major
     order. The shapes of each step are worked out once per operand shape (:func:`_fold_plan`): a loop's sum of a
-    few hundred elements costs a few NumPy calls."""
+    few hundred elements costs a few NumPy calls. ``plan``: that plan, where the caller has it."""
     dtype = x.dtype
-    plan = _fold_plan(x.shape, tuple(sorted(int(a) for a in axes)), dtype, ufunc, lanes)
+    if plan is None:
+        plan = _fold_plan(x.shape, tuple(sorted(int(a) for a in axes)), dtype, ufunc, lanes)
     if plan is None:  # nothing reduced: XLA's reduce is the operand
         return x
     work = np.dtype(np.float32) if dtype in LOW_FLOATS else dtype  # float32/float64 sums: in their own dtype
@@ -350,10 +351,11 @@ def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
     _TREE_ELEMENTS elements, and SPMDSIM_EXACT is off."""
     lanes = _xla_cpu_isa.current().avx512
     plan = _fold_plan(x.shape, tuple(sorted(int(a) for a in axes)), x.dtype, np.add, lanes)
-    if plan is not None and (plan.steps > _SEQUENTIAL_STEPS or elements > _TREE_ELEMENTS) \
-            and not _xla_cpu_isa.exact():
+    if plan is None:  # nothing reduced
+        return x
+    if (plan.steps > _SEQUENTIAL_STEPS or elements > _TREE_ELEMENTS) and not _xla_cpu_isa.exact():
         return None
-    return _low_precision_fold(x, axes, np.add, lanes=lanes)
+    return _low_precision_fold(x, axes, np.add, lanes, plan)
 
 
 def _xla_ordered(dtype) -> bool:
