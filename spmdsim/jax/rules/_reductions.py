@@ -358,6 +358,21 @@ def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
     return _low_precision_fold(x, axes, np.add, lanes, plan)
 
 
+def _vector_sum(x: np.ndarray) -> np.ndarray:
+    """:func:`_tree_sum` of a float32/float64 vector of 1 to 1024 elements, in its few NumPy calls (the same
+    steps as the plan's: windows of 32, zero-padded at both ends, each folded from its first element, +0 added;
+    then the windows' sums folded the same way)."""
+    n = len(x)
+    zero = x.dtype.type(0)
+    if n > _TREE_WINDOW:
+        count = -(-n // _TREE_WINDOW)
+        padded = np.zeros(count * _TREE_WINDOW, x.dtype)
+        lo = (count * _TREE_WINDOW - n) // 2
+        padded[lo:lo + n] = x
+        x = np.add.accumulate(padded.reshape(count, _TREE_WINDOW), axis=1)[:, -1] + zero
+    return (np.add.accumulate(x)[-1:] + zero).reshape(())
+
+
 def _xla_ordered(dtype) -> bool:
     """Whether a sum of ``dtype`` follows XLA:CPU's order (:func:`_xla_sum`): float32 and float64, on the CPU model
     and jaxlib it was measured with (AMD Zen 4, jaxlib 0.10: :func:`_xla_cpu_isa.ynnpack_orders`;
@@ -388,6 +403,8 @@ def _xla_sum(x: np.ndarray, axes, batch: int = 0) -> np.ndarray:
             with _threads.one_at_a_time():
                 return _ynn_columns(np.ascontiguousarray(x).reshape(lead, rows, -1)).reshape(kept)
         return np.add.reduce(_canonical(x, axes), axis=-1, dtype=x.dtype)
+    if x.ndim == 1 and not batch and 0 < len(x) <= _TREE_WINDOW * _TREE_WINDOW:  # a device's vector (a loop's sum)
+        return _vector_sum(x)
     out = _tree_sum(x, axes, math.prod(operand))
     if out is None:
         return np.add.reduce(_canonical(x, axes), axis=-1, dtype=x.dtype)
