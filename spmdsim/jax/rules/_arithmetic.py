@@ -634,7 +634,11 @@ def _select_n(which, *cases):
     if len(cases) == 1:
         return cases[0]
     if which.ndim == 0 and all(c.shape == cases[0].shape and c.dtype == cases[0].dtype for c in cases):
-        return cases[int(which)]  # one predicate for the whole operand: the case itself (results are never written)
+        # one predicate for the whole operand: the case itself (a program writes into a result only where nothing
+        # else holds it, see _compiled._donating); two cases: any nonzero predicate is the second, as np.where reads it
+        k = bool(which) if len(cases) == 2 else int(which)
+        if 0 <= k < len(cases):
+            return cases[k]
     if len(cases) == 2:  # np.where broadcasts the three itself; a boolean predicate is read as it is
         return np.where(which.astype(bool, copy=False), cases[1], cases[0])
     shape = np.broadcast_shapes(which.shape, *(c.shape for c in cases))
