@@ -111,6 +111,26 @@ def test_vectorized_rule_matches_per_device(shape, axes):
         assert _bits_equal(stacked[d], PER_DEVICE["reduce_sum"](x[d], axes=axes_t))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vector_sum_is_the_tree_plan(dtype):
+    """A device's vector (``_vector_sum``, the per-device fast path) is summed with the general plan's steps
+    (``_low_precision_fold``: windows of 32, SAME padding, in order) for every length it takes, 1-1024 (longer
+    vectors need a second level of windows: the plan's), -0.0s included, and as the vectorized rule (the plan,
+    the device axis first) sums each device's row."""
+    rng = np.random.default_rng(2)
+    for n in range(1, 1025):
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4)).astype(dtype)
+        x[rng.integers(0, n)] = -0.0
+        for v in (x, np.full(n, -0.0, dtype)):
+            got = _reductions._vector_sum(v)
+            assert got.shape == () and got.dtype == dtype
+            assert _bits_equal(got, _reductions._low_precision_fold(v, (0,), np.add, lanes=True)), n
+        if n % 37 == 1:
+            stacked = _reductions._xla_sum(np.stack([x, -x]), (1,), batch=1)
+            assert _bits_equal(stacked[0], _reductions._vector_sum(x)), n
+            assert _bits_equal(stacked[1], _reductions._vector_sum(-x)), n
+
+
 @pytest.fixture
 def pinned_model(monkeypatch):
     def pin(name):

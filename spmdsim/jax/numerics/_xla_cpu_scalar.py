@@ -36,7 +36,7 @@ def _r32(v: float) -> float:
 
 
 def _f32s(values) -> tuple:
-    return tuple(_r32(float(np.float32(v))) for v in values)
+    return tuple(float(np.float32(v)) for v in values)
 
 
 _EXP_P = _f32s(_math._EXP_P)
@@ -51,7 +51,7 @@ _LOG1P_SMALL = _r32(0.41421356237309504880)
 def _horner(x: float, coefficients: tuple, p: float) -> float:
     """:func:`._xla_cpu_math._horner_fma` from ``p``: each step ``float32(p * x + c)``."""
     for c in coefficients:
-        p = _unpack(_pack(p * x + c))[0]
+        p = _r32(p * x + c)
     return p
 
 
