@@ -236,4 +236,9 @@ def test_vectorized_dot_general_equals_threads_bit_for_bit():
         vectorized = np.asarray(sjax.pmap(f, "i", in_axes=(0, None), executor="vectorized")(x, w))
     assert threads.shape == (8, 4, 16, 64) and threads.tobytes() == vectorized.tobytes()
     real = np.asarray(jax.jit(jax.vmap(f, in_axes=(0, None)))(x, w))
-    assert ulps(threads, real) <= tolerance("dot_general", "float32")
+    allowed = tolerance("dot_general", "float32")
+    if isinstance(allowed, tuple):  # an order spmdsim does not model on this CPU: the reordering's bound
+        bound = 2 * 63 * 2.0 ** -24 * np.max(np.einsum("iscd,dh->isch", np.abs(x), np.abs(w)))  # k = 64 terms
+        assert np.max(np.abs(threads - real)) <= bound
+    else:
+        assert ulps(threads, real) <= allowed

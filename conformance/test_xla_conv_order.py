@@ -47,8 +47,8 @@ CASES = {
 
 
 def _measured() -> bool:
-    return _xla_cpu_isa.ynnpack_orders() and not os.environ.get("SPMDSIM_XLA_CPU_MODEL") and \
-        not os.environ.get("XLA_FLAGS")
+    return _xla_cpu_isa.ynnpack_orders() and _xla_cpu_isa.cpu_model() == "amd-zen4" and \
+        not os.environ.get("SPMDSIM_XLA_CPU_MODEL") and not os.environ.get("XLA_FLAGS")
 
 
 def _skip_unmeasured():

@@ -2,7 +2,8 @@
 
 Live: against ``jax.jit`` on the machine running the test, over shapes whose order spmdsim models (small products
 by default, large ``k`` and the rest under ``SPMDSIM_EXACT=1``); skipped where the CPU's model was not measured
-(the order depends on the CPU model: YNNPACK's kernel choice and blocking). Recorded: the AMD Zen 4 file's dot
+(the order depends on the CPU model: YNNPACK's kernel choice and blocking), and on Zen 3 for the shapes its
+model leaves to BLAS. Recorded: the AMD Zen 4 file's dot
 cases, with ``SPMDSIM_XLA_CPU_MODEL=amd-zen4``, in a subprocess (the model is read once per process).
 """
 from __future__ import annotations
@@ -52,14 +53,16 @@ def _check(batch, m, k, n):
     a, b = _operands(batch, m, k, n)
     fun = (lambda x, y: x @ y) if not batch else (lambda x, y: jnp.einsum("bij,bjk->bik", x, y))
     expected = np.asarray(jax.jit(fun)(a, b))
-    assert _xla_cpu_dot.plan(m, n, k) is not None, (m, n, k)
+    if _xla_cpu_dot.plan(m, n, k) is None:
+        assert _xla_cpu_isa.cpu_model() != "amd-zen4", (m, n, k)  # every shape here is measured on Zen 4
+        pytest.skip(f"the order of {m}x{k} @ {k}x{n} is not modelled on {_xla_cpu_isa.cpu_model()}")
     np.testing.assert_array_equal(_spmdsim(fun, a, b).view(np.int32), expected.view(np.int32))
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_live_default(shape):
     if not _measured():
-        pytest.skip(f"XLA:CPU's dot order is measured on AMD Zen 4 with jaxlib 0.10.2 only (this CPU model: "
+        pytest.skip(f"XLA:CPU's dot order is measured on AMD Zen 4 and Zen 3 with jaxlib 0.10.2 only (this CPU model: "
                     f"{_xla_cpu_isa.cpu_model()}, jax {jax.__version__})")
     batch, m, k, n = shape
     p = _xla_cpu_dot.plan(m, n, k)
@@ -71,7 +74,7 @@ def test_live_default(shape):
 @pytest.mark.parametrize("shape", SHAPES + LARGE, ids=str)
 def test_live_exact(shape, monkeypatch):
     if not _measured():
-        pytest.skip(f"XLA:CPU's dot order is measured on AMD Zen 4 with jaxlib 0.10.2 only (this CPU model: "
+        pytest.skip(f"XLA:CPU's dot order is measured on AMD Zen 4 and Zen 3 with jaxlib 0.10.2 only (this CPU model: "
                     f"{_xla_cpu_isa.cpu_model()}, jax {jax.__version__})")
     monkeypatch.setenv("SPMDSIM_EXACT", "1")
     _xla_cpu_isa.exact.cache_clear()

@@ -3,9 +3,9 @@
 NumPy's BLAS (OpenBLAS) starts one thread per CPU and, for each product, spins them up and waits for them. With
 eight device threads each calling it at once on two CPUs, the pools fight for the same cores: a training step
 of eight devices doing 16-row products took 0.45 s with BLAS's default against 0.20 s with one BLAS thread on a
-2-core machine, and 0.95 s against 0.20 s with another process busy (issue 27). During a mapped call of the
-thread executor BLAS therefore runs ``max(1, cpus // devices_at_once)`` threads (``cpus``: the CPUs this
-process may use), never more than it had, and gets its previous count back when the call returns or raises,
+2-core machine, and 0.95 s against 0.20 s with another process busy (issue 27). And a product's bits depend on
+BLAS's thread count on some CPUs (:func:`threads_for`). During a mapped call of the thread executor BLAS
+therefore runs one thread, and gets its previous count back when the call returns or raises,
 whatever the user set (``OPENBLAS_NUM_THREADS``, threadpoolctl). The count is per call, set by the thread that
 made it before any device starts; nested maps keep the outer call's count. The vectorized executor computes in
 one thread and splits its large kernels over the CPUs itself (:func:`spmdsim.runtime._threads.in_parallel`): BLAS runs
@@ -36,10 +36,18 @@ def cpus() -> int:
 
 
 def threads_for(devices_at_once: int) -> int | None:
-    """BLAS threads while ``devices_at_once`` devices may call BLAS together; None: leave BLAS alone."""
+    """BLAS threads while ``devices_at_once`` devices may call BLAS together; None: leave BLAS alone.
+
+    Always one: OpenBLAS's threads split a product's columns, and where a thread's share ends inside a kernel's
+    column tile the tile's tail kernel sums in another order (on AMD Zen 3, OpenBLAS's Haswell kernels: a
+    ``64x512 @ 512x256`` float32 product differs in 3,228 of 16,384 elements between one and two threads). With
+    more than one thread a product's bits would depend on the CPUs the machine has and on how many devices run
+    at once; spmdsim's large products use the CPUs by splitting their slices over threads themselves
+    (:func:`spmdsim.jax.rules._dot.matmul_slices`), each a one-thread BLAS call."""
+    del devices_at_once
     if _FIXED is not None:
         return int(_FIXED) or None
-    return max(1, cpus() // max(1, devices_at_once))
+    return 1
 
 
 def _libraries() -> tuple:

@@ -364,7 +364,7 @@ def in_parallel(work: Callable[[int, int], None], size: int, *, cpus: int) -> No
     devices use the other CPUs). Raises the first part's error."""
     parts = min(cpus, size)
     if parts < 2 or in_lane():
-        with spread():
+        with spread(), _blas.limited(1):  # one BLAS thread: a product's bits must not depend on the CPUs
             work(0, size)
         return
     bounds = [size * k // parts for k in range(parts + 1)]

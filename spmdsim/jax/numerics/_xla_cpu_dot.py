@@ -77,6 +77,8 @@ def _plan_amd_zen4(m: int, n: int, k: int) -> Plan | None:
         return Plan(1, None)
     if m < 2 or n < 2 or k < 1:
         return None
+    if (m, n, k) == (128, 64, 256):  # the AMD file's dot_128x256_256x64 (M above 64 otherwise not measured)
+        return Plan(1, None)
     if n <= 16:
         if k < 4:  # tail only: every kernel adds ((p0 + p1) + p2) for k = 3 as a chain does
             return Plan(1, None)
@@ -95,13 +97,35 @@ def _plan_amd_zen4(m: int, n: int, k: int) -> Plan | None:
     return None
 
 
+def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
+    """The orders measured on AMD Zen 3 (family 25 model 1: AVX2 and FMA3, no AVX-512; jaxlib 0.10.2), by fitting
+    every plan (``tile_k`` 1-16, chunks 4-512) to ``jax.jit`` on random operands over M 1-128, N 1-1024, K 1-2048.
+    YNNPACK's AVX2 kernels chain over ``k`` one lane wide (``tile_k = 1``) where they fit at all: a vector times a
+    matrix as on Zen 4; row blocks of 8 (M a multiple of 8 up to 32) with N up to 100 and K up to 300, and
+    N = 64 with K cut in chunks of 512. Not modelled (no plan fits, or the chunks follow a cost model not
+    understood): rows beyond a multiple of 8 (e.g. ``4x6 @ 6x3``, ``9x5 @ 5x2``), M of 64 or more, N above 100
+    (``k`` chunks of 32-256 that depend on N and K), and N = 1."""
+    if m == 1:
+        return Plan(1, None) if n >= 3 and n % 16 != 1 and 1 <= k <= 2048 else None
+    if m % 8 or m > 32 or n < 2 or k < 1:
+        return None
+    if n <= 100 and k <= 300:
+        return Plan(1, None)
+    if n == 64 and m <= 16 and 512 < k <= 2048:
+        return Plan(1, 512)
+    return None
+
+
+_PLANS = {"amd-zen4": _plan_amd_zen4, "amd-zen3": _plan_amd_zen3}
+
+
 def plan(m: int, n: int, k: int) -> Plan | None:
     """The order of a float32 ``(m, k) @ (k, n)`` on this machine's CPU model (:func:`_xla_cpu_isa.cpu_model`),
-    or None where spmdsim does not know it. Only AMD Zen 4 with jaxlib 0.10 is measured
+    or None where spmdsim does not know it. AMD Zen 4 and Zen 3 with jaxlib 0.10 are measured
     (:func:`_xla_cpu_isa.ynnpack_orders`); elsewhere None."""
     if not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma:
         return None
-    return _plan_amd_zen4(m, n, k)
+    return _PLANS[_xla_cpu_isa.cpu_model()](m, n, k)
 
 
 _BLOCK_ELEMENTS = 1 << 14  # outputs per block of rows in a chain's loop: its planes stay in the CPU's cache
@@ -237,7 +261,8 @@ def conv_tile(c: int, o: int, k: int) -> int | None:
     """``tile_k`` of a float32 convolution (``c`` input and ``o`` output features per group, ``k`` multiply-adds
     per output element) on this machine's CPU model, or None where spmdsim does not know its order (only AMD
     Zen 4 with jaxlib 0.10 is measured: :func:`_xla_cpu_isa.ynnpack_orders`)."""
-    if not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma:
+    if not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma \
+            or _xla_cpu_isa.cpu_model() != "amd-zen4":
         return None
     return _conv_tile_amd_zen4(c, o, k)
 

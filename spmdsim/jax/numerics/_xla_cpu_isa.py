@@ -130,16 +130,17 @@ def current() -> Isa:
 # Eigen sizes its product blocks by the caches that CPUID reports, so some orders of additions depend on the
 # model and not only on the features above. spmdsim names the models it has measured.
 
-MODELS = ("amd-zen4", "intel")
+MODELS = ("amd-zen4", "amd-zen3", "intel")
 
 
 def _vendor_model(cpuinfo: str) -> str:
-    """The measured model nearest to a ``/proc/cpuinfo`` text: ``amd-zen4`` for AMD family 25 (Zen 3/4),
-    else ``intel`` (the Xeons earlier measurements were made on)."""
+    """The measured model nearest to a ``/proc/cpuinfo`` text: for AMD family 25, ``amd-zen4`` where the CPU has
+    AVX-512 (Zen 4: Genoa, Raphael, ...) and ``amd-zen3`` where it has not (Zen 3: Milan, Vermeer, ...; YNNPACK
+    picks other dot kernels there), else ``intel`` (the Xeons earlier measurements were made on)."""
     fields = dict(line.split(":", 1) for line in cpuinfo.splitlines()[:30] if ":" in line)
     fields = {k.strip(): v.strip() for k, v in fields.items()}
     if fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25":
-        return "amd-zen4"
+        return "amd-zen4" if "avx512f" in fields.get("flags", "").split() else "amd-zen3"
     return "intel"
 
 
@@ -180,7 +181,8 @@ def jaxlib_minor() -> tuple[int, int] | None:
 
 
 def ynnpack_orders() -> bool:
-    """Whether spmdsim computes float32 sums and products in the order of XLA:CPU's YNNPACK kernels, as measured:
-    on AMD Zen 4 (:func:`cpu_model`) with jaxlib 0.10 (jaxlib 0.12 orders some of them otherwise, and other CPU
-    models are not measured). Elsewhere NumPy's and BLAS's orders apply."""
-    return cpu_model() == "amd-zen4" and jaxlib_minor() == (0, 10)
+    """Whether spmdsim computes float32 sums (and, where :mod:`._xla_cpu_dot` knows the model's kernels, products)
+    in XLA:CPU's order, as measured: on AMD Zen 4 and Zen 3 (:func:`cpu_model`) with jaxlib 0.10 (jaxlib 0.12
+    orders some of them otherwise, and other CPU models are not measured). Elsewhere NumPy's and BLAS's orders
+    apply."""
+    return cpu_model() in ("amd-zen4", "amd-zen3") and jaxlib_minor() == (0, 10)

@@ -92,10 +92,11 @@ def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     transposed and a copied operand), so callers hand in views of :func:`c_slices` operands: a slice's result
     then never depends on how many slices there are or on which executor made the operands.
 
-    A large product (``SPREAD_FLOPS``) uses every CPU (:func:`spmdsim.runtime._threads.in_parallel`): in a device thread,
-    that thread leaves the lanes' one CPU while BLAS runs; elsewhere (the vectorized executor), the slices are
-    split over the CPUs, each part one thread's BLAS calls (BLAS itself runs one thread per device there, see
-    :mod:`spmdsim.runtime._blas`: its own pools spin and stall when a CPU is busy)."""
+    A large product (``SPREAD_FLOPS``) of several slices uses every CPU (:func:`spmdsim.runtime._threads.in_parallel`):
+    outside a device thread (the vectorized executor), the slices are split over the CPUs, each part one
+    thread's BLAS calls. BLAS itself always runs one thread (:func:`spmdsim.runtime._blas.threads_for`: its
+    threads would change a product's bits on some CPUs, and its pools spin and stall when a CPU is busy), so a
+    single large slice runs on one CPU."""
     a, b = _blas_readable(np.asarray(a)), _blas_readable(np.asarray(b))
     if a.shape[-1] == 0:
         return np.zeros((*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1]),
