@@ -115,3 +115,28 @@ def test_the_caller_waits_on_the_devices_cpu_and_gets_its_own_back_also_when_a_d
     with pytest.raises(KeyError):
         spmdsim.pmap(fails)(np.zeros(2))
     assert os.sched_getaffinity(0) == caller
+
+
+def test_blas_runs_one_thread_while_devices_compute():
+    """OpenBLAS's split of a product over its threads changes the product's bits on some CPUs (AMD Zen 3: 3,228 of
+    16,384 elements of a 64x512 @ 512x256 between one and two threads), so inside a mapped call, and around a
+    large kernel outside one, BLAS runs one thread whatever it had, and gets its count back after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from spmdsim.runtime import _blas
+
+    def blas_threads() -> int:
+        return max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
+
+    seen = []
+
+    def f(x):
+        seen.append(blas_threads())
+        return x @ x.T
+
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        outside = blas_threads()
+        spmdsim.pmap(f, axis_name="i")(np.ones((2, 3, 3)))
+        with _blas.limited(1):
+            seen.append(blas_threads())
+        assert blas_threads() == outside
+    assert seen == [1, 1, 1]
