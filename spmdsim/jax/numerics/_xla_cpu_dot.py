@@ -99,15 +99,17 @@ def _plan_amd_zen4(m: int, n: int, k: int) -> Plan | None:
 
 def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     """The orders measured on AMD Zen 3 (family 25 model 1: AVX2 and FMA3, no AVX-512; jaxlib 0.10.2), by fitting
-    every plan (``tile_k`` 1-16, chunks 4-512) to ``jax.jit`` on random operands over M 1-128, N 1-1024, K 1-2048.
-    YNNPACK's AVX2 kernels chain over ``k`` one lane wide (``tile_k = 1``) where they fit at all: a vector times a
-    matrix as on Zen 4; row blocks of 8 (M a multiple of 8 up to 32) with N up to 100 and K up to 300, and
-    N = 64 with K cut in chunks of 512. Not modelled (no plan fits, or the chunks follow a cost model not
-    understood): rows beyond a multiple of 8 (e.g. ``4x6 @ 6x3``, ``9x5 @ 5x2``), M of 64 or more, N above 100
-    (``k`` chunks of 32-256 that depend on N and K), and N = 1."""
+    every plan (``tile_k`` 1-16, chunks 4-512) to ``jax.jit`` on random operands, then checking the rule below on
+    3,289 shapes (M 1-128, N 1-1024, K 1-2048; three seeds each) bit for bit. YNNPACK's AVX2 kernels chain over
+    ``k`` one lane wide (``tile_k = 1``) where they fit at all: a vector times a matrix as on Zen 4; up to 32 rows
+    with 16-100 columns, or a multiple of 8 rows with fewer columns, and K up to 300; N = 64 with K cut in
+    chunks of 512. Not modelled: other rows with fewer than 16 columns (FPRev on ``4x6 @ 6x4``: two interleaved
+    chains, even and odd ``k``, then their sum, a 7th product added last; ``4x8 @ 8x4`` and ``4x12 @ 12x4``: one
+    chain of unfused adds -- LLVM's vectorisation of XLA's own loop, per K), M above 32 (other kernels for some
+    N), N above 100 (``k`` chunks of 32-256 that depend on N and K), and N = 1."""
     if m == 1:
         return Plan(1, None) if n >= 3 and n % 16 != 1 and 1 <= k <= 2048 else None
-    if m % 8 or m > 32 or n < 2 or k < 1:
+    if m > 32 or n < 2 or k < 1 or m % 8 and n < 16:
         return None
     if n <= 100 and k <= 300:
         return Plan(1, None)
