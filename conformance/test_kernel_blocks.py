@@ -266,3 +266,19 @@ def test_select_n_reads_a_boolean_predicate_as_it_is():
     np.testing.assert_array_equal(got, [[-1, -1, -1], [3, 4, 5]])
     got = PER_DEVICE["select_n"](np.array([0, 1, 1], np.int32), a, b)
     np.testing.assert_array_equal(got, [[0, -1, -1], [3, -1, -1]])
+
+
+@pytest.mark.parametrize("batch,m,k,n", [((), 64, 256, 40), ((4,), 100, 100, 100), ((), 64, 512, 256)])
+def test_a_product_does_not_depend_on_blas_threads(batch, m, k, n):
+    """OpenBLAS's result depends on its thread count on some CPUs (AMD Zen 3), so spmdsim holds it to one thread
+    for every product large enough for OpenBLAS to share (spmdsim.runtime._blas.threads_for): a product is the
+    same whatever the user's BLAS thread count."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    rng = np.random.default_rng(m + k + n)
+    a = rng.standard_normal((*batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((*batch, k, n)).astype(np.float32)
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        one = matmul_slices(a, b)
+    with threadpoolctl.threadpool_limits(4, user_api="blas"):
+        shared = matmul_slices(a, b)
+    np.testing.assert_array_equal(shared.view(np.int32), one.view(np.int32))

@@ -38,9 +38,9 @@ def cpus() -> int:
 def threads_for(devices_at_once: int) -> int | None:
     """BLAS threads while ``devices_at_once`` devices may call BLAS together; None: leave BLAS alone.
 
-    Always one: OpenBLAS's threads split a product's columns, and where a thread's share ends inside a kernel's
-    column tile the tile's tail kernel sums in another order (on AMD Zen 3, OpenBLAS's Haswell kernels: a
-    ``64x512 @ 512x256`` float32 product differs in 3,228 of 16,384 elements between one and two threads). With
+    Always one: on some CPUs OpenBLAS's result depends on how many threads share a product (AMD Zen 3: a
+    float32 ``64x512 @ 512x256`` differs in 3,228 of 16,384 elements between one and two threads, a
+    ``100x100 @ 100x100`` in 9,308 of 40,000 over four such products; on Zen 4 the first was the same). With
     more than one thread a product's bits would depend on the CPUs the machine has and on how many devices run
     at once; spmdsim's large products use the CPUs by splitting their slices over threads themselves
     (:func:`spmdsim.jax.rules._dot.matmul_slices`), each a one-thread BLAS call."""

@@ -83,6 +83,9 @@ def _blas_readable(x: np.ndarray) -> np.ndarray:
 
 
 SPREAD_FLOPS = 1 << 22  # a product this large runs on every CPU (see matmul_slices): about a millisecond
+# OpenBLAS computes a product of fewer multiply-adds than this in one thread whatever its count (its gemm
+# interface: 65536 x GEMM_MULTITHREAD_THRESHOLD, 4 by default); larger slices run with BLAS held to one thread
+BLAS_THREADED = 1 << 16
 
 
 def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -103,7 +106,10 @@ def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                         np.result_type(a, b))
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if 2 * math.prod(batch) * a.shape[-2] * a.shape[-1] * b.shape[-1] < SPREAD_FLOPS:
-        return np.matmul(a, b)
+        if a.shape[-2] * a.shape[-1] * b.shape[-1] < BLAS_THREADED:
+            return np.matmul(a, b)
+        with _blas.limited(1):  # (outside a device thread BLAS may have its own threads: see _blas.threads_for)
+            return np.matmul(a, b)
     out = _buffers.empty((*batch, a.shape[-2], b.shape[-1]), np.result_type(a, b), faulted=True)
     cut = [x.ndim == len(batch) + 2 and x.shape[0] > 1 for x in (a, b)]
 
