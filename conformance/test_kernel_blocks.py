@@ -271,7 +271,7 @@ def test_select_n_reads_a_boolean_predicate_as_it_is():
 @pytest.mark.parametrize("batch,m,k,n", [((), 64, 256, 40), ((4,), 100, 100, 100), ((), 64, 512, 256)])
 def test_a_product_does_not_depend_on_blas_threads(batch, m, k, n):
     """OpenBLAS's result depends on its thread count on some CPUs (AMD Zen 3), so spmdsim holds it to one thread
-    for every product large enough for OpenBLAS to share (spmdsim.runtime._blas.threads_for): a product is the
+    for every product large enough for OpenBLAS to share (spmdsim.runtime._blas.threads): a product is the
     same whatever the user's BLAS thread count."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     rng = np.random.default_rng(m + k + n)

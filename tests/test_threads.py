@@ -136,7 +136,7 @@ def test_blas_runs_one_thread_while_devices_compute():
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
         outside = blas_threads()
         spmdsim.pmap(f, axis_name="i")(np.ones((2, 3, 3)))
-        with _blas.limited(1):
+        with _blas.limited():
             seen.append(blas_threads())
         assert blas_threads() == outside
     assert seen == [1, 1, 1]

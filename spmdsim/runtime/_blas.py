@@ -4,7 +4,7 @@ NumPy's BLAS (OpenBLAS) starts one thread per CPU and, for each product, spins t
 eight device threads each calling it at once on two CPUs, the pools fight for the same cores: a training step
 of eight devices doing 16-row products took 0.45 s with BLAS's default against 0.20 s with one BLAS thread on a
 2-core machine, and 0.95 s against 0.20 s with another process busy (issue 27). And a product's bits depend on
-BLAS's thread count on some CPUs (:func:`threads_for`). During a mapped call of the thread executor BLAS
+BLAS's thread count on some CPUs (:func:`threads`). During a mapped call of the thread executor BLAS
 therefore runs one thread, and gets its previous count back when the call returns or raises,
 whatever the user set (``OPENBLAS_NUM_THREADS``, threadpoolctl). The count is per call, set by the thread that
 made it before any device starts; nested maps keep the outer call's count. The vectorized executor computes in
@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 
-__all__ = ["threads_for", "limited"]
+__all__ = ["threads", "limited"]
 
 _FIXED = os.environ.get("SPMDSIM_BLAS_THREADS")
 _lock = threading.Lock()
@@ -35,16 +35,15 @@ def cpus() -> int:
         return os.cpu_count() or 1
 
 
-def threads_for(devices_at_once: int) -> int | None:
-    """BLAS threads while ``devices_at_once`` devices may call BLAS together; None: leave BLAS alone.
+def threads() -> int | None:
+    """BLAS's thread count inside spmdsim's calls (:class:`limited`); None: leave BLAS alone.
 
-    Always one: on some CPUs OpenBLAS's result depends on how many threads share a product (AMD Zen 3: a
+    One (unless ``SPMDSIM_BLAS_THREADS`` says otherwise), however many devices compute at once: on some CPUs OpenBLAS's result depends on how many threads share a product (AMD Zen 3: a
     float32 ``64x512 @ 512x256`` differs in 3,228 of 16,384 elements between one and two threads, a
     ``100x100 @ 100x100`` in 9,308 of 40,000 over four such products; on Zen 4 the first was the same). With
     more than one thread a product's bits would depend on the CPUs the machine has and on how many devices run
     at once; spmdsim's large products use the CPUs by splitting their slices over threads themselves
     (:func:`spmdsim.jax.rules._dot.matmul_slices`), each a one-thread BLAS call."""
-    del devices_at_once
     if _FIXED is not None:
         return int(_FIXED) or None
     return 1
@@ -65,14 +64,14 @@ def _libraries() -> tuple:
 
 
 class limited:
-    """``with limited(devices_at_once):`` BLAS runs :func:`threads_for` threads (no more than it had) inside
-    the block; each library's own count is restored on exit. ``limited(None)`` (a nested call) changes
+    """``with limited():`` BLAS runs :func:`threads` threads (no more than it had) inside the block; each
+    library's own count is restored on exit. ``limited(False)`` (a nested call, or BLAS left alone) changes
     nothing. Costs one query per library, and two calls where the count changes (~5 µs)."""
 
     __slots__ = ("target", "saved")
 
-    def __init__(self, devices_at_once: int | None):
-        self.target = None if devices_at_once is None else threads_for(devices_at_once)
+    def __init__(self, active: bool = True):
+        self.target = threads() if active else None
         self.saved: list = []
 
     def __enter__(self):

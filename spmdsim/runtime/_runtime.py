@@ -184,7 +184,7 @@ def run_lanes(world, lanes: list[Lane], body: Callable[[int], Any], parent: Lane
     stream = _output.begin(current_lane) if parent is None else None
     world.start(lanes, parent)
     try:
-        with _threads.on_lanes_cpu(), _blas.limited(size if parent is None and blas else None):
+        with _threads.on_lanes_cpu(), _blas.limited(parent is None and blas):
             threads = _threads.run_threads(target, list(map(_thread_name, lanes)))
             try:
                 threads.wait()

@@ -364,7 +364,7 @@ def in_parallel(work: Callable[[int, int], None], size: int, *, cpus: int) -> No
     devices use the other CPUs). Raises the first part's error."""
     parts = min(cpus, size)
     if parts < 2 or in_lane():
-        with spread(), _blas.limited(1):  # one BLAS thread: a product's bits must not depend on the CPUs
+        with spread(), _blas.limited():  # one BLAS thread: a product's bits must not depend on the CPUs
             work(0, size)
         return
     bounds = [size * k // parts for k in range(parts + 1)]
@@ -377,7 +377,7 @@ def in_parallel(work: Callable[[int, int], None], size: int, *, cpus: int) -> No
                 work(bounds[k], bounds[k + 1])
         except BaseException as e:  # noqa: BLE001 - raised in the caller below
             failures.append(e)
-    with _blas.limited(parts):  # BLAS's own threads would compete with the parts' (see spmdsim.runtime._blas)
+    with _blas.limited():  # BLAS's own threads would compete with the parts' (see spmdsim.runtime._blas)
         helpers = _pool.run(lambda k: part(k + 1), ["spmdsim kernel part"] * (parts - 1))
         part(0)
         helpers.wait()

@@ -97,7 +97,7 @@ def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     A large product (``SPREAD_FLOPS``) of several slices uses every CPU (:func:`spmdsim.runtime._threads.in_parallel`):
     outside a device thread (the vectorized executor), the slices are split over the CPUs, each part one
-    thread's BLAS calls. BLAS itself always runs one thread (:func:`spmdsim.runtime._blas.threads_for`: its
+    thread's BLAS calls. BLAS itself always runs one thread (:func:`spmdsim.runtime._blas.threads`: its
     threads would change a product's bits on some CPUs, and its pools spin and stall when a CPU is busy), so a
     single large slice runs on one CPU."""
     a, b = _blas_readable(np.asarray(a)), _blas_readable(np.asarray(b))
@@ -108,7 +108,7 @@ def matmul_slices(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if 2 * math.prod(batch) * a.shape[-2] * a.shape[-1] * b.shape[-1] < SPREAD_FLOPS:
         if a.shape[-2] * a.shape[-1] * b.shape[-1] < BLAS_THREADED:
             return np.matmul(a, b)
-        with _blas.limited(1):  # (outside a device thread BLAS may have its own threads: see _blas.threads_for)
+        with _blas.limited():  # (outside a device thread BLAS may have its own threads: see _blas.threads)
             return np.matmul(a, b)
     out = _buffers.empty((*batch, a.shape[-2], b.shape[-1]), np.result_type(a, b), faulted=True)
     cut = [x.ndim == len(batch) + 2 and x.shape[0] > 1 for x in (a, b)]
