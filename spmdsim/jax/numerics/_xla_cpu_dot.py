@@ -51,10 +51,43 @@ DEFAULT_STEPS = 16
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How YNNPACK orders one ``(M, K) @ (K, N)`` product: ``tile_k`` interleaved chains per call, and ``k``
-    cut in calls of ``chunk`` (None: one call for all of ``k``)."""
+    cut in calls of ``chunk`` (None: one call for all of ``k``). With ``split_n``, the columns are cut in tasks
+    of ``split_n`` (the last one narrower), each cutting ``k`` by its own width (:func:`_l2_chunk`; ``chunk``
+    is then None)."""
 
     tile_k: int
     chunk: int | None
+    split_n: int | None = None
+
+
+# YNNPACK's cache budget for a k chunk of an unpacked B (``cache_size_l2`` in ynnpack/subgraph/dot.cc: 128 KiB in
+# the jaxlib 0.10.2 build): a (chunk x width) float32 stripe of B fits in it (``schedule_dot``'s k loop)
+_L2_FLOATS = 128 * 1024 // 4
+
+
+def _l2_chunk(width: int, k: int) -> int | None:
+    """The ``k`` chunk of a task ``width`` columns wide (None: all of ``k`` in one call)."""
+    chunk = _L2_FLOATS // width
+    return chunk if chunk < k else None
+
+
+def _split_n(m: int, n: int, k: int, block_n: int = 64) -> int:
+    """The columns of one YNNPACK task of an ``(m, k) @ (k, n)`` product (``choose_split_factors`` in
+    ynnpack/subgraph/dot.cc): a tile of ``min(m, 16)`` rows and ``min(n, block_n)`` columns doubled in one
+    direction at a time (columns while the tile is at least a quarter as wide as tall, or holds every row) until
+    it holds ``min(m, 64) * min(n, 64)`` outputs and ``(rows + columns) * min(k, 1024)`` reaches 65,536 (or its
+    area does), or cannot grow."""
+    k = min(k, 1024)
+    least = min(m, 64) * min(n, 64)
+    cols, rows = min(n, block_n), min(m, 16)
+    while not (cols * rows >= least and ((rows + cols) * k >= 1 << 16 or rows * cols >= 1 << 16)):
+        if (4 * cols <= rows or rows >= m) and cols < n:
+            cols *= 2
+        elif (rows <= 4 * cols or cols >= n) and rows < m:
+            rows *= 2
+        else:
+            break
+    return cols
 
 
 def exact_by_default(m: int, n: int, k: int, p: Plan) -> bool:
@@ -99,23 +132,34 @@ def _plan_amd_zen4(m: int, n: int, k: int) -> Plan | None:
 
 def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     """The orders measured on AMD Zen 3 (family 25 model 1: AVX2 and FMA3, no AVX-512; jaxlib 0.10.2), by fitting
-    every plan (``tile_k`` 1-16, chunks 4-512) to ``jax.jit`` on random operands, then checking the rule below on
-    3,289 shapes (M 1-128, N 1-1024, K 1-2048; three seeds each) bit for bit. YNNPACK's AVX2 kernels chain over
-    ``k`` one lane wide (``tile_k = 1``) where they fit at all: a vector times a matrix as on Zen 4; up to 32 rows
-    with 16-100 columns, or a multiple of 8 rows with fewer columns, and K up to 300; N = 64 with K cut in
-    chunks of 512. Not modelled: other rows with fewer than 16 columns (FPRev on ``4x6 @ 6x4``: two interleaved
-    chains, even and odd ``k``, then their sum, a 7th product added last; ``4x8 @ 8x4`` and ``4x12 @ 12x4``: one
-    chain of unfused adds -- LLVM's vectorisation of XLA's own loop, per K), M above 32 (other kernels for some
-    N), N above 100 (``k`` chunks of 32-256 that depend on N and K), and N = 1."""
+    plans (``tile_k`` 1-16, chunks 4-512) to ``jax.jit`` on random operands, then checking the rule below on a grid
+    of shapes (M 1-256, N 1-1024, K 1-2048; several seeds each) bit for bit.
+
+    YNNPACK's AVX2 kernels chain over ``k`` one lane wide (``tile_k = 1``) where they fit at all. Below 64 rows B
+    is not packed: YNNPACK cuts the columns in tasks (:func:`_split_n`) and each task cuts ``k`` in chunks whose
+    float32 stripe of B fills 128 KiB (:func:`_l2_chunk`; a ``16x784 @ 784x1024`` is tasks of 128 columns and
+    chunks of 256). From 61 rows on (more than ten of the kernel's blocks of 6 rows) B is packed in blocks that
+    fit that budget, so ``k`` is one call.
+
+    Not modelled: one task of fewer than 64 columns, or not a multiple of 16, whose ``k`` would be cut in chunks
+    (``17x48 @ 48x1024`` is one call, ``17x40 @ 40x1024`` and ``33x50 @ 50x784`` fit no chunk); products of a few rows (2-7, or beyond a multiple of 8 below 32)
+    and fewer than 16 columns
+    (FPRev on ``4x6 @ 6x4``: two interleaved chains, even and odd ``k``, then their sum, a 7th product added last;
+    ``4x8 @ 8x4`` and ``4x12 @ 12x4``: one chain of unfused adds -- LLVM's vectorisation of XLA's own loop, per
+    K); a last task narrower than 16 columns (``2x129``, ``17x200`` for large K: another kernel's order); from 61
+    rows, N not a multiple of 16 (``tile_k = 2`` kernels, not checked across shapes); N = 1."""
     if m == 1:
         return Plan(1, None) if n >= 3 and n % 16 != 1 and 1 <= k <= 2048 else None
-    if m > 32 or n < 2 or k < 1 or m % 8 and n < 16:
+    if n < 2 or k < 1 or m < 32 and m % 8 and n < 16:
         return None
-    if n <= 100 and k <= 300:
-        return Plan(1, None)
-    if n == 64 and m <= 16 and 512 < k <= 2048:
-        return Plan(1, 512)
-    return None
+    if m > 60:  # more than ten blocks of 6 rows (the AVX2 kernel's): B is packed
+        return Plan(1, None) if n % 16 == 0 else None
+    split = _split_n(m, n, k)
+    if split >= n:  # one task
+        if _l2_chunk(n, k) is None:
+            return Plan(1, None)
+        return Plan(1, None, split) if n % 16 == 0 and n >= 64 else None
+    return Plan(1, None, split) if n % split == 0 or n % split >= 16 else None
 
 
 _PLANS = {"amd-zen4": _plan_amd_zen4, "amd-zen3": _plan_amd_zen3}
@@ -173,6 +217,11 @@ def ynn_matmul(a: np.ndarray, b: np.ndarray, p: Plan) -> np.ndarray:
     over ``k``'s chunks and its remainder, each added to the sum of the calls before it."""
     a, b = np.asarray(a, f32), np.asarray(b, f32)
     k = a.shape[-1]
+    if p.split_n is not None:  # each task of columns with its own k chunk
+        n = b.shape[-1]
+        return np.concatenate([ynn_matmul(a, b[..., lo:lo + p.split_n],
+                                          Plan(p.tile_k, _l2_chunk(min(p.split_n, n - lo), k)))
+                               for lo in range(0, n, p.split_n)], axis=-1)
     main = k // p.tile_k * p.tile_k
     step = p.chunk or max(main, 1)
     bounds = [(s, min(s + step, main)) for s in range(0, main, step)]
@@ -259,14 +308,17 @@ def _conv_tile_amd_zen4(c: int, o: int, k: int) -> int | None:
     return None
 
 
+_CONV_TILES = {"amd-zen4": _conv_tile_amd_zen4}  # Zen 3's convolutions: not understood (see _plan_amd_zen3)
+
+
 def conv_tile(c: int, o: int, k: int) -> int | None:
     """``tile_k`` of a float32 convolution (``c`` input and ``o`` output features per group, ``k`` multiply-adds
     per output element) on this machine's CPU model, or None where spmdsim does not know its order (only AMD
     Zen 4 with jaxlib 0.10 is measured: :func:`_xla_cpu_isa.ynnpack_orders`)."""
-    if not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma \
-            or _xla_cpu_isa.cpu_model() != "amd-zen4":
+    tiles = _CONV_TILES.get(_xla_cpu_isa.cpu_model())
+    if tiles is None or not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma:
         return None
-    return _conv_tile_amd_zen4(c, o, k)
+    return tiles(c, o, k)
 
 
 def _lane_sum(lanes: list[np.ndarray]) -> np.ndarray:
