@@ -13,8 +13,8 @@ feature in effect                   what XLA:CPU computes with it              w
 ``fma`` (CPU has FMA3, cap AVX2+)   fused multiply-adds in its float32 ports   separate multiply and add
                                     of ``exp``, ``log``, ... and in samplers
 ``avx512f`` (CPU has it, cap        sums and products over two axes in its     another order (within 2 ulps;
-AVX512+)                            own vectorised order (modelled for AMD     not modelled, see the report)
-                                    Zen 4, jaxlib 0.10: ``_outer_lanes``)
+AVX512+)                            own vectorised order (modelled for AMD     modelled on AMD Zen 3, not
+                                    Zen 4, jaxlib 0.10: ``_outer_lanes``)      under the cap: see the report)
 ``avx512_fp16`` (CPU has it, cap    float64 -> float16 rounded once            through float32: rounded twice
 AVX512+)                            (``vcvtsd2sh``)
                                     a float16 multiply feeding an add: one     the product rounded to float16,

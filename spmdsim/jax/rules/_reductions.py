@@ -92,14 +92,25 @@ def _tree_levels(dims: list) -> Iterator[tuple[list, list]]:
         yield windows, dims
 
 
-def _outer_lanes(rows: int, cols: int, dtype) -> int:
+def _outer_lanes(rows: int, cols: int, dtype, table: str = "avx512") -> int:
     """How many lanes LLVM's vectorizer gives the loop nest of a float32 or float64 sum over a ``(rows, cols)``
-    block, its last two dimensions (both at most 32: no TreeReductionRewriter windows), in XLA:CPU's code for AMD
-    Zen 4 (jaxlib 0.10.2, measured for every ``rows`` 2-32 and ``cols`` 2-16): XLA emits the adds with
-    ``reassoc``, the inner loop of 2-8 elements is unrolled and the loop over rows vectorised, each lane summing
-    the rows ``i`` with ``i % lanes == lane`` in order, a row's elements in order (:func:`_lanes_fold`). 1: no
-    vectorisation (the sequential fold), as for 9 or more columns. Other CPU models: not measured."""
-    if not 2 <= cols <= 8 or rows < 2:
+    block, its last two dimensions (both at most 32: no TreeReductionRewriter windows), in XLA:CPU's code
+    (jaxlib 0.10.2): XLA emits the adds with ``reassoc``, the inner loop over a row is unrolled and the loop over
+    rows vectorised, each lane summing the rows ``i`` with ``i % lanes == lane`` in order, a row's elements in
+    order (:func:`_lanes_fold`). 1: no vectorisation (the sequential fold). ``table`` (:func:`_lane_table`):
+    ``"avx512"`` as measured on AMD Zen 4 for every ``rows`` 2-32 and ``cols`` 2-16 (9 or more columns: not
+    vectorised); ``"zen3"`` as measured on AMD Zen 3 (AVX2) for every ``rows`` and ``cols`` 2-32."""
+    if cols < 2 or rows < 2:
+        return 1
+    if table == "zen3":
+        if np.dtype(dtype) == np.float64:
+            return rows if rows in (2, 4) else 4 if rows in (8, 12) or rows >= 16 else 1
+        if rows in (2, 4, 8):
+            return rows
+        if rows < 16:
+            return 1
+        return 8 if cols == 8 or rows % 8 < 4 else 4
+    if cols > 8:
         return 1
     if rows == 2:
         return 2
@@ -112,6 +123,17 @@ def _outer_lanes(rows: int, cols: int, dtype) -> int:
     if cols >= 7 or 20 <= rows <= 23 or 28 <= rows <= 31 and cols > 2:
         return 4
     return 8
+
+
+def _lane_table() -> str | None:
+    """Which of :func:`_outer_lanes`'s measurements applies to this machine's XLA:CPU: ``"avx512"`` where the ISA
+    (or its cap) has AVX-512 (measured on AMD Zen 4), ``"zen3"`` on an AMD Zen 3 (``_xla_cpu_isa.cpu_model``:
+    AVX2), None elsewhere (another CPU's vectorisation, e.g. Zen 4 under the AVX2 cap: not measured; the
+    sequential fold)."""
+    isa = _xla_cpu_isa.current()
+    if isa.avx512:
+        return "avx512"
+    return "zen3" if _xla_cpu_isa.cpu_model() == "amd-zen3" else None
 
 
 def _lanes_fold(v: np.ndarray, lanes: int) -> np.ndarray:
@@ -137,7 +159,7 @@ def _trailing_pair(shape: tuple, axes) -> bool:
     return dims[-2:] == [True, True] and sum(dims) == 2
 
 
-def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: bool = False, plan: "_FoldPlan | None" = None) -> np.ndarray:
+def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: str | None = None, plan: "_FoldPlan | None" = None) -> np.ndarray:
     """A float16/bfloat16 sum or product as XLA:CPU computes the ``reduce`` (measured bit for bit on every
     single-axis shape tried): in the operand's dtype, rounded after every step, from the identity, in XLA's
     tree order. Where a reduced dimension has more than 32 elements, XLA's TreeReductionRewriter first reduces
@@ -195,7 +217,7 @@ class _FoldPlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1024)
-def _fold_plan(shape: tuple, axes: tuple, dtype: np.dtype, ufunc, lanes: bool) -> _FoldPlan | None:
+def _fold_plan(shape: tuple, axes: tuple, dtype: np.dtype, ufunc, lanes: str | None) -> _FoldPlan | None:
     if not axes:
         return None
     ndim, k = len(shape), len(axes)
@@ -217,7 +239,7 @@ def _fold_plan(shape: tuple, axes: tuple, dtype: np.dtype, ufunc, lanes: bool) -
     final = tuple(n for n in dims if n != 1)
     ways = 1
     if lanes and dtype in (np.float32, np.float64) and columns and len(final) == 2 and _trailing_pair(shape, axes):
-        ways = _outer_lanes(*final, dtype)
+        ways = _outer_lanes(*final, dtype, lanes)
     return _FoldPlan(order=() if order == tuple(range(ndim)) else order, start=(*(shape[a] for a in axes), columns),
                      levels=tuple(levels), last=(1, -1, columns) if columns else (1, 0, 0), lanes=ways,
                      final=(*final, columns), kept=kept_shape, steps=steps)
@@ -345,11 +367,11 @@ def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
     reduced dimension has more than 32 elements (xla/service/tree_reduction_rewriter.cc, as
     :func:`_low_precision_fold`), each window and the final reduce folded in row-major order from the init 0
     (xla/backends/cpu loop emitter), except a final reduce over the last two dimensions that LLVM vectorises
-    (:func:`_outer_lanes`, measured with AVX-512; under the AVX2 cap LLVM vectorises other nests too, e.g. a sum
-    over the leading two axes: not modelled, sequential here). None where the fold would take more than
+    (:func:`_outer_lanes`, measured with AVX-512 and on AMD Zen 3; under the AVX2 cap of an AVX-512 CPU LLVM
+    vectorises other nests too, e.g. a sum over the leading two axes: not modelled, sequential here). None where the fold would take more than
     _SEQUENTIAL_STEPS NumPy steps or the program's operand (``elements``, one device's) has more than
     _TREE_ELEMENTS elements, and SPMDSIM_EXACT is off."""
-    lanes = _xla_cpu_isa.current().avx512
+    lanes = _lane_table()
     plan = _fold_plan(x.shape, tuple(sorted(int(a) for a in axes)), x.dtype, np.add, lanes)
     if plan is None:  # nothing reduced
         return x
