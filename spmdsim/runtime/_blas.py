@@ -38,12 +38,13 @@ def cpus() -> int:
 def threads() -> int | None:
     """BLAS's thread count inside spmdsim's calls (:class:`limited`); None: leave BLAS alone.
 
-    One (unless ``SPMDSIM_BLAS_THREADS`` says otherwise), however many devices compute at once: on some CPUs OpenBLAS's result depends on how many threads share a product (AMD Zen 3: a
-    float32 ``64x512 @ 512x256`` differs in 3,228 of 16,384 elements between one and two threads, a
-    ``100x100 @ 100x100`` in 9,308 of 40,000 over four such products; on Zen 4 the first was the same). With
-    more than one thread a product's bits would depend on the CPUs the machine has and on how many devices run
-    at once; spmdsim's large products use the CPUs by splitting their slices over threads themselves
-    (:func:`spmdsim.jax.rules._dot.matmul_slices`), each a one-thread BLAS call."""
+    One (unless ``SPMDSIM_BLAS_THREADS`` says otherwise), however many devices compute at once: on some CPUs
+    OpenBLAS's result depends on how many threads share a product (AMD Zen 3: a float32 ``64x512 @ 512x256``
+    differs in 3,228 of 16,384 elements between one and two threads, a ``100x100 @ 100x100`` in 9,308 of
+    40,000 over four such products; on Zen 4 the first was the same). With more than one thread a product's bits
+    would depend on the CPUs the machine has and on how many devices run at once; spmdsim's large products use
+    the CPUs by splitting their slices over threads themselves (:func:`spmdsim.jax.rules._dot.matmul_slices`),
+    each a one-thread BLAS call."""
     if _FIXED is not None:
         return int(_FIXED) or None
     return 1

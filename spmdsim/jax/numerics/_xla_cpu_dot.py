@@ -73,7 +73,8 @@ def _l2_chunk(width: int, k: int) -> int | None:
 
 def _split_n(m: int, n: int, k: int, block_n: int = 64) -> int:
     """The columns of one YNNPACK task of an ``(m, k) @ (k, n)`` product (``choose_split_factors`` in
-    ynnpack/subgraph/dot.cc): a tile of ``min(m, 16)`` rows and ``min(n, block_n)`` columns doubled in one
+    ynnpack/subgraph/dot.cc; ``block_n`` 64 fits the Zen 3 measurements): a tile of ``min(m, 16)`` rows and
+    ``min(n, block_n)`` columns doubled in one
     direction at a time (columns while the tile is at least a quarter as wide as tall, or holds every row) until
     it holds ``min(m, 64) * min(n, 64)`` outputs and ``(rows + columns) * min(k, 1024)`` reaches 65,536 (or its
     area does), or cannot grow."""
@@ -136,19 +137,22 @@ def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     bit on 4,931 shapes (M 2-128, N 2-1024, K 1-2048) and 1,008 of 61-256 rows, two seeds each: no miss but two
     single elements of 6.5-million-step products, the double rounding of the float64 emulation (module docstring).
 
-    YNNPACK's AVX2 kernels chain over ``k`` one lane wide (``tile_k = 1``) where they fit at all. Below 64 rows B
+    YNNPACK's AVX2 kernels chain over ``k`` one lane wide (``tile_k = 1``) where they fit at all. Up to 60 rows B
     is not packed: YNNPACK cuts the columns in tasks (:func:`_split_n`) and each task cuts ``k`` in chunks whose
     float32 stripe of B fills 128 KiB (:func:`_l2_chunk`; a ``16x784 @ 784x1024`` is tasks of 128 columns and
     chunks of 256). From 61 rows on (more than ten of the kernel's blocks of 6 rows) B is packed in blocks that
     fit that budget, so ``k`` is one call.
 
     Not modelled: one task of fewer than 64 columns, or not a multiple of 16, whose ``k`` would be cut in chunks
-    (``17x48 @ 48x1024`` is one call, ``17x40 @ 40x1024`` and ``33x50 @ 50x784`` fit no chunk); products of a few rows (2-7, or beyond a multiple of 8 below 32)
-    and fewer than 16 columns
-    (FPRev on ``4x6 @ 6x4``: two interleaved chains, even and odd ``k``, then their sum, a 7th product added last;
-    ``4x8 @ 8x4`` and ``4x12 @ 12x4``: one chain of unfused adds -- LLVM's vectorisation of XLA's own loop, per
-    K); a last task narrower than 16 columns (``2x129``, ``17x200`` for large K: another kernel's order); from 61
-    rows, N not a multiple of 16 (``tile_k = 2`` kernels, not checked across shapes); N = 1."""
+    (``17x48 @ 48x1024`` is one call, ``17x40 @ 40x1024`` and ``33x50 @ 50x784`` fit no chunk); products of a
+    few rows (2-7, or beyond a multiple of 8 below 32) and fewer than 16 columns (FPRev on ``4x6 @ 6x4``: two
+    interleaved chains, even and odd ``k``, then their sum, a 7th product added last; ``4x8 @ 8x4`` and
+    ``4x12 @ 12x4``: one chain of unfused adds -- LLVM's vectorisation of XLA's own loop, per K); a last task
+    narrower than 16 columns (``2x129``, ``17x200`` for large K: another kernel's order); from 61 rows, N not a
+    multiple of 16 (``tile_k = 2`` kernels, not checked across shapes); N = 1. Convolutions (measured, not
+    modelled): output features a multiple of 16 chain one lane wide as these products, but for the rows beyond
+    the last block of 6 (2 such rows: two lanes of unfused multiply-adds; 1 or 3: other orders) in kernels the
+    cost model picks by shape; other output features mostly ``tile_k = 2``."""
     if m == 1:
         return Plan(1, None) if n >= 3 and n % 16 != 1 and 1 <= k <= 2048 else None
     if n < 2 or k < 1 or m < 32 and m % 8 and n < 16:

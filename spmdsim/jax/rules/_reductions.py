@@ -159,7 +159,8 @@ def _trailing_pair(shape: tuple, axes) -> bool:
     return dims[-2:] == [True, True] and sum(dims) == 2
 
 
-def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: str | None = None, plan: "_FoldPlan | None" = None) -> np.ndarray:
+def _low_precision_fold(x: np.ndarray, axes, ufunc, lanes: str | None = None,
+                        plan: "_FoldPlan | None" = None) -> np.ndarray:
     """A float16/bfloat16 sum or product as XLA:CPU computes the ``reduce`` (measured bit for bit on every
     single-axis shape tried): in the operand's dtype, rounded after every step, from the identity, in XLA's
     tree order. Where a reduced dimension has more than 32 elements, XLA's TreeReductionRewriter first reduces
@@ -367,10 +368,10 @@ def _tree_sum(x: np.ndarray, axes, elements: int) -> np.ndarray | None:
     reduced dimension has more than 32 elements (xla/service/tree_reduction_rewriter.cc, as
     :func:`_low_precision_fold`), each window and the final reduce folded in row-major order from the init 0
     (xla/backends/cpu loop emitter), except a final reduce over the last two dimensions that LLVM vectorises
-    (:func:`_outer_lanes`, measured with AVX-512 and on AMD Zen 3; under the AVX2 cap of an AVX-512 CPU LLVM
-    vectorises other nests too, e.g. a sum over the leading two axes: not modelled, sequential here). None where the fold would take more than
-    _SEQUENTIAL_STEPS NumPy steps or the program's operand (``elements``, one device's) has more than
-    _TREE_ELEMENTS elements, and SPMDSIM_EXACT is off."""
+    (:func:`_outer_lanes`, measured with AVX-512 and on AMD Zen 3; under the AVX2 cap of an AVX-512 CPU, and on
+    Zen 3, LLVM vectorises other nests too, e.g. a sum over the leading two axes: not modelled, sequential here).
+    None where the fold would take more than _SEQUENTIAL_STEPS NumPy steps or the program's operand (``elements``,
+    one device's) has more than _TREE_ELEMENTS elements, and SPMDSIM_EXACT is off."""
     lanes = _lane_table()
     plan = _fold_plan(x.shape, tuple(sorted(int(a) for a in axes)), x.dtype, np.add, lanes)
     if plan is None:  # nothing reduced
