@@ -229,7 +229,7 @@ def test_zen3_recorded_sums(shape, axes, dtype, pinned_model, monkeypatch):
         _xla_cpu_isa.current.cache_clear()
 
 
-def test_zen3_recorded_sums_differ_under_the_avx512_lanes(pinned_model, monkeypatch):
+def test_zen3_recorded_sums_differ_under_the_avx512_lanes():
     """The recordings are not a sequential fold nor AVX-512's lanes: the Zen 3 table is what makes them pass."""
     if not ZEN3_FILE.exists() or _xla_cpu_isa.jaxlib_minor() != (0, 10):
         pytest.skip("the Zen 3 file and jaxlib 0.10")
