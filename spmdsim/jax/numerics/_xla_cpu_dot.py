@@ -149,10 +149,17 @@ def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     interleaved chains, even and odd ``k``, then their sum, a 7th product added last; ``4x8 @ 8x4`` and
     ``4x12 @ 12x4``: one chain of unfused adds -- LLVM's vectorisation of XLA's own loop, per K); a last task
     narrower than 16 columns (``2x129``, ``17x200`` for large K: another kernel's order); from 61 rows, N not a
-    multiple of 16 (``tile_k = 2`` kernels, not checked across shapes); N = 1. Convolutions (measured, not
-    modelled): output features a multiple of 16 chain one lane wide as these products, but for the rows beyond
-    the last block of 6 (2 such rows: two lanes of unfused multiply-adds; 1 or 3: other orders) in kernels the
-    cost model picks by shape; other output features mostly ``tile_k = 2``."""
+    multiple of 16 (``tile_k = 2`` kernels, not checked across shapes); N = 1.
+
+    Convolutions (measured 2026-11-30 against ``jax.jit`` on about 900 random 2-D ones, not modelled): with output
+    features a multiple of 16 and ``k`` below 256, every block of 6 rows (output positions) is one window-major
+    chain, ``tile_k = 1``, as these products; the rows past the last block of a task take a kernel picked per
+    shape: two lanes of unfused multiply-adds (1-2 rows), two fused lanes (3 rows) or the same chain (4-5 rows)
+    in some shapes (1-D strips, issue 38's recorded ``2x16x16x8 -> 16``), the same chain for every count in
+    others (most with more than 16 output features), and ``M`` is cut in tasks whose own last rows do the same
+    (a miss at rows 36-37 of 75). No rule over shape, stride and dilation fit all of them (the best, the first
+    for unstrided convolutions, missed 37 of 152), so convolutions keep im2col's BLAS order here; below 9 rows
+    and at ``k`` of 255-256 (5x3 and 4x4 windows) other orders again; other output features mostly ``tile_k = 2``."""
     if m == 1:
         return Plan(1, None) if n >= 3 and n % 16 != 1 and 1 <= k <= 2048 else None
     if n < 2 or k < 1 or m < 32 and m % 8 and n < 16:
