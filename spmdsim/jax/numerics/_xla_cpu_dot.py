@@ -151,15 +151,15 @@ def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     narrower than 16 columns (``2x129``, ``17x200`` for large K: another kernel's order); from 61 rows, N not a
     multiple of 16 (``tile_k = 2`` kernels, not checked across shapes); N = 1.
 
-    Convolutions (measured 2026-11-30 against ``jax.jit`` on about 900 random 2-D ones, not modelled): with output
-    features a multiple of 16 and ``k`` below 256, every block of 6 rows (output positions) is one window-major
-    chain, ``tile_k = 1``, as these products; the rows past the last block of a task take a kernel picked per
-    shape: two lanes of unfused multiply-adds (1-2 rows), two fused lanes (3 rows) or the same chain (4-5 rows)
-    in some shapes (1-D strips, issue 38's recorded ``2x16x16x8 -> 16``), the same chain for every count in
-    others (most with more than 16 output features), and ``M`` is cut in tasks whose own last rows do the same
-    (a miss at rows 36-37 of 75). No rule over shape, stride and dilation fit all of them (the best, the first
-    for unstrided convolutions, missed 37 of 152), so convolutions keep im2col's BLAS order here; below 9 rows
-    and at ``k`` of 255-256 (5x3 and 4x4 windows) other orders again; other output features mostly ``tile_k = 2``."""
+    Convolutions (measured 2026-11-30 against ``jax.jit``, not modelled): with output features a multiple of 16
+    and ``k`` below 250, every block of 6 rows (output positions) is one window-major chain, ``tile_k = 1``, as
+    these products. The rows past the last block take a kernel picked per shape: of 591 random unstrided 2-D
+    convolutions (1-3 images, 1-23 x 1-23 outputs, 1-24 input and 16-256 output features, 1x2 to 5x5 windows),
+    297 had no such rows, 239 took the same chain for them, 30 two fused lanes (3 rows) or two lanes of unfused
+    multiply-adds (1-2 rows; issue 38's recorded ``2x16x16x8 -> 16`` is one), 20 cut ``M`` in tasks whose own
+    last rows differ again, 5 (below 9 rows) other orders; no rule over the shape separates them, so
+    convolutions keep im2col's BLAS order here. Strided and dilated ones alike; at ``k`` of 255-256 (5x3 and
+    4x4 windows) other orders again; other output features mostly ``tile_k = 2``."""
     if m == 1:
         return Plan(1, None) if n >= 3 and n % 16 != 1 and 1 <= k <= 2048 else None
     if n < 2 or k < 1 or m < 32 and m % 8 and n < 16:
