@@ -95,3 +95,55 @@ def test_a_one_window_scatter_equals_the_general_scatter(mode):
         one = rule(operand, np.array([i], np.int32), row, dimension_numbers=dnums, mode=mode)
         general = rule(operand, np.array([[i]], np.int32), row[None], dimension_numbers=batched, mode=mode)
         assert one.tobytes() == general.tobytes() and one.dtype == general.dtype
+
+
+def calls_and_switches(x):
+    """Calls of every kind the compiled programs call directly (``_compiled._SubCall``): ``jit``, ``checkpoint``,
+    a ``custom_jvp`` function (``relu``), library functions that are jits (``cumsum``), nested, and a ``switch`` on
+    the axis index whose index goes past the branches (``switch`` clamps it: the last branch)."""
+    i = jax.lax.axis_index("i")
+    v = jax.checkpoint(jax.jit(lambda a: jnp.tanh(a) * 2.0 + jax.nn.relu(a)))(x)
+    v = jax.lax.switch(i, [lambda a: a + 1, lambda a: jax.nn.relu(a - 0.5), lambda a: jnp.sin(a) * i], v)
+    return jax.jit(jnp.cumsum)(v), jax.lax.cond(i % 2 == 0, jnp.exp, jnp.log1p, jnp.abs(v))
+
+
+def test_calls_and_conds_called_directly_equal_the_reference_loop(monkeypatch):
+    from spmdsim.jax.compiled import _compiled
+
+    calls = []
+    direct = _compiled._SubCall.__call__
+    monkeypatch.setattr(_compiled._SubCall, "__call__", lambda self, *a: calls.append(self.cond) or direct(self, *a))
+    x = np.linspace(-2, 2, 5 * 6, dtype=np.float32).reshape(5, 6)
+    threads = sjax.pmap(calls_and_switches, axis_name="i", executor="threads")(x)
+    assert True in calls and False in calls  # conds and calls went the direct way
+    vectorized = sjax.pmap(calls_and_switches, axis_name="i", executor="vectorized")(x)
+    definition = sjax.pmap(calls_and_switches, axis_name="i", executor="reference")(x)
+    expected = jax.pmap(calls_and_switches, axis_name="i")(x) if jax.device_count() >= 5 else definition
+    for a, b, c, e in zip(threads, vectorized, definition, expected, strict=True):
+        a, b, c, e = (np.asarray(v) for v in (a, b, c, e))
+        assert a.dtype == b.dtype == c.dtype == e.dtype and a.shape == b.shape == c.shape == e.shape
+        assert a.tobytes() == b.tobytes() == c.tobytes()
+        np.testing.assert_allclose(a, e, rtol=2e-6, atol=2e-6)  # real JAX: its own rounding of tanh, sin, ...
+
+
+def test_a_compiled_program_holds_only_the_values_alive_at_once():
+    """A chain of 100 products (each read once) needs two or three locals, not one per variable: a dead value's
+    local is bound again (its array let go), and a loop body's frame stays small (``_compiled.program_source``)."""
+    from spmdsim.jax.compiled import _compiled
+    from spmdsim.jax.evaluation._interpreter import PER_DEVICE
+
+    w = np.eye(3, dtype=np.float32)[::-1].copy()
+
+    def chain(x):
+        for _ in range(100):
+            x = jnp.dot(x, w) + x[0]
+        return x
+
+    closed = jax.make_jaxpr(chain)(np.ones(3, np.float32))
+    assert len(closed.jaxpr.eqns) >= 200
+    source, ns = _compiled.program_source(closed.jaxpr, PER_DEVICE)
+    exec(compile(source, "<test>", "exec"), ns)  # noqa: S102
+    assert ns["run"].__code__.co_nlocals <= 12, ns["run"].__code__.co_varnames
+    x = np.arange(3, dtype=np.float32)
+    got = ns["run"]([None], PER_DEVICE, list(closed.consts), [x], False)[0]
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(chain)(x)))
