@@ -54,7 +54,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spmdsim.runtime import _blas, _fpenv
+from spmdsim.runtime import _blas, _fpenv, _stack
 
 __all__ = ["reuse_threads", "run_threads", "Threads", "idle_thread_count", "stop_idle_threads", "interrupt", "spread",
            "one_at_a_time", "in_lane", "in_parallel"]
@@ -208,7 +208,7 @@ class _Pool:
 
     def serve(self, worker: _Worker) -> None:
         try:
-            self._serve(worker)
+            _stack.run_deep(self._serve, worker)  # the bodies' frames in one stack chunk (see _stack)
         except BaseException:
             if not worker.abandoned:
                 raise

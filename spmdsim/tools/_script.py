@@ -9,6 +9,7 @@ everything after ``--``, is the program's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import io
 import os
@@ -20,6 +21,7 @@ import types
 from typing import Collection
 
 from spmdsim.cli import UsageError
+from spmdsim.runtime._stack import run_deep
 
 __all__ = ["Program", "split_argv", "run_program"]
 
@@ -147,13 +149,13 @@ def run_program(program: Program, *, shown: Collection[BaseException] = ()) -> i
     try:
         if program.module:
             sys.path.insert(0, os.getcwd())
-            runpy.run_module(program.module, run_name="__main__", alter_sys=True)
+            run_deep(functools.partial(runpy.run_module, program.module, run_name="__main__", alter_sys=True))
         elif pkgutil.get_importer(os.path.abspath(program.path)) is not None:
             # a folder (or zip file) with __main__.py: runpy puts it first on sys.path, as python does
-            runpy.run_path(os.path.abspath(program.path), run_name="__main__")
+            run_deep(functools.partial(runpy.run_path, os.path.abspath(program.path), run_name="__main__"))
         else:
             sys.path.insert(0, os.path.dirname(os.path.realpath(program.path)))
-            _run_script(os.path.join(os.getcwd(), program.path))  # as Python makes it absolute: not normalised
+            run_deep(_run_script, os.path.join(os.getcwd(), program.path))  # absolute as Python makes it
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
