@@ -160,9 +160,8 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
     ``stack[-1]`` holds the equation being computed (for error sites), ``ex`` is the executor evaluating it (an
     executor with ``executor``'s program key). A variable's local is given to a later one once nothing reads it
     any more (constants excepted): a dead value is let go as soon as its local is bound again, and the function's
-    frame holds as many locals as the jaxpr has values alive at once, not one per variable (CPython 3.11 puts a
-    frame larger than what is left of its thread's 16 KiB stack chunk in a chunk of its own, mapped and unmapped
-    at every call: a loop body of thousands of variables cost a page fault per 4 KiB of locals per iteration).
+    frame holds as many locals as the jaxpr has values alive at once, not one per variable (smaller frames: less
+    of CPython's frame stack, see :mod:`spmdsim.runtime._stack`).
     """
     jaxpr = contract(jaxpr)  # XLA:CPU's fused multiply-adds (see ._contraction)
     steps, known = _prepare(jaxpr, executor)
