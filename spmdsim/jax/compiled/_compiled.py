@@ -38,6 +38,7 @@ from spmdsim.jax.evaluation._names import user_name
 from spmdsim.jax.evaluation._contraction import contract
 from spmdsim.jax.compiled import _fusion
 from spmdsim.jax.rules._elementwise import elementwise_vectorized, expand_to
+from spmdsim.jax.rules._control_flow import CALLS
 from spmdsim.jax.rules._reductions import splits
 from spmdsim.jax.evaluation._registry import IN_PLACE, PER_DEVICE, compiled_form
 from spmdsim.primitives import _batch
@@ -260,19 +261,13 @@ def program_source(jaxpr, executor: Executor) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", ns
 
 
-# Higher-order primitives whose rule is ``ex.eval_closed(params[key], operands)``, and that key.
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "call": "call_jaxpr", "eval_jaxpr": "call_jaxpr", "custom_jvp_call": "call_jaxpr", "remat2": "jaxpr",
-          "checkpoint": "jaxpr", "remat": "jaxpr"}
-
-
 def _direct_call(step: _Step) -> "_SubCall | None":
-    """For a call (``_CALLS``) or a ``cond`` of sub-jaxprs without constants: a :class:`_SubCall` of its
-    sub-programs; else None (the step's rule, through the executor)."""
+    """For a call (``_control_flow.CALLS``) or a ``cond`` of sub-jaxprs without constants: a :class:`_SubCall`
+    of its sub-programs; else None (the step's rule, through the executor)."""
     if not step.higher or len(step.eqns) > 1:
         return None
     name, params = step.eqn.primitive.name, step.eqn.params
-    subs = params["branches"] if name == "cond" else [params[_CALLS[name]]] if name in _CALLS else None
+    subs = params["branches"] if name == "cond" else [params[CALLS[name]]] if name in CALLS else None
     if subs is None or any(getattr(sub, "consts", ()) for sub in subs):
         return None
     return _SubCall(step.call, [getattr(sub, "jaxpr", sub) for sub in subs], name == "cond")

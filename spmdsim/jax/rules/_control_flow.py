@@ -20,6 +20,13 @@ from spmdsim.jax.rules._lanes import compacted_while
 from spmdsim.jax._internals import scan_counts
 
 
+# The call primitives whose rule below is ``ex.eval_closed(params[key], operands)``, and that key (compiled
+# programs call these sub-jaxprs directly: ``_compiled._SubCall``).
+CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+         "call": "call_jaxpr", "eval_jaxpr": "call_jaxpr", "custom_jvp_call": "call_jaxpr", "remat2": "jaxpr",
+         "checkpoint": "jaxpr", "remat": "jaxpr"}
+
+
 @higher_order("pjit", "jit")
 def _pjit(ex: Executor, *args, jaxpr, **_params):
     return ex.eval_closed(jaxpr, args)
