@@ -31,7 +31,7 @@ import numpy as np
 from spmdsim.jax.numerics import _xla_cpu_isa
 
 __all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK", "DEFAULT_STEPS", "exact_by_default", "conv_tile",
-           "ynn_conv", "CONV_DEFAULT_WORK"]
+           "conv_tail", "ynn_conv", "CONV_DEFAULT_WORK"]
 
 f32, f64 = np.float32, np.float64
 
@@ -151,15 +151,15 @@ def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     narrower than 16 columns (``2x129``, ``17x200`` for large K: another kernel's order); from 61 rows, N not a
     multiple of 16 (``tile_k = 2`` kernels, not checked across shapes); N = 1.
 
-    Convolutions (measured 2026-11-30 against ``jax.jit``, not modelled): with output features a multiple of 16
-    and ``k`` below 250, every block of 6 rows (output positions) is one window-major chain, ``tile_k = 1``, as
-    these products. The rows past the last block take a kernel picked per shape: of 591 random unstrided 2-D
-    convolutions (1-3 images, 1-23 x 1-23 outputs, 1-24 input and 16-256 output features, 1x2 to 5x5 windows),
-    297 had no such rows, 239 took the same chain for them, 30 two fused lanes (3 rows) or two lanes of unfused
-    multiply-adds (1-2 rows; issue 38's recorded ``2x16x16x8 -> 16`` is one), 20 cut ``M`` in tasks whose own
-    last rows differ again, 5 (below 9 rows) other orders; no rule over the shape separates them, so
-    convolutions keep im2col's BLAS order here. Strided and dilated ones alike; at ``k`` of 255-256 (5x3 and
-    4x4 windows) other orders again; other output features mostly ``tile_k = 2``."""
+    Convolutions (measured 2026-11-30 against ``jax.jit``): with output features a multiple of 16, ``k`` below
+    250 and the kernel within 128 KiB, every block of 6 rows (output positions) is one window-major chain,
+    ``tile_k = 1``, as these products (:func:`_conv_tile_amd_zen3`); the 1-3 rows past the last block take two
+    lanes where there are 16 output features and at most 16 input features (:func:`conv_tail`), else the same
+    chain. Of 947 random convolutions so modelled (1-3 images, 1-23 x 1-23 outputs, strides 1-2, 1-24 input and
+    16-256 output features, 1x2 to 5x5 windows; two seeds; one CPU device), 935 bit for bit; 11 of the other 12
+    have 16 output features and positions cut in tasks by XLA's threads (:func:`conv_tail`), one a single element
+    4 ulps off in a product of 9.8 million multiply-adds (96 features; not explained: the double rounding of the
+    emulation, module docstring, would be one candidate)."""
     if m == 1:
         return Plan(1, None) if n >= 3 and n % 16 != 1 and 1 <= k <= 2048 else None
     if n < 2 or k < 1 or m < 32 and m % 8 and n < 16:
@@ -320,13 +320,28 @@ def _conv_tile_amd_zen4(c: int, o: int, k: int) -> int | None:
     return None
 
 
-_CONV_TILES = {"amd-zen4": _conv_tile_amd_zen4}  # Zen 3's convolutions: not understood (see _plan_amd_zen3)
+def _conv_tile_amd_zen3(c: int, o: int, k: int) -> int | None:
+    """``tile_k`` of a float32 convolution on AMD Zen 3 (jaxlib 0.10.2): one window-major chain (``tile_k = 1``)
+    where the output features are a multiple of 16, ``k`` is below 250 and the kernel's ``k x o`` float32 values
+    fit YNNPACK's 128 KiB budget (the range measured: 1-24 input and 16-256 output features, 1x2 to 5x5 windows);
+    None elsewhere (other output features: mostly ``tile_k = 2``; a larger kernel: another order in every row,
+    not found among chunked chains of 1-8 lanes in window- or feature-major order).
+
+    Every block of 6 output positions (the AVX2 kernel's rows) is the chain; the positions past the last block
+    are the chain too but for 16 output features (:func:`conv_tail`). Measured: :func:`_plan_amd_zen3`'s
+    docstring."""
+    if c < 1 or o < 16 or o % 16 or not 1 <= k < 250 or k * o > _L2_FLOATS:
+        return None
+    return 1
+
+
+_CONV_TILES = {"amd-zen4": _conv_tile_amd_zen4, "amd-zen3": _conv_tile_amd_zen3}
 
 
 def conv_tile(c: int, o: int, k: int) -> int | None:
     """``tile_k`` of a float32 convolution (``c`` input and ``o`` output features per group, ``k`` multiply-adds
-    per output element) on this machine's CPU model, or None where spmdsim does not know its order (only AMD
-    Zen 4 with jaxlib 0.10 is measured: :func:`_xla_cpu_isa.ynnpack_orders`)."""
+    per output element) on this machine's CPU model, or None where spmdsim does not know its order (AMD Zen 4
+    and Zen 3 with jaxlib 0.10 are measured: :func:`_xla_cpu_isa.ynnpack_orders`)."""
     tiles = _CONV_TILES.get(_xla_cpu_isa.cpu_model())
     if tiles is None or not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma:
         return None
@@ -342,14 +357,60 @@ def _lane_sum(lanes: list[np.ndarray]) -> np.ndarray:
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 
 
-def ynn_conv(a: np.ndarray, b: np.ndarray, tile_k: int) -> np.ndarray:
+def conv_tail(m: int, c: int, o: int) -> tuple[int, bool] | None:
+    """The last of a float32 convolution's ``m`` output positions (``c`` input and ``o`` output features) that a
+    kernel of two lanes computes on this machine's CPU model, and whether its multiply-adds are fused
+    (:func:`ynn_conv`'s ``tail``); None where every position takes :func:`conv_tile`'s chains.
+
+    AMD Zen 3 (jaxlib 0.10.2; measured 2026-11-30 against ``jax.jit``, bit for bit): with 16 output features and
+    at most 16 input features, the 1-3 positions past the last block of 6 (the AVX2 kernel's rows) take two
+    lanes over ``k`` (``k mod 2``), summed, then an odd ``k``'s last product: fused for 3 positions, unfused (each
+    product rounded to float32, then added) for 1 or 2 (every ``m`` of 7-72 for ``k`` of 9-144 with 3x3
+    windows, and 1x3, 3x5 and 5x5 windows). 4 or 5 positions, more input features or 32 output features and
+    more: the chain. Not modelled: XLA cuts the positions of 16 output features in tasks for its threads, each
+    task with its own last positions, by a rule that depends on the number of CPU devices and cores (on 2 cores:
+    ``m`` of 73-93 for ``k`` below 82 in two halves, and some larger ``m``; ``2x16x16x8 -> 16`` has the two lanes
+    for its last 2 of 512 positions with one CPU device and the chain with eight); and one position past 4, 8 or
+    16 blocks for ``k`` of 126-240 (another order)."""
+    if _xla_cpu_isa.cpu_model() != "amd-zen3" or o != 16 or c > 16 or m % 6 not in (1, 2, 3):
+        return None
+    return m % 6, m % 6 == 3
+
+
+def _two_lanes(a: np.ndarray, b: np.ndarray, fused: bool) -> np.ndarray:
+    """``(..., M, K) @ (..., K, N)`` as a kernel of two lanes (``k mod 2``) from zero, ``l0 + l1``, then the last
+    product of an odd ``k``: fused multiply-adds (through float64) or float32 products and adds (:func:`conv_tail`)."""
+    k = a.shape[-1]
+    even = k // 2 * 2
+    last = (a[..., k - 1, None], b[..., None, k - 1, :]) if k % 2 else None  # (..., M, 1), (..., 1, N)
+    if fused:
+        shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+        out = _chains(a, b, 0, even, 2) if even else np.zeros(shape, f32)
+        if last is not None:
+            out = (last[0].astype(f64) * last[1] + out).astype(f32)
+        return out
+    products = a[..., :even, None] * b[..., None, :even, :]  # (..., M, K, N), each rounded to float32
+    # each lane a chain of float32 adds from +0 (accumulate is sequential; + 0 turns a -0 into the chain's +0)
+    lanes = [np.add.accumulate(products[..., j::2, :], axis=-2)[..., -1, :] + f32(0) if even else 0 for j in (0, 1)]
+    out = np.asarray(lanes[0] + lanes[1], f32)
+    return out + last[0] * last[1] if last is not None else out
+
+
+def ynn_conv(a: np.ndarray, b: np.ndarray, tile_k: int, tail: tuple[int, bool] | None = None) -> np.ndarray:
     """A convolution's product in YNNPACK's order (see the comment above :func:`conv_tile`): patches ``a``
     ``(..., M, R, C)`` (R window positions in row-major order, C input features) times the kernel ``b``
     ``(..., R, C, O)``, in float32, to ``(..., M, O)``. The leading axes are batch axes (a device axis in front
-    gives each device's bits)."""
+    gives each device's bits). ``tail``: the last positions a kernel of two lanes computes, fused or not
+    (:func:`conv_tail`)."""
     a, b = np.asarray(a, f32), np.asarray(b, f32)
     *_, m, r, c = a.shape
     o = b.shape[-1]
+    if tail is not None:
+        rows, fused = tail
+        head = ynn_conv(a[..., :m - rows, :, :], b, tile_k) if rows < m else None
+        last = _two_lanes(a[..., m - rows:, :, :].reshape((*a.shape[:-3], rows, r * c)),
+                          b.reshape((*b.shape[:-3], r * c, o)), fused)
+        return last if head is None else np.concatenate([head, last], axis=-2)
     main = c // tile_k * tile_k
     out = None
     if main:

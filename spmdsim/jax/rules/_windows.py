@@ -15,7 +15,7 @@ group, the kernel as ``(K, N)``, one ``np.matmul`` slice per group (and per devi
 The patches are one strided view of the padded input copied into the C-order matrices (by kernel offset, in
 blocks of rows that stay in the cache), so a slice's layout, and BLAS's result, depends on shapes only.
 Where spmdsim knows XLA:CPU's own order for a float32 convolution on this CPU (jaxlib 0.10's YNNPACK dot kernels,
-measured on AMD Zen 4: :func:`spmdsim.jax.numerics._xla_cpu_dot.conv_tile`), the patches are laid out as
+measured on AMD Zen 4 and Zen 3: :func:`spmdsim.jax.numerics._xla_cpu_dot.conv_tile`), the patches are laid out as
 ``(M, window..., C)`` and multiplied in that order instead (:func:`_conv_xla_order`; products over
 ``CONV_DEFAULT_WORK`` multiply-adds per device only under ``SPMDSIM_EXACT=1``); elsewhere float results agree
 with XLA:CPU's within a few ulps.
@@ -562,7 +562,7 @@ def _conv_xla_order(lhs, rhs, tile_k, *, window_strides, padding, rhs_dilation, 
     rank = len(kernel)
     wk = np.transpose(w, lead + tuple(range(leading + 2, leading + 2 + rank)) + (leading + 1, leading))
     wk = np.ascontiguousarray(wk).reshape(w.shape[:leading] + (window, c, o))
-    y = _xla_cpu_dot.ynn_conv(a, wk, tile_k)  # (..., N * out..., O)
+    y = _xla_cpu_dot.ynn_conv(a, wk, tile_k, _xla_cpu_dot.conv_tail(a.shape[-3], c, o))  # (..., N * out..., O)
     y = y.reshape(x.shape[:leading] + (n,) + out_spatial + (o,))
     return np.moveaxis(y, -1, leading + 1)
 
