@@ -19,8 +19,11 @@ negation and ones, which reveal each addition tree -- and random operands compar
 ``jax.jit``) on an AMD EPYC Zen 4 (family 25 model 17, AVX-512 without FP16). :func:`plan` names the shapes
 whose order is known and returns None for the rest, where spmdsim keeps its BLAS product.
 
-A fused multiply-add is computed through float64 (the float32 product is exact there; the sum is rounded
-twice, which differs from one rounding in about one case in 2**29), as in :mod:`._xla_cpu_math`.
+A fused multiply-add is computed through float64 (the float32 product is exact there): by default its sum is
+rounded twice, to float64 then float32, which differs from one rounding in about one case in 2**29 (as in
+:mod:`._xla_cpu_math`); under ``SPMDSIM_EXACT=1`` the chains round each step once
+(:func:`._xla_cpu_math.fma32_step`: 1.7x the time), which turned the last misses below (single elements of
+products of millions of steps) into XLA's values.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import dataclasses
 
 import numpy as np
 
-from spmdsim.jax.numerics import _xla_cpu_isa
+from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_math
 
 __all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK", "DEFAULT_STEPS", "exact_by_default", "conv_tile",
            "conv_tail", "ynn_conv", "CONV_DEFAULT_WORK"]
@@ -135,7 +138,8 @@ def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     """The orders measured on AMD Zen 3 (family 25 model 1: AVX2 and FMA3, no AVX-512; jaxlib 0.10.2), by fitting
     plans (``tile_k`` 1-16, chunks 4-512) to ``jax.jit`` on random operands, then checking the rule below bit for
     bit on 4,931 shapes (M 2-128, N 2-1024, K 1-2048) and 1,008 of 61-256 rows, two seeds each: no miss but two
-    single elements of 6.5-million-step products, the double rounding of the float64 emulation (module docstring).
+    single elements of 6.5-million-step products, the double rounding of the float64 emulation (module docstring;
+    exact mode now rounds each step once, which gives XLA's values there).
 
     YNNPACK's AVX2 kernels chain over ``k`` one lane wide (``tile_k = 1``) where they fit at all. Up to 60 rows B
     is not packed: YNNPACK cuts the columns in tasks (:func:`_split_n`) and each task cuts ``k`` in chunks whose
@@ -156,10 +160,10 @@ def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     ``tile_k = 1``, as these products (:func:`_conv_tile_amd_zen3`); the 1-3 rows past the last block take two
     lanes where there are 16 output features and at most 16 input features (:func:`conv_tail`), else the same
     chain. Of 947 random convolutions so modelled (1-3 images, 1-23 x 1-23 outputs, strides 1-2, 1-24 input and
-    16-256 output features, 1x2 to 5x5 windows; two seeds; one CPU device), 935 bit for bit; 11 of the other 12
-    have 16 output features and positions cut in tasks by XLA's threads (:func:`conv_tail`), one a single element
-    4 ulps off in a product of 9.8 million multiply-adds (96 features; not explained: the double rounding of the
-    emulation, module docstring, would be one candidate)."""
+    16-256 output features, 1x2 to 5x5 windows; two seeds; one CPU device; ``SPMDSIM_EXACT=1``), 936 bit for
+    bit; the other 11 have 16 output features and positions cut in tasks by XLA's threads (:func:`conv_tail`).
+    (A 937th, one element 4 ulps off in a product of 9.8 million multiply-adds, was the double rounding of the
+    float64 emulation, module docstring: an exactly rounded chain gives XLA's value, and exact mode now does.)"""
     if m == 1:
         return Plan(1, None) if n >= 3 and n % 16 != 1 and 1 <= k <= 2048 else None
     if n < 2 or k < 1 or m < 32 and m % 8 and n < 16:
@@ -214,13 +218,18 @@ def _chains(a: np.ndarray, b: np.ndarray, lo: int, hi: int, tile_k: int) -> np.n
     m, n = shape[-2], shape[-1]
     outer = int(np.prod(shape[:-2], dtype=np.int64))
     rows = max(1, min(m, _BLOCK_ELEMENTS // max(n * outer, 1)))
+    once = _xla_cpu_isa.exact()  # each step rounded once (_xla_cpu_math.fma32_step), not through float64
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         block = lanes[..., r0:r1, :]
+        wide = np.empty(block.shape, f64) if once else None
         group = max(1, _PRODUCT_ELEMENTS // max(block.size, 1))
         for s0 in range(0, steps, group):
             for products in np.multiply(ak[s0:s0 + group, ..., r0:r1, :], bk[s0:s0 + group], dtype=f64):
-                np.add(products, block, out=block, dtype=f64, casting="same_kind")  # rounded at every step
+                if once:
+                    _xla_cpu_math.fma32_step(products, block, wide)
+                else:
+                    np.add(products, block, out=block, dtype=f64, casting="same_kind")  # rounded at every step
     return _lane_sum(list(lanes))
 
 
@@ -386,8 +395,13 @@ def _two_lanes(a: np.ndarray, b: np.ndarray, fused: bool) -> np.ndarray:
     if fused:
         shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
         out = _chains(a, b, 0, even, 2) if even else np.zeros(shape, f32)
-        if last is not None:
-            out = (last[0].astype(f64) * last[1] + out).astype(f32)
+        if last is not None:  # a fused multiply-add of the result so far, rounded as a chain's step
+            product = last[0].astype(f64) * last[1]
+            if _xla_cpu_isa.exact():
+                out = np.array(np.broadcast_to(out, product.shape), f32)
+                _xla_cpu_math.fma32_step(product, out, np.empty(out.shape, f64))
+            else:
+                out = (product + out).astype(f32)
         return out
     products = a[..., :even, None] * b[..., None, :even, :]  # (..., M, K, N), each rounded to float32
     # each lane a chain of float32 adds from +0 (accumulate is sequential; + 0 turns a -0 into the chain's +0)

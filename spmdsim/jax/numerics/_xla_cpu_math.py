@@ -44,6 +44,46 @@ _SMALL = 1 << 10  # fewer elements: NumPy's per-call cost dominates (see rounded
 _PARALLEL = 1 << 20  # a fused multiply-add this large uses every CPU (see spmdsim.runtime._threads.in_parallel)
 
 
+_LOW = np.uint64(0x1FFFFFFF)  # a float64's bits below float32's last mantissa bit
+_HALF = np.uint64(0x10000000)  # ... at a float32 rounding midpoint (of a normal float32)
+_LOW28 = np.uint64(0x0FFFFFFF)  # zero at every float32 midpoint, normal or subnormal (and at float32 values)
+_F32_MIN_NORMAL = 2.0 ** -126
+_LITTLE = np.little_endian  # a float64's low 32 bits are the first of its two uint32 halves
+
+
+def fma32_step(products: np.ndarray, acc: np.ndarray, wide: np.ndarray) -> None:
+    """``acc = float32(products + acc)`` rounded once, in place: ``products`` float64 (exact products of float32
+    values), ``acc`` float32, ``wide`` a float64 scratch array of ``acc``'s shape.
+
+    The float64 sum rounded to float32 is the exactly rounded sum but where that float64 sum lies exactly on a
+    float32 rounding midpoint and is itself inexact (about once in 2**29). Those few elements are found by their
+    bits (the low 29 bits ``0x10000000``; a subnormal float32's midpoints have them zero) and moved one float64 ulp
+    toward the exact sum (its error by TwoSum): round-to-odd, after which float32's rounding is the correct one.
+    Costs 3 NumPy passes more than the plain sum (SPMDSIM_EXACT=1's chains, :mod:`._xla_cpu_dot`)."""
+    np.add(products, acc, out=wide)
+    bits = wide.view(np.uint64)
+    # each element's low 28 bits, shifted up (on a little-endian CPU from the low uint32 half: half the bytes)
+    low = np.left_shift(wide.view(np.uint32)[..., ::2], 4) if _LITTLE else np.bitwise_and(bits, _LOW28)
+    if not low.all():  # some element's are zero
+        index = np.flatnonzero(np.bitwise_and(bits, _LOW28) == 0)
+        s = wide.reshape(-1)[index]
+        low = bits.reshape(-1)[index] & _LOW
+        size = np.abs(s)
+        midpoint = (low == _HALF) | ((size < _F32_MIN_NORMAL) & (size > 0))
+        if midpoint.any():
+            index, s = index[midpoint], s[midpoint]
+            p = products.reshape(-1)[index] if products.shape == acc.shape else \
+                np.broadcast_to(products, acc.shape).reshape(-1)[index]
+            c = acc.reshape(-1)[index].astype(f64)
+            back = s - p
+            error = (p - (s - back)) + (c - back)  # TwoSum: s + error == p + c exactly
+            odd = s.view(np.uint64) & np.uint64(1)
+            move = (error != 0) & (odd == 0) & np.isfinite(error)
+            step = np.where((error > 0) == (s > 0), np.uint64(1), np.uint64(0xFFFFFFFFFFFFFFFF))  # +1 or -1 ulp
+            wide.reshape(-1)[index[move]] = (s.view(np.uint64)[move] + step[move]).view(f64)
+    np.copyto(acc, wide, casting="same_kind")
+
+
 def rounded_once(a, b, c, dtype=f32, *, negate_product: bool = False, negate_addend: bool = False,
                  out: np.ndarray | None = None) -> np.ndarray:
     """``±a * b ± c`` computed in float64 and rounded to ``dtype`` (float32 or float16) once: a fused multiply-add
