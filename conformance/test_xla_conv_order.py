@@ -45,7 +45,7 @@ CASES = {
     "dilated": ((1, 12, 12, 20), (3, 3, 20, 8), (1, 1), "SAME", (2, 2), NHWC),
     "nchw_5x5": ((2, 8, 12, 12), (16, 8, 5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1), NCHW),
     "asym_pad_1x3": ((2, 9, 11, 12), (1, 3, 12, 4), (1, 2), ((0, 1), (1, 0)), (1, 1), NHWC),
-    # Zen 3's kernel of two lanes for the last 1-3 positions (_xla_cpu_dot.conv_tail): 3 fused, an odd k (27
+    # Zen 3's kernel of two lanes for the last 1-3 positions (_xla_cpu_dot.conv_lanes): 3 fused, an odd k (27
     # positions, k = 27); 1 unfused (49 positions, k = 45); and 16 features both ways (the input's gradient too)
     "c3_o16_tail3": ((1, 5, 11, 3), (3, 3, 3, 16), (1, 1), "VALID", (1, 1), NHWC),
     "c5_o16_tail1": ((1, 9, 9, 5), (3, 3, 5, 16), (1, 1), "VALID", (1, 1), NHWC),
@@ -55,7 +55,7 @@ CASES = {
 # The cases whose order each CPU model's tables give (jaxlib 0.10.2), checked live on that model only. Zen 3 has
 # one chain per output (16, 32, 48 output features; 1-24 input features) and the two-lane tail of 16 features;
 # not case_3x3_c8_o16 there: XLA cuts its 512 positions in tasks by the number of CPU devices (this suite's 8:
-# the chain for its last 2 positions; one device, as recorded: the two lanes; _xla_cpu_dot.conv_tail).
+# the chain for its last 2 positions; one device, as recorded: the two lanes; _xla_cpu_dot.conv_lanes).
 MEASURED = {"amd-zen4": list(CASES)[:13],
             "amd-zen3": ["c3_o16_valid", "c24_o16_tile4", "c16_o32_tile2", "c8_o48", "stride2", "nchw_5x5",
                          "c3_o16_tail3", "c5_o16_tail1", "c16_o16"]}

@@ -34,7 +34,7 @@ import numpy as np
 from spmdsim.jax.numerics import _xla_cpu_isa, _xla_cpu_math
 
 __all__ = ["Plan", "plan", "ynn_matmul", "matmul", "DEFAULT_WORK", "DEFAULT_STEPS", "exact_by_default", "conv_tile",
-           "conv_tail", "ynn_conv", "CONV_DEFAULT_WORK"]
+           "conv_lanes", "ynn_conv", "CONV_DEFAULT_WORK"]
 
 f32, f64 = np.float32, np.float64
 
@@ -158,10 +158,10 @@ def _plan_amd_zen3(m: int, n: int, k: int) -> Plan | None:
     Convolutions (measured 2026-11-30 against ``jax.jit``): with output features a multiple of 16, ``k`` below
     250 and the kernel within 128 KiB, every block of 6 rows (output positions) is one window-major chain,
     ``tile_k = 1``, as these products (:func:`_conv_tile_amd_zen3`); the 1-3 rows past the last block take two
-    lanes where there are 16 output features and at most 16 input features (:func:`conv_tail`), else the same
+    lanes where there are 16 output features and at most 16 input features (:func:`conv_lanes`), else the same
     chain. Of 947 random convolutions so modelled (1-3 images, 1-23 x 1-23 outputs, strides 1-2, 1-24 input and
     16-256 output features, 1x2 to 5x5 windows; two seeds; one CPU device; ``SPMDSIM_EXACT=1``), 936 bit for
-    bit; the other 11 have 16 output features and positions cut in tasks by XLA's threads (:func:`conv_tail`).
+    bit; the other 11 have 16 output features and positions cut in tasks by XLA's threads (:func:`conv_lanes`).
     (A 937th, one element 4 ulps off in a product of 9.8 million multiply-adds, was the double rounding of the
     float64 emulation, module docstring: an exactly rounded chain gives XLA's value, and exact mode now does.)"""
     if m == 1:
@@ -337,7 +337,7 @@ def _conv_tile_amd_zen3(c: int, o: int, k: int) -> int | None:
     not found among chunked chains of 1-8 lanes in window- or feature-major order).
 
     Every block of 6 output positions (the AVX2 kernel's rows) is the chain; the positions past the last block
-    are the chain too but for 16 output features (:func:`conv_tail`). Measured: :func:`_plan_amd_zen3`'s
+    are the chain too but for 16 output features (:func:`conv_lanes`). Measured: :func:`_plan_amd_zen3`'s
     docstring."""
     if c < 1 or o < 16 or o % 16 or not 1 <= k < 250 or k * o > _L2_FLOATS:
         return None
@@ -347,12 +347,15 @@ def _conv_tile_amd_zen3(c: int, o: int, k: int) -> int | None:
 _CONV_TILES = {"amd-zen4": _conv_tile_amd_zen4, "amd-zen3": _conv_tile_amd_zen3}
 
 
-def conv_tile(c: int, o: int, k: int) -> int | None:
+def conv_tile(c: int, o: int, k: int, positions: int) -> int | None:
     """``tile_k`` of a float32 convolution (``c`` input and ``o`` output features per group, ``k`` multiply-adds
-    per output element) on this machine's CPU model, or None where spmdsim does not know its order (AMD Zen 4
-    and Zen 3 with jaxlib 0.10 are measured: :func:`_xla_cpu_isa.ynnpack_orders`)."""
+    per output element, ``positions`` output positions per image) on this machine's CPU model, or None where
+    spmdsim does not know its order (AMD Zen 4 and Zen 3 with jaxlib 0.10 are measured:
+    :func:`_xla_cpu_isa.ynnpack_orders`; one output position per image is not, on Zen 3)."""
     tiles = _CONV_TILES.get(_xla_cpu_isa.cpu_model())
     if tiles is None or not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma:
+        return None
+    if positions == 1 and _xla_cpu_isa.cpu_model() == "amd-zen3":  # another order (a matrix times a vector?)
         return None
     return tiles(c, o, k)
 
@@ -366,29 +369,35 @@ def _lane_sum(lanes: list[np.ndarray]) -> np.ndarray:
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 
 
-def conv_tail(m: int, c: int, o: int) -> tuple[int, bool] | None:
-    """The last of a float32 convolution's ``m`` output positions (``c`` input and ``o`` output features) that a
-    kernel of two lanes computes on this machine's CPU model, and whether its multiply-adds are fused
-    (:func:`ynn_conv`'s ``tail``); None where every position takes :func:`conv_tile`'s chains.
+def conv_lanes(m: int, c: int, o: int) -> list[tuple[int, bool]]:
+    """The positions of a float32 convolution (``m`` output positions, ``c`` input and ``o`` output features) that
+    a kernel of two lanes computes on this machine's CPU model: consecutive runs at the end of the ``m`` positions,
+    each ``(positions, fused)``, for :func:`ynn_conv`'s ``lanes``; the positions before them take
+    :func:`conv_tile`'s chains. Empty where every position does.
 
     AMD Zen 3 (jaxlib 0.10.2; measured 2026-11-30 against ``jax.jit``, bit for bit): with 16 output features and
-    at most 16 input features, the 1-3 positions past the last block of 6 (the AVX2 kernel's rows) take two
-    lanes over ``k`` (``k mod 2``), summed, then an odd ``k``'s last product: fused for 3 positions, unfused (each
-    product rounded to float32, then added) for 1 or 2 (every ``m`` of 7-72 for ``k`` of 9-144 with 3x3
-    windows, and 1x3, 3x5 and 5x5 windows). 4 or 5 positions, more input features or 32 output features and
-    more: the chain. Not modelled: XLA cuts the positions of 16 output features in tasks for its threads, each
-    task with its own last positions, by a rule that depends on the number of CPU devices and cores (on 2 cores:
-    ``m`` of 73-93 for ``k`` below 82 in two halves, and some larger ``m``; ``2x16x16x8 -> 16`` has the two lanes
-    for its last 2 of 512 positions with one CPU device and the chain with eight); and one position past 4, 8 or
-    16 blocks for ``k`` of 126-240 (another order)."""
-    if _xla_cpu_isa.cpu_model() != "amd-zen3" or o != 16 or c > 16 or m % 6 not in (1, 2, 3):
-        return None
-    return m % 6, m % 6 == 3
+    at most 16 input features, the 1-3 positions past the last block of 6 (the AVX2 kernel's rows) take two lanes
+    over ``k`` (``k mod 2``), summed, then an odd ``k``'s last product: fused for 3 positions, unfused (each
+    product rounded to float32, then added) for 1 or 2 (every ``m`` of 7-72 for ``k`` of 9-144 with 3x3 windows,
+    and 1x3, 3x5 and 5x5 windows); 4 or 5 positions the chain, as for 32 output features and more.
+
+    Not modelled (:func:`conv_tile` None): 2-8 output features (two fused lanes for every position, the last 1-2
+    unfused, in single columns of 2-49 positions with ``k`` of 15-72; but in 132 of 175 random convolutions, 37
+    another order in every position), 12, 20, 24, 40 and 56 (the chain in 6x6 images, other orders in columns
+    of 11 positions or more), one position per image (another order). Nor: XLA cuts the positions of 16 output features in tasks for its threads, each task with its own
+    last positions, by a rule that depends on the number of CPU devices and cores (on 2 cores: ``m`` of 73-93 for
+    ``k`` below 82 in two halves, and some larger ``m``; ``2x16x16x8 -> 16`` has the two lanes for its last 2 of
+    512 positions with one CPU device and the chain with eight); and one position past 4, 8 or 16 blocks for ``k``
+    of 126-240 (another order)."""
+    last = m % 6
+    if _xla_cpu_isa.cpu_model() != "amd-zen3" or c > 16 or o != 16 or last not in (1, 2, 3):
+        return []
+    return [(last, last == 3)]
 
 
 def _two_lanes(a: np.ndarray, b: np.ndarray, fused: bool) -> np.ndarray:
     """``(..., M, K) @ (..., K, N)`` as a kernel of two lanes (``k mod 2``) from zero, ``l0 + l1``, then the last
-    product of an odd ``k``: fused multiply-adds (through float64) or float32 products and adds (:func:`conv_tail`)."""
+    product of an odd ``k``: fused multiply-adds (through float64) or float32 products and adds (:func:`conv_lanes`)."""
     k = a.shape[-1]
     even = k // 2 * 2
     last = (a[..., k - 1, None], b[..., None, k - 1, :]) if k % 2 else None  # (..., M, 1), (..., 1, N)
@@ -410,21 +419,24 @@ def _two_lanes(a: np.ndarray, b: np.ndarray, fused: bool) -> np.ndarray:
     return out + last[0] * last[1] if last is not None else out
 
 
-def ynn_conv(a: np.ndarray, b: np.ndarray, tile_k: int, tail: tuple[int, bool] | None = None) -> np.ndarray:
+def ynn_conv(a: np.ndarray, b: np.ndarray, tile_k: int, lanes: list[tuple[int, bool]] = ()) -> np.ndarray:
     """A convolution's product in YNNPACK's order (see the comment above :func:`conv_tile`): patches ``a``
     ``(..., M, R, C)`` (R window positions in row-major order, C input features) times the kernel ``b``
     ``(..., R, C, O)``, in float32, to ``(..., M, O)``. The leading axes are batch axes (a device axis in front
-    gives each device's bits). ``tail``: the last positions a kernel of two lanes computes, fused or not
-    (:func:`conv_tail`)."""
+    gives each device's bits). ``lanes``: runs of positions at the end that a kernel of two lanes computes,
+    fused or not (:func:`conv_lanes`)."""
     a, b = np.asarray(a, f32), np.asarray(b, f32)
     *_, m, r, c = a.shape
     o = b.shape[-1]
-    if tail is not None:
-        rows, fused = tail
-        head = ynn_conv(a[..., :m - rows, :, :], b, tile_k) if rows < m else None
-        last = _two_lanes(a[..., m - rows:, :, :].reshape((*a.shape[:-3], rows, r * c)),
-                          b.reshape((*b.shape[:-3], r * c, o)), fused)
-        return last if head is None else np.concatenate([head, last], axis=-2)
+    if lanes:
+        start = m - sum(rows for rows, _ in lanes)
+        parts = [ynn_conv(a[..., :start, :, :], b, tile_k)] if start else []
+        flat = b.reshape((*b.shape[:-3], r * c, o))
+        for rows, fused in lanes:
+            parts.append(_two_lanes(a[..., start:start + rows, :, :].reshape((*a.shape[:-3], rows, r * c)), flat,
+                                    fused))
+            start += rows
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
     main = c // tile_k * tile_k
     out = None
     if main:

@@ -534,7 +534,7 @@ def _xla_order_tile(lhs, rhs, compute, *, window_strides, padding, lhs_dilation,
     work = lhs.shape[leading + lhs_spec[0]] * math.prod(out) * o * window * c
     if work > _xla_cpu_dot.CONV_DEFAULT_WORK and not _xla_cpu_isa.exact():
         return None
-    return _xla_cpu_dot.conv_tile(c, o, window * c)
+    return _xla_cpu_dot.conv_tile(c, o, window * c, math.prod(out))
 
 
 def _conv_xla_order(lhs, rhs, tile_k, *, window_strides, padding, rhs_dilation, dimension_numbers, leading: int):
@@ -562,7 +562,7 @@ def _conv_xla_order(lhs, rhs, tile_k, *, window_strides, padding, rhs_dilation, 
     rank = len(kernel)
     wk = np.transpose(w, lead + tuple(range(leading + 2, leading + 2 + rank)) + (leading + 1, leading))
     wk = np.ascontiguousarray(wk).reshape(w.shape[:leading] + (window, c, o))
-    y = _xla_cpu_dot.ynn_conv(a, wk, tile_k, _xla_cpu_dot.conv_tail(a.shape[-3], c, o))  # (..., N * out..., O)
+    y = _xla_cpu_dot.ynn_conv(a, wk, tile_k, _xla_cpu_dot.conv_lanes(a.shape[-3], c, o))  # (..., N * out..., O)
     y = y.reshape(x.shape[:leading] + (n,) + out_spatial + (o,))
     return np.moveaxis(y, -1, leading + 1)
 
