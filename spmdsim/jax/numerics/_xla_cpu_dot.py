@@ -333,8 +333,8 @@ def _conv_tile_amd_zen3(c: int, o: int, k: int) -> int | None:
     """``tile_k`` of a float32 convolution on AMD Zen 3 (jaxlib 0.10.2): one window-major chain (``tile_k = 1``)
     where the output features are a multiple of 16, ``k`` is below 250 and the kernel's ``k x o`` float32 values
     fit YNNPACK's 128 KiB budget (the range measured: 1-24 input and 16-256 output features, 1x2 to 5x5 windows);
-    None elsewhere (other output features: mostly ``tile_k = 2``; a larger kernel: another order in every row,
-    not found among chunked chains of 1-8 lanes in window- or feature-major order).
+    None elsewhere (other output features: :func:`conv_lanes`; a larger kernel: another order in every row, not
+    found among chunked chains of 1-8 lanes in window- or feature-major order).
 
     Every block of 6 output positions (the AVX2 kernel's rows) is the chain; the positions past the last block
     are the chain too but for 16 output features (:func:`conv_lanes`). Measured: :func:`_plan_amd_zen3`'s
@@ -384,11 +384,11 @@ def conv_lanes(m: int, c: int, o: int) -> list[tuple[int, bool]]:
     Not modelled (:func:`conv_tile` None): 2-8 output features (two fused lanes for every position, the last 1-2
     unfused, in single columns of 2-49 positions with ``k`` of 15-72; but in 132 of 175 random convolutions, 37
     another order in every position), 12, 20, 24, 40 and 56 (the chain in 6x6 images, other orders in columns
-    of 11 positions or more), one position per image (another order). Nor: XLA cuts the positions of 16 output features in tasks for its threads, each task with its own
-    last positions, by a rule that depends on the number of CPU devices and cores (on 2 cores: ``m`` of 73-93 for
-    ``k`` below 82 in two halves, and some larger ``m``; ``2x16x16x8 -> 16`` has the two lanes for its last 2 of
-    512 positions with one CPU device and the chain with eight); and one position past 4, 8 or 16 blocks for ``k``
-    of 126-240 (another order)."""
+    of 11 positions or more), one position per image (another order). Nor: XLA cuts the positions of 16 output
+    features in tasks for its threads, each task with its own last positions, by a rule that depends on the
+    number of CPU devices and cores (on 2 cores: ``m`` of 73-93 for ``k`` below 82 in two halves, and some larger
+    ``m``; ``2x16x16x8 -> 16`` has the two lanes for its last 2 of 512 positions with one CPU device and the
+    chain with eight); and one position past 4, 8 or 16 blocks for ``k`` of 126-240 (another order)."""
     last = m % 6
     if _xla_cpu_isa.cpu_model() != "amd-zen3" or c > 16 or o != 16 or last not in (1, 2, 3):
         return []
@@ -397,7 +397,8 @@ def conv_lanes(m: int, c: int, o: int) -> list[tuple[int, bool]]:
 
 def _two_lanes(a: np.ndarray, b: np.ndarray, fused: bool) -> np.ndarray:
     """``(..., M, K) @ (..., K, N)`` as a kernel of two lanes (``k mod 2``) from zero, ``l0 + l1``, then the last
-    product of an odd ``k``: fused multiply-adds (through float64) or float32 products and adds (:func:`conv_lanes`)."""
+    product of an odd ``k``: fused multiply-adds (through float64) or float32 products and adds
+    (:func:`conv_lanes`)."""
     k = a.shape[-1]
     even = k // 2 * 2
     last = (a[..., k - 1, None], b[..., None, k - 1, :]) if k % 2 else None  # (..., M, 1), (..., 1, N)
