@@ -56,6 +56,7 @@ def test_zen3_recorded(name, exact, monkeypatch):
     monkeypatch.setenv("SPMDSIM_EXACT", "1" if exact else "0")
     monkeypatch.delenv("SPMDSIM_XLA_CPU_ISA", raising=False)
     _xla_cpu_isa.exact.cache_clear()
+    _xla_cpu_isa.cpu_model.cache_clear()  # read once per process: this machine's model may be cached already
     try:
         if not _xla_cpu_isa.current().fma:
             pytest.skip("the model chains fused multiply-adds: XLA:CPU's order on a CPU with FMA")
@@ -71,3 +72,4 @@ def test_zen3_recorded(name, exact, monkeypatch):
     finally:
         monkeypatch.undo()
         _xla_cpu_isa.exact.cache_clear()
+        _xla_cpu_isa.cpu_model.cache_clear()
