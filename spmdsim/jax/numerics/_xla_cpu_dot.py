@@ -218,19 +218,26 @@ def _chains(a: np.ndarray, b: np.ndarray, lo: int, hi: int, tile_k: int) -> np.n
     m, n = shape[-2], shape[-1]
     outer = int(np.prod(shape[:-2], dtype=np.int64))
     rows = max(1, min(m, _BLOCK_ELEMENTS // max(n * outer, 1)))
-    once = _xla_cpu_isa.exact()  # each step rounded once (_xla_cpu_math.fma32_step), not through float64
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         block = lanes[..., r0:r1, :]
-        wide = np.empty(block.shape, f64) if once else None
+        wide = np.empty(block.shape, f64) if _xla_cpu_isa.exact() else None  # _fma_step's scratch
         group = max(1, _PRODUCT_ELEMENTS // max(block.size, 1))
         for s0 in range(0, steps, group):
             for products in np.multiply(ak[s0:s0 + group, ..., r0:r1, :], bk[s0:s0 + group], dtype=f64):
-                if once:
-                    _xla_cpu_math.fma32_step(products, block, wide)
-                else:
-                    np.add(products, block, out=block, dtype=f64, casting="same_kind")  # rounded at every step
+                _fma_step(products, block, wide)
     return _lane_sum(list(lanes))
+
+
+def _fma_step(products: np.ndarray, acc: np.ndarray, wide: np.ndarray | None = None) -> None:
+    """One step of the fused multiply-add chains, in place: ``acc = float32(products + acc)`` (``products``
+    float64, exact products of float32 values; ``acc`` float32). Under SPMDSIM_EXACT=1 rounded once
+    (:func:`._xla_cpu_math.fma32_step`, ``wide`` its float64 scratch of ``acc``'s shape, made if None); by default
+    the float64 sum rounded to float32, twice rounded (another float32 about once in 2**29)."""
+    if _xla_cpu_isa.exact():
+        _xla_cpu_math.fma32_step(products, acc, np.empty(acc.shape, f64) if wide is None else wide)
+    else:
+        np.add(products, acc, out=acc, dtype=f64, casting="same_kind")
 
 
 def ynn_matmul(a: np.ndarray, b: np.ndarray, p: Plan) -> np.ndarray:
@@ -290,9 +297,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
 #   largest ``K = window * C`` measured per row (above it the order changes: ``k`` chunks, not modelled).
 
 
-def _conv_tile_amd_zen4(c: int, o: int, k: int) -> int | None:
+def _conv_tile_amd_zen4(c: int, o: int, k: int, positions: int) -> int | None:
     """``tile_k`` of a float32 convolution with ``c`` input and ``o`` output features per group and ``k``
-    multiply-adds per output element, as measured on AMD Zen 4 (jaxlib 0.10.2); None where not measured."""
+    multiply-adds per output element, as measured on AMD Zen 4 (jaxlib 0.10.2); None where not measured. The
+    output positions per image do not matter here."""
     if c < 1 or o < 1:
         return None
     if o == 1:
@@ -329,7 +337,7 @@ def _conv_tile_amd_zen4(c: int, o: int, k: int) -> int | None:
     return None
 
 
-def _conv_tile_amd_zen3(c: int, o: int, k: int) -> int | None:
+def _conv_tile_amd_zen3(c: int, o: int, k: int, positions: int) -> int | None:
     """``tile_k`` of a float32 convolution on AMD Zen 3 (jaxlib 0.10.2): one window-major chain (``tile_k = 1``)
     where the output features are a multiple of 16, ``k`` is below 250 and the kernel's ``k x o`` float32 values
     fit YNNPACK's 128 KiB budget (the range measured: 1-24 input and 16-256 output features, 1x2 to 5x5 windows);
@@ -337,9 +345,9 @@ def _conv_tile_amd_zen3(c: int, o: int, k: int) -> int | None:
     found among chunked chains of 1-8 lanes in window- or feature-major order).
 
     Every block of 6 output positions (the AVX2 kernel's rows) is the chain; the positions past the last block
-    are the chain too but for 16 output features (:func:`conv_lanes`). Measured: :func:`_plan_amd_zen3`'s
-    docstring."""
-    if c < 1 or o < 16 or o % 16 or not 1 <= k < 250 or k * o > _L2_FLOATS:
+    are the chain too but for 16 output features (:func:`conv_lanes`). One output position per image: None
+    (another order; a matrix times a vector?). Measured: :func:`_plan_amd_zen3`'s docstring."""
+    if positions == 1 or c < 1 or o < 16 or o % 16 or not 1 <= k < 250 or k * o > _L2_FLOATS:
         return None
     return 1
 
@@ -355,9 +363,7 @@ def conv_tile(c: int, o: int, k: int, positions: int) -> int | None:
     tiles = _CONV_TILES.get(_xla_cpu_isa.cpu_model())
     if tiles is None or not _xla_cpu_isa.ynnpack_orders() or not _xla_cpu_isa.current().fma:
         return None
-    if positions == 1 and _xla_cpu_isa.cpu_model() == "amd-zen3":  # another order (a matrix times a vector?)
-        return None
-    return tiles(c, o, k)
+    return tiles(c, o, k, positions)
 
 
 def _lane_sum(lanes: list[np.ndarray]) -> np.ndarray:
@@ -407,11 +413,8 @@ def _two_lanes(a: np.ndarray, b: np.ndarray, fused: bool) -> np.ndarray:
         out = _chains(a, b, 0, even, 2) if even else np.zeros(shape, f32)
         if last is not None:  # a fused multiply-add of the result so far, rounded as a chain's step
             product = last[0].astype(f64) * last[1]
-            if _xla_cpu_isa.exact():
-                out = np.array(np.broadcast_to(out, product.shape), f32)
-                _xla_cpu_math.fma32_step(product, out, np.empty(out.shape, f64))
-            else:
-                out = (product + out).astype(f32)
+            out = np.array(np.broadcast_to(out, product.shape), f32)
+            _fma_step(product, out)
         return out
     products = a[..., :even, None] * b[..., None, :even, :]  # (..., M, K, N), each rounded to float32
     # each lane a chain of float32 adds from +0 (accumulate is sequential; + 0 turns a -0 into the chain's +0)
