@@ -64,8 +64,8 @@ def fma32_step(products: np.ndarray, acc: np.ndarray, wide: np.ndarray) -> None:
     bits = wide.view(np.uint64)
     # each element's low 28 bits, shifted up (on a little-endian CPU from the low uint32 half: half the bytes)
     low = np.left_shift(wide.view(np.uint32)[..., ::2], 4) if _LITTLE else np.bitwise_and(bits, _LOW28)
-    if not low.all():  # some element's are zero
-        index = np.flatnonzero(np.bitwise_and(bits, _LOW28) == 0)
+    if not low.all():  # some element's are zero (``low`` has ``wide``'s shape and order)
+        index = np.flatnonzero(low == 0)
         s = wide.reshape(-1)[index]
         low = bits.reshape(-1)[index] & _LOW
         size = np.abs(s)
