@@ -1,7 +1,7 @@
 """The whole suite's one set-up shared by tests/ and conformance/: JAX's persistent compilation cache, in a
 directory of each pytest process's own (each xdist worker's), so that a program XLA:CPU has compiled once is read
 back, not compiled again: eager shard_map compiles the same small programs case after case
-(conformance/test_shard_map.py and test_collectives.py on 2 workers: 262 s without, 176 s with). A hit is the
+(conformance/test_shard_map.py and test_collectives.py on 2 workers: 262 s without, 173 s with). A hit is the
 executable XLA compiled in this process on this CPU, so no result depends on the cache; JAX writes no program with
 host callbacks into it. One directory per process: no process reads an entry another is still writing. The processes
 that tests start compile without it. A run with its own JAX_COMPILATION_CACHE_DIR keeps that."""
