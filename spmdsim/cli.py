@@ -21,6 +21,8 @@ COMMANDS = {
     "compare": ("spmdsim.jax.tools._compare", "find where a JAX script's values leave XLA:CPU's, equation by equation"),
 }
 
+HOSTED = ("run", "compare")  # the commands with --hosts H (see spmdsim.tools._launch.before_import)
+
 USAGE = """usage: spmdsim COMMAND [options]
        spmdsim --version
 
@@ -92,8 +94,15 @@ def main(argv: list[str] | None = None) -> int:
               f"(spmdsim --help describes them).", file=sys.stderr)
         return 2
     try:
+        if command in HOSTED:  # a multi-host job's launcher, and the parent of each host, need no JAX
+            status = importlib.import_module("spmdsim.tools._launch").before_import(command, argv[1:])
+            if status is not None:
+                return status
         module = importlib.import_module(COMMANDS[command][0])
     except ImportError as e:  # spmdsim run without jax
+        print(f"spmdsim {command}: error: {e}", file=sys.stderr)
+        return 2
+    except UsageError as e:
         print(f"spmdsim {command}: error: {e}", file=sys.stderr)
         return 2
     try:

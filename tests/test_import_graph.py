@@ -192,7 +192,7 @@ LAYERS = [  # bottom to top: a layer's modules, by dotted prefix
     ("primitives", ("spmdsim.primitives",)),
     ("NumPy front end", ("spmdsim.frontend", "spmdsim.lax", "spmdsim.multihost")),
     ("hosts", ("spmdsim.hosts",)),
-    ("JAX adapter", ("spmdsim.jax._internals", "spmdsim.jax._versions")),
+    ("JAX adapter", ("spmdsim.jax._internals", "spmdsim._jax_versions")),
     ("JAX numerics", ("spmdsim.jax.numerics",)),
     ("JAX evaluation", ("spmdsim.jax.evaluation",)),
     ("JAX rules", ("spmdsim.jax.rules",)),

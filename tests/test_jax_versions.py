@@ -1,4 +1,4 @@
-"""The supported JAX releases (issue 37): one rule in spmdsim.jax._versions, the same set in pyproject's extras,
+"""The supported JAX releases (issue 37): one rule in spmdsim._jax_versions, the same set in pyproject's extras,
 and an unsupported JAX refused in one line before anything of its internals is imported. No jax needed: a fake
 ``jax`` package stands in for an unsupported release."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from spmdsim.jax import _versions
+from spmdsim import _jax_versions as _versions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -59,6 +59,22 @@ def test_spmdsim_run_says_it_in_one_line(tmp_path):
     script.write_text("print('ran')\n")
     out = subprocess.run([sys.executable, "-m", "spmdsim", "run", str(script)], env=_fake_jax(tmp_path, "0.13.0"),
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("spmdsim run: error: spmdsim's JAX front end")
+    assert "jax 0.13.0" in out.stderr
+
+
+def test_the_launcher_of_hosts_says_it_once_before_any_host_starts(tmp_path):
+    """``spmdsim run --hosts 2`` reads JAX's release from the installed distribution's metadata (it imports no
+    JAX): an unsupported one is one line from the launcher, no host's."""
+    env = _fake_jax(tmp_path, "0.13.0")
+    info = tmp_path / "jax-0.13.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: jax\nVersion: 0.13.0\n")
+    script = tmp_path / "prog.py"
+    script.write_text("print('ran')\n")
+    out = subprocess.run([sys.executable, "-m", "spmdsim", "run", "--hosts", "2", "--devices", "4", str(script)],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("spmdsim run: error: spmdsim's JAX front end")
     assert "jax 0.13.0" in out.stderr

@@ -6,15 +6,14 @@ per-device function to a jaxpr once, then evaluates the jaxpr with NumPy once pe
 own thread, sharing the runtime and the collective primitives with :mod:`spmdsim.lax`. It composes with every
 JAX transformation (see :mod:`spmdsim.jax.integration._map`).
 """
-from spmdsim.jax import _versions
+from spmdsim import _jax_versions
 
 try:
-    _versions.check()  # before anything of JAX's internals is imported: an unsupported JAX fails here, in one line
-except _versions.UnsupportedJaxError:
+    _jax_versions.check()  # before anything of JAX's internals is imported: an unsupported JAX fails here, in one line
+except _jax_versions.UnsupportedJaxError:
     raise
 except ImportError as e:  # pragma: no cover - exercised in the jax-free test environment
-    raise ImportError("spmdsim.jax needs jax: python -m pip install \"spmdsim[jax]\" (or jax jaxlib). The core, "
-                      "spmdsim.pmap and spmdsim.lax, works without it.") from e
+    raise ImportError(_jax_versions.MISSING) from e
 
 from spmdsim.jax.rules import _collective_rules, _control_flow  # noqa: F401  (register rules)
 from spmdsim.jax.rules import _elementwise, _arithmetic, _structural, _reductions, _dot  # noqa: F401  (register rules)

@@ -6,7 +6,7 @@ or renames something is adapted in one place (``tests/test_import_graph.py`` fai
 has, never by comparing version numbers; each adaptation below names the releases it was written for.
 
 Supported releases: :data:`SUPPORTED` (checked by :mod:`spmdsim.jax` before this module is imported, see
-:func:`spmdsim.jax._versions.check`).
+:func:`spmdsim._jax_versions.check`).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _first(name: str, *owners):
         if hasattr(owner, name):
             return getattr(owner, name)
     raise AttributeError(f"spmdsim: the installed JAX has no {name!r} in {[o.__name__ for o in owners]}; "
-                         "this JAX release is not supported (see spmdsim.jax._versions.SUPPORTED)")
+                         "this JAX release is not supported (see spmdsim._jax_versions.SUPPORTED)")
 
 
 try:  # JAX 0.12: float32 (and float16/bfloat16 through it) lgamma is JAX's own program, lowered by lower_fun

@@ -5,7 +5,7 @@ virtual devices.
 replacement), and ``jax.device_count``, ``jax.local_device_count`` and ``jax.devices`` report the N virtual
 devices. Everything else, the user's ``jax.jit`` included, stays real JAX. The command line is parsed by
 :func:`spmdsim.tools._script.split_argv`: ``--devices``, ``--executor`` and ``--trace`` are spmdsim's wherever they
-stand before a ``--``.
+stand before a ``--`` (:mod:`spmdsim.tools._run_options`, which the launcher of ``--hosts H`` reads without JAX).
 """
 from __future__ import annotations
 
@@ -19,52 +19,9 @@ import spmdsim
 from spmdsim.runtime import _threads
 from spmdsim import hosts
 from spmdsim.runtime._output import StandInStream
-from spmdsim.tools._script import check_program, run_program, split_argv
-from spmdsim.cli import ArgumentParser, UsageError, add_device_options, positive_int
-
-VALUED = ("--devices", "--executor", "--trace", "--hosts", "--hardware", "--eager-shard-map")
-TRACE_FORMATS = {".json": "a Perfetto/Chrome trace", ".svg": "a timeline picture"}
-
-
-def parser() -> ArgumentParser:
-    """The options of ``spmdsim run`` (the program and its arguments are split off first)."""
-    p = ArgumentParser(
-        prog="spmdsim run",
-        usage="spmdsim run [options] SCRIPT.py [args]\n       spmdsim run [options] -m MODULE [args]",
-        description="Run an unmodified JAX script on virtual devices: jax.pmap and jax.shard_map (and jitted "
-                    "programs that contain them) are computed by spmdsim with NumPy; JAX's CPU platform gets the "
-                    "virtual devices; everything else stays real JAX.",
-        epilog="--devices, --executor and --trace are spmdsim's wherever they appear; arguments after -- all go "
-               "to the script.")
-    add_device_options(p, devices_default=spmdsim.device_count(),
-                       executor_help="threads (default: one thread per device, the reference) or vectorized (all "
-                                     "devices at once; for thousands of devices)")
-    p.add_argument("--eager-shard-map", choices=["once", "per-device"], default="once",
-                   help="how an un-jitted jax.shard_map runs its body: once per call, on values holding every "
-                        "device's block, as JAX does (default), or once per device, each in its own thread "
-                        "(each device prints its own block, labelled; breakpoint() stops in one device)")
-    p.add_argument("--trace", metavar="PATH", default=None,
-                   help="record every collective; PATH.json: a Perfetto trace (https://ui.perfetto.dev), "
-                        "PATH.svg: a timeline picture")
-    p.add_argument("--hosts", type=positive_int, default=None, metavar="H",
-                   help="a multi-host job: H host processes (started through mpiexec; needs the mpi extra), each "
-                        "with N/H of the N devices; jax.process_index() tells them apart")
-    p.add_argument("--hardware", metavar="CHIP:SHAPE", default=None,
-                   help="predict each mapped call's time on real chips (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, a100, "
-                        "h100, b200, or FILE.json), e.g. tpu-v5e:2x4 or h100:8; prints a table per map at the end "
-                        "and adds a predicted track to a --trace .json (see docs/cost_model.md)")
-    return p
-
-
-def _trace_format(path: str | None) -> str | None:
-    """``.json`` or ``.svg`` from ``--trace PATH``, checked before the script runs."""
-    if path is None:
-        return None
-    for suffix in TRACE_FORMATS:
-        if path.lower().endswith(suffix):
-            return suffix
-    raise UsageError(f"--trace {path}: expected a path ending in .json (a Perfetto trace) or .svg (a timeline "
-                     f"picture)")
+from spmdsim.tools import _run_options
+from spmdsim.tools._script import run_program
+from spmdsim.cli import UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,15 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         UsageError: bad options, no script, a script or module that does not exist, or jax not installed.
     """
     raw = list(sys.argv[1:] if argv is None else argv)
-    ours, program = split_argv(raw, VALUED)
-    args = parser().parse_args(ours)
-    if program is None:
-        raise UsageError("give the script to run: spmdsim run [options] SCRIPT.py [args], or -m MODULE [args]")
-    trace_format = _trace_format(args.trace)
-    check_program(program)
-    predictor = _predictor(args.hardware, args.devices)
+    options = _run_options.read(raw)
+    args, program, trace_format, predictor = options.args, options.program, options.trace_format, options.predictor
 
-    host = host_of("run", raw, args, lambda: _host_argv(args, program))
+    host = host_of("run", raw, args, options.host_argv)
     if isinstance(host, int):  # this process launched the hosts, or ran one as its child: done
         return host
     from spmdsim.jax.integration._patch import patched_jax
@@ -206,35 +158,9 @@ def host_of(command: str, raw: list[str], args, host_argv: Callable[[], list[str
         _label_host_lines(host.index)
         return host
     if args.hosts is not None and args.hosts > 1:
-        if args.devices % args.hosts:
-            raise UsageError(f"--devices {args.devices} cannot be split evenly over --hosts {args.hosts}")
         from spmdsim.tools import _launch
-        return _launch.launch(args.hosts, host_argv())
+        return _launch.launch_hosts(args.hosts, args.devices, host_argv())
     return None
-
-
-def _host_argv(args, program) -> list[str]:
-    """The command line of each host process: this one's options, the program, ``--``, its arguments."""
-    argv = ["run", "--devices", str(args.devices), "--executor", args.executor, "--eager-shard-map",
-            args.eager_shard_map]
-    if args.trace:
-        argv += ["--trace", args.trace]
-    if args.hardware:
-        argv += ["--hardware", args.hardware]
-    argv += [program.path] if program.path is not None else ["-m", program.module]
-    return argv + ["--", *program.args]
-
-
-def _predictor(hardware: str | None, devices: int):
-    """The cost model's :class:`spmdsim.cost.Predictor` for ``--hardware`` (None without it: nothing is
-    imported or installed), checked before the script runs."""
-    if hardware is None:
-        return None
-    from spmdsim.cost import Predictor
-    try:
-        return Predictor(hardware, devices)
-    except (ValueError, OSError) as e:
-        raise UsageError(str(e) if str(e).startswith("--hardware") else f"--hardware {hardware}: {e}") from None
 
 
 def _write_trace(tr, path: str, trace_format: str) -> None:

@@ -7,13 +7,15 @@ extras in ``pyproject.toml`` admit exactly :data:`REQUIREMENT` (a test checks th
 prints it in one line). The NumPy front end (``spmdsim.pmap``, ``spmdsim.shard_map``, ``spmdsim.lax``) does not
 import JAX and works with any JAX, or none.
 
-This module imports nothing of JAX's: it reads the installed distribution's version, then ``jax.__version__``.
+This module imports nothing of spmdsim's JAX front end, and JAX only in :func:`check`: it reads the installed
+distribution's version, then ``jax.__version__``. :func:`check_installed` reads the version alone, for the launcher
+of ``spmdsim run --hosts H``, which starts the hosts without importing JAX (see :mod:`spmdsim.tools._launch`).
 """
 from __future__ import annotations
 
 import re
 
-__all__ = ["SUPPORTED", "REQUIREMENT", "UnsupportedJaxError", "check", "is_supported"]
+__all__ = ["SUPPORTED", "REQUIREMENT", "MISSING", "UnsupportedJaxError", "check", "check_installed", "is_supported"]
 
 #: The oldest supported release of each supported minor line, (0, 10, 2) for 0.10.2 and later 0.10 patches.
 SUPPORTED = {(0, 10): (0, 10, 2), (0, 11): (0, 11, 2), (0, 12): (0, 12, 0, 1)}
@@ -22,6 +24,10 @@ SUPPORTED = {(0, 10): (0, 10, 2), (0, 11): (0, 11, 2), (0, 12): (0, 12, 0, 1)}
 REQUIREMENT = "jax>=0.10.2,!=0.11.0,!=0.11.1,!=0.12.0,<0.13"
 
 _TESTED = "0.10.2, 0.11.2 and 0.12.0.1"
+
+#: What an ``ImportError`` says where jax is not installed.
+MISSING = ("spmdsim.jax needs jax: python -m pip install \"spmdsim[jax]\" (or jax jaxlib). The core, spmdsim.pmap and "
+           "spmdsim.lax, works without it.")
 
 
 class UnsupportedJaxError(ImportError):
@@ -70,3 +76,26 @@ def check() -> str:
     if not is_supported(version):
         raise UnsupportedJaxError(_message(version))
     return version
+
+
+def check_installed() -> str | None:
+    """:func:`check` without importing jax (about a second of CPU): the installed distribution's version, checked.
+    None where jax has no distribution metadata but can be imported (a source checkout on ``sys.path``): the
+    processes that import it check it then.
+
+    Raises:
+        UnsupportedJaxError: the installed release is not supported.
+        ImportError: jax is not installed (:data:`MISSING`).
+    """
+    import importlib.util
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("jax")
+    except metadata.PackageNotFoundError:
+        if importlib.util.find_spec("jax") is None:
+            raise ImportError(MISSING) from None
+        return None
+    if not is_supported(installed):
+        raise UnsupportedJaxError(_message(installed))
+    return installed
