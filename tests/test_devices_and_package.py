@@ -48,6 +48,22 @@ def test_core_imports_and_runs_without_jax():
     assert out.stdout.strip() == "[6, 6, 6, 6]"
 
 
+def test_scipy_is_imported_by_the_first_rule_that_needs_it():
+    """SciPy's import is a fifth of spmdsim.jax's (spmdsim.jax.rules._scipy): a program that never reaches a special
+    function or LAPACK does not pay it; one that does gets SciPy's values."""
+    pytest.importorskip("jax")
+    code = ("import sys, numpy as np, spmdsim.jax, jax, jax.numpy as jnp\n"
+            "print('scipy' in sys.modules)\n"
+            "f = spmdsim.jax.pmap(lambda x: jax.lax.bessel_i1e(x) + jnp.linalg.cholesky(jnp.eye(2) * x)[0, 0])\n"
+            "print(f(np.array([1.0, 2.0], np.float32)).tolist(), 'scipy' in sys.modules)\n")
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    import scipy.special
+    expected = [float(np.float32(scipy.special.i1e(v)) + np.float32(np.sqrt(v))) for v in (1.0, 2.0)]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "False" and lines[1] == f"{expected} True"
+
+
 def test_doctests_in_public_docstrings():
     import doctest
 

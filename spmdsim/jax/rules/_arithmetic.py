@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import numpy as np
-import scipy.special
 
 from spmdsim.jax.numerics import _libm, _xla_cpu_isa, _xla_cpu_math, _xla_cpu_math64, _xla_cpu_probe, _xla_cpu_scalar
 from spmdsim.jax.evaluation._registry import PER_DEVICE, specialize
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, _operand_dtype, elementwise, is_float, via_f32
+from spmdsim.jax.rules._scipy import special
 
 
 # -- elementwise -----------------------------------------------------------------------------------------
@@ -106,12 +106,20 @@ def _float64_port(port, other, jaxlibs=None):
     return fn
 
 
+def _erf(x):
+    return special.erf(x)
+
+
+def _erfc(x):
+    return special.erfc(x)
+
+
 _UNARY_XLA = {
     "exp": (_xla_cpu_math.exp, _float64_port(_xla_cpu_math64.exp64, np.exp)), "log": (_xla_cpu_math.log, _log),
     "log1p": (_xla_cpu_math.log1p, _float64_port(_xla_cpu_math64.log1p64, _log1p)),
     "tanh": (_xla_cpu_math.tanh, _float64_port(_xla_cpu_math64.tanh64, np.tanh)),
-    "erf": (_xla_cpu_math.erf, _c_library("erf", scipy.special.erf)),
-    "erfc": (_xla_cpu_math.erfc, _float64_port(_xla_cpu_math64.erfc64, scipy.special.erfc)),
+    "erf": (_xla_cpu_math.erf, _c_library("erf", _erf)),
+    "erfc": (_xla_cpu_math.erfc, _float64_port(_xla_cpu_math64.erfc64, _erfc)),
     "expm1": (_xla_cpu_math.expm1, _float64_port(_xla_cpu_math64.expm1_64, np.expm1, lambda v: v < (0, 12))),
     "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt), "sin": (_xla_cpu_math.sin, np.sin), "cos": (_xla_cpu_math.cos, np.cos),
 }
@@ -186,7 +194,7 @@ def _logistic_wide(x):
     if x.dtype == np.float64:  # XLA's LogisticExpander, with its float64 exp
         return _xla_cpu_math.flush_subnormals(1 / (1 + PER_DEVICE["exp"](-x)))
     if x.dtype.kind == "f":
-        return np.asarray(scipy.special.expit(x), x.dtype)
+        return np.asarray(special.expit(x), x.dtype)
     return np.asarray(1, x.dtype) / (np.asarray(1, x.dtype) + np.exp(-x))
 
 

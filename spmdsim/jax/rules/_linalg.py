@@ -23,10 +23,9 @@ import functools
 import math
 
 import numpy as np
-import scipy.linalg.blas as _blas
-import scipy.linalg.lapack as _lapack
 
 from spmdsim.jax.evaluation._interpreter import eval_jaxpr
+from spmdsim.jax.rules._scipy import blas as _blas, lapack as _lapack
 from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED, per_device, vectorized
 from spmdsim.jax.rules._dot import matmul_slices
 from spmdsim.jax.rules._elementwise import LOW_FLOATS
