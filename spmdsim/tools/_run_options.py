@@ -9,7 +9,6 @@ stand before a ``--``.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import spmdsim
 from spmdsim.cli import ArgumentParser, UsageError, add_device_options, positive_int

@@ -25,10 +25,10 @@ import math
 import numpy as np
 
 from spmdsim.jax.evaluation._interpreter import eval_jaxpr
-from spmdsim.jax.rules._scipy import blas as _blas, lapack as _lapack
 from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED, per_device, vectorized
 from spmdsim.jax.rules._dot import matmul_slices
 from spmdsim.jax.rules._elementwise import LOW_FLOATS
+from spmdsim.jax.rules._scipy import blas as _blas, lapack as _lapack
 
 
 def _both(name: str):
