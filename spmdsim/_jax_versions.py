@@ -62,14 +62,7 @@ def check() -> str:
     distribution's metadata is read first, so that an old JAX that cannot even be imported beside this NumPy is
     reported as such; then ``jax.__version__`` (the module that ``import jax`` finds). Raises ``ImportError``
     when jax is not installed."""
-    from importlib import metadata
-
-    try:
-        installed = metadata.version("jax")
-    except metadata.PackageNotFoundError:
-        installed = None
-    if installed is not None and not is_supported(installed):
-        raise UnsupportedJaxError(_message(installed))
+    _installed()
     import jax
 
     version = getattr(jax, "__version__", "unknown")
@@ -88,13 +81,24 @@ def check_installed() -> str | None:
         ImportError: jax is not installed (:data:`MISSING`).
     """
     import importlib.util
+
+    installed = _installed()
+    if installed is None and importlib.util.find_spec("jax") is None:
+        raise ImportError(MISSING)
+    return installed
+
+
+def _installed() -> str | None:
+    """The installed jax distribution's version from its metadata (None: no metadata), checked.
+
+    Raises:
+        UnsupportedJaxError: the installed release is not supported.
+    """
     from importlib import metadata
 
     try:
         installed = metadata.version("jax")
     except metadata.PackageNotFoundError:
-        if importlib.util.find_spec("jax") is None:
-            raise ImportError(MISSING) from None
         return None
     if not is_supported(installed):
         raise UnsupportedJaxError(_message(installed))

@@ -99,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             if status is not None:
                 return status
         module = importlib.import_module(COMMANDS[command][0])
-    except ImportError as e:  # spmdsim run without jax
-        print(f"spmdsim {command}: error: {e}", file=sys.stderr)
-        return 2
-    except UsageError as e:
+    except (ImportError, UsageError) as e:  # spmdsim run without jax, or a launcher's mistake
         print(f"spmdsim {command}: error: {e}", file=sys.stderr)
         return 2
     try:

@@ -8,7 +8,7 @@ import numpy as np
 from spmdsim.jax.numerics import _libm, _xla_cpu_isa, _xla_cpu_math, _xla_cpu_math64, _xla_cpu_probe, _xla_cpu_scalar
 from spmdsim.jax.evaluation._registry import PER_DEVICE, specialize
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, _operand_dtype, elementwise, is_float, via_f32
-from spmdsim.jax.rules._scipy import special
+from spmdsim.jax.rules._scipy import special, special_function
 
 
 # -- elementwise -----------------------------------------------------------------------------------------
@@ -106,20 +106,12 @@ def _float64_port(port, other, jaxlibs=None):
     return fn
 
 
-def _erf(x):
-    return special.erf(x)
-
-
-def _erfc(x):
-    return special.erfc(x)
-
-
 _UNARY_XLA = {
     "exp": (_xla_cpu_math.exp, _float64_port(_xla_cpu_math64.exp64, np.exp)), "log": (_xla_cpu_math.log, _log),
     "log1p": (_xla_cpu_math.log1p, _float64_port(_xla_cpu_math64.log1p64, _log1p)),
     "tanh": (_xla_cpu_math.tanh, _float64_port(_xla_cpu_math64.tanh64, np.tanh)),
-    "erf": (_xla_cpu_math.erf, _c_library("erf", _erf)),
-    "erfc": (_xla_cpu_math.erfc, _float64_port(_xla_cpu_math64.erfc64, _erfc)),
+    "erf": (_xla_cpu_math.erf, _c_library("erf", special_function("erf"))),
+    "erfc": (_xla_cpu_math.erfc, _float64_port(_xla_cpu_math64.erfc64, special_function("erfc"))),
     "expm1": (_xla_cpu_math.expm1, _float64_port(_xla_cpu_math64.expm1_64, np.expm1, lambda v: v < (0, 12))),
     "rsqrt": (_xla_cpu_math.rsqrt, _rsqrt), "sin": (_xla_cpu_math.sin, np.sin), "cos": (_xla_cpu_math.cos, np.cos),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["special", "blas", "lapack"]
+__all__ = ["special", "blas", "lapack", "special_function"]
 
 
 class _Module:
@@ -29,3 +29,12 @@ class _Module:
 special = _Module("scipy.special")
 blas = _Module("scipy.linalg.blas")
 lapack = _Module("scipy.linalg.lapack")
+
+
+def special_function(name: str):
+    """``scipy.special``'s function ``name`` for a table built at import: a function of that name that imports
+    SciPy at its first call."""
+    def fn(*args):
+        return getattr(special, name)(*args)
+    fn.__name__ = name
+    return fn

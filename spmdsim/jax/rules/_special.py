@@ -26,7 +26,7 @@ from spmdsim.jax._internals import jax_special, lgamma_float32_program
 from spmdsim.jax.evaluation._interpreter import PER_DEVICE as per_device_executor
 from spmdsim.jax.numerics import _xla_cpu_math64
 from spmdsim.jax.rules._elementwise import LOW_FLOATS, both, elementwise, expand_to, via_f32
-from spmdsim.jax.rules._scipy import special as sp
+from spmdsim.jax.rules._scipy import special as sp, special_function
 
 
 def _in_float64(fn):
@@ -109,15 +109,7 @@ def _betainc(a, b, x):
     return np.where(nan, np.nan, out)
 
 
-def _i1e(x):
-    return sp.i1e(x)
-
-
-def _i0e(x):
-    return sp.i0e(x)
-
-
-_FUNCTIONS = {"polygamma": _polygamma, "zeta": _zeta, "bessel_i1e": _i1e}
+_FUNCTIONS = {"polygamma": _polygamma, "zeta": _zeta, "bessel_i1e": special_function("i1e")}
 
 for _name, _fn in _FUNCTIONS.items():
     elementwise(_name)(_in_float64(_fn))
@@ -128,7 +120,7 @@ elementwise("digamma")(via_f32(_xla_cpu_math64.digamma))
 # SciPy's forms of the primitives below: no longer rules (JAX's lowering is), kept as references with XLA's
 # boundaries for tests.
 SCIPY_FORMS = {"igamma": _igamma, "igammac": _igammac, "igamma_grad_a": _igamma_grad_a,
-               "regularized_incomplete_beta": _betainc, "bessel_i0e": _i0e}
+               "regularized_incomplete_beta": _betainc, "bessel_i0e": special_function("i0e")}
 
 
 # -- the primitives JAX lowers with its own implementation ---------------------------------------------------------

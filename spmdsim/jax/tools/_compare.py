@@ -570,8 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     check_program(program)
     from spmdsim import hosts
     from spmdsim.jax.tools._run import host_of
-    host = host_of("compare", raw, args, lambda: _host_argv(args, program))  # spmdsim compare --hosts H
-    if isinstance(host, int):  # this process launched the hosts, or ran one as its child: done
+    host = host_of(args, lambda: _host_argv(args, program))  # spmdsim compare --hosts H
+    if isinstance(host, int):  # this process launched the hosts: done
         return host
     if host is None or host.index == 0:
         as_hosts = "" if host is None else f" as {host.count} hosts ({host.local} devices each, through MPI)"

@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     options = _run_options.read(raw)
     args, program, trace_format, predictor = options.args, options.program, options.trace_format, options.predictor
 
-    host = host_of("run", raw, args, options.host_argv)
-    if isinstance(host, int):  # this process launched the hosts, or ran one as its child: done
+    host = host_of(args, options.host_argv)
+    if isinstance(host, int):  # this process launched the hosts: done
         return host
     from spmdsim.jax.integration._patch import patched_jax
 
@@ -136,19 +136,17 @@ def _label_host_lines(host: int) -> None:
         atexit.register(stream.close)
 
 
-def host_of(command: str, raw: list[str], args, host_argv: Callable[[], list[str]]):
+def host_of(args, host_argv: Callable[[], list[str]]):
     """Where this process stands in ``spmdsim COMMAND [--hosts H] ...`` (``args.devices``, ``args.hosts``):
-    the :class:`spmdsim.hosts.Host` it is when MPI started it (mpiexec, or ``--hosts H`` launching it), None for a
-    single process, or an exit status where it launched the H hosts (``host_argv()``: their command line) or ran
-    one as its child, and is done.
+    the :class:`spmdsim.hosts.Host` it is when MPI started it (mpiexec, or ``--hosts H`` launching it: the host
+    itself, the child of the process mpiexec started, see :func:`spmdsim.tools._launch.before_import`), None for a
+    single process, or an exit status where it launched the H hosts (``host_argv()``: their command line) and is
+    done.
 
     Raises:
         UsageError: the devices do not split over the hosts, or ``--hosts`` disagrees with mpiexec's count.
     """
     if hosts.launched_by_mpi():
-        from spmdsim.tools import _launch
-        if os.environ.get(_launch.CHILD_ENV) != "1":
-            return _launch.run_as_host_child([command, *raw])
         try:
             host = hosts.mpi_host(args.devices)
         except ValueError as e:  # the devices do not split over the processes mpiexec started
