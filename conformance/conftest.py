@@ -12,8 +12,11 @@ if PLATFORM == "cpu":
 jax = pytest.importorskip("jax")
 if PLATFORM == "cpu":
     jax.config.update("jax_num_cpu_devices", 8)
+else:
+    jax.devices()  # an accelerator's device count is the hardware's: start the backend now, as every check sees it
 
 import spmdsim  # noqa: E402
+from spmdsim.testing import TooFewJaxDevices  # noqa: E402
 from spmdsim.testing import pmap_matches_jax  # noqa: E402,F401  (the plugin's fixture, also in a source tree)
 
 
@@ -22,6 +25,15 @@ from spmdsim.testing import pmap_matches_jax  # noqa: E402,F401  (the plugin's f
 # from a terminal.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Where jax has fewer devices than a check maps over (one GPU), the check is skipped, naming the count."""
+    outcome = yield
+    error = outcome.excinfo[1] if outcome.excinfo is not None else None
+    if isinstance(error, TooFewJaxDevices) and PLATFORM != "cpu":
+        outcome.force_exception(pytest.skip.Exception(str(error).split(". ")[0]))
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,8 @@ import numpy as np
 
 import spmdsim
 import spmdsim.jax as sjax
-from spmdsim.testing import Mismatch, assert_trees_match
+from spmdsim.runtime import _devices
+from spmdsim.testing import Mismatch, TooFewJaxDevices, assert_trees_match
 
 APIS = {
     "numpy": types.SimpleNamespace(name="numpy", lax=spmdsim.lax, pmap=spmdsim.pmap, vmap=spmdsim.vmap),
@@ -115,8 +117,25 @@ def _against_an_abort(case: Case) -> None:
                            f"{case.phrase!r}, got {error!r}")
 
 
+def devices_beyond_jax(case: Case) -> int | None:
+    """Where jax has fewer devices than a CPU run's 8 (one GPU: ``spmdsim conformance --platform gpu``): the
+    devices ``case`` maps over if that is more than jax has, as spmdsim tells when it has only jax's devices
+    (its error names the count it needs); else None."""
+    have = jax.device_count()
+    if have >= 8 or not case.front_ends:
+        return None
+    with spmdsim.set_device_count(have), _devices.devices_hint("<<{n} devices>>"):
+        _, error = _call(APIS[case.front_ends[0]], case)
+    needed = re.search(r"<<(\d+) devices>>", str(error)) if error is not None else None
+    return int(needed.group(1)) if needed else None
+
+
 def run_case(case: Case) -> None:
-    """Compare every front end of ``case`` with real jax.pmap; raise Mismatch with a repro note."""
+    """Compare every front end of ``case`` with real jax.pmap; raise Mismatch with a repro note, or
+    TooFewJaxDevices where jax has fewer devices than the case maps over."""
+    if (needed := devices_beyond_jax(case)) is not None:
+        raise TooFewJaxDevices(f"{case.id} maps over {needed} devices; jax has {jax.device_count()} "
+                               f"({jax.default_backend()})")
     if case.jax_may_abort and _jax_aborts(case):
         return _against_an_abort(case)
     expected, jax_error = _call(APIS["jax"], case)

@@ -9,7 +9,7 @@ from jax import lax
 
 import spmdsim
 import spmdsim.jax as sjax
-from spmdsim.testing import assert_pmap_matches_jax
+from spmdsim.testing import assert_pmap_matches_jax, ensure_jax_devices
 
 N = 4
 rng = np.random.default_rng(0)
@@ -391,6 +391,7 @@ def test_floating_point_errors_are_silent_inside_and_unchanged_outside(executor)
         assert np.geterr() == before
         with pytest.raises(FloatingPointError):
             np.float32(1.0) / np.float32(0.0)
+    ensure_jax_devices(len(x))
     expected = jax.pmap(f)(x)
     for o, e in zip(out, expected, strict=True):
         np.testing.assert_array_equal(np.asarray(o), np.asarray(e))

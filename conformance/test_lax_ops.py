@@ -16,6 +16,8 @@ distance measured per primitive and dtype goes to the conformance report (``spmd
 """
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import functools
 
 import jax
@@ -24,7 +26,7 @@ import pytest
 from jax.extend import core as ext_core
 
 import spmdsim.jax as sjax
-from conformance.lax_records import RECORDS, TOLERANCE, WIDE, tolerance
+from conformance.lax_records import RECORDS, TOLERANCE, WIDE, on_accelerator, tolerance
 from spmdsim.jax.tools._coverage import LEAD_OWNED
 from spmdsim.jax.evaluation._interpreter import HIGHER_ORDER, REFERENCE
 from spmdsim.jax.evaluation._registry import PER_DEVICE, VECTORIZED
@@ -144,15 +146,55 @@ def _widths(record) -> list[bool]:
     return sorted({name in WIDE for name in record.dtypes})
 
 
-PARAMS = [pytest.param(r, wide, id=f"{'64-bit' if wide else '32-bit'}-{r.primitive}" + (f"-{r.label}" if r.label
-                                                                                    else ""))
-          for r in RECORDS for wide in _widths(r)]
+# Against an accelerator (``spmdsim conformance --platform gpu``; measured on an NVIDIA H200, jax 0.11.2): what
+# differs beyond ACCELERATOR_NORM by design of XLA:GPU or cuSOLVER (spmdsim computes XLA:CPU's results), by test
+# id: expected failures there (not strict: another accelerator may agree).
+ACCELERATOR_DIFFERENCES = {
+    "*-platform_index": "lax.platform_dependent takes the accelerator's branch there; spmdsim computes XLA:CPU's",
+    "*-bit-scatter": "updates to one index: XLA:GPU applies them in no fixed order, spmdsim in order as XLA:CPU",
+    "*-symmetric_product": "cuBLAS's syrk writes the lower triangle only; spmdsim computes the whole product",
+    "*-lu_pivots_to_permutation": "a pivot out of range (3 for size 3): XLA:GPU's kernel treats it otherwise",
+    "64-bit-select_and_gather_add": "float64 pairs: JAX packs them through float32 where XLA has no pair "
+                                    "reduction (its warning says so); spmdsim keeps float64",
+    "*-eigh": "eigenvectors' signs are the solver's choice (cuSOLVER's, not LAPACK's)",
+    "*-svd": "singular vectors' signs are the solver's choice (cuSOLVER's, not LAPACK's)",
+}
+
+
+# Records with a case that kills the process on an accelerator, skipped there: XLA:GPU (jaxlib 0.11.2, H200)
+# ends with SIGSEGV on these products (each case jitted alone; JAX's bugs, not spmdsim's).
+ACCELERATOR_CRASHES = {
+    "32-bit-dot_general-preferred": "int8 x int8 with preferred_element_type=float32",
+    "32-bit-dot_general-mixed": "bool x bool with preferred_element_type=float32",
+    "*-bit-ragged_dot_general": "ragged_dot_general of complex64 and complex128",
+    "32-bit-ragged_dot_general-preferred": "int8 ragged_dot_general with preferred_element_type=float32",
+}
+
+
+def param_id(record, wide: bool) -> str:
+    return f"{'64-bit' if wide else '32-bit'}-{record.primitive}" + (f"-{record.label}" if record.label else "")
+
+
+def float32_products():
+    """On an accelerator, float32 products and convolutions at JAX's "highest" precision: XLA:GPU's default is
+    TF32 (10-bit mantissas; ``jax_default_matmul_precision``), where XLA:CPU and spmdsim compute in float32."""
+    return jax.default_matmul_precision("highest") if on_accelerator() else contextlib.nullcontext()
+
+
+PARAMS = [pytest.param(r, wide, id=param_id(r, wide)) for r in RECORDS for wide in _widths(r)]
 
 
 @pytest.mark.area("lax primitives vs XLA:CPU")
 @pytest.mark.filterwarnings("ignore:Casting complex values to real")
 @pytest.mark.parametrize("record, wide", PARAMS)
-def test_lax_op(record, wide, record_property):
+def test_lax_op(record, wide, record_property, request):
+    if on_accelerator():
+        for pattern, reason in ACCELERATOR_CRASHES.items():
+            if fnmatch.fnmatchcase(param_id(record, wide), pattern):
+                pytest.skip(f"XLA:{jax.default_backend()} ends the process with SIGSEGV on {reason}")
+        for pattern, reason in ACCELERATOR_DIFFERENCES.items():
+            if fnmatch.fnmatchcase(param_id(record, wide), pattern):
+                request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
     with jax.enable_x64(wide):
         cases = record.cases(wide, DEVICES)
         assert cases, f"{record.primitive}: JAX rejected every case of this record (check its function and variants)"
@@ -166,7 +208,14 @@ def test_lax_op(record, wide, record_property):
                 i += n
             return outs
 
-        expected = jax.jit(op)(*flat)
+        try:
+            with float32_products():
+                expected = jax.jit(op)(*flat)
+        except (NotImplementedError, jax.errors.JaxRuntimeError) as error:
+            if not on_accelerator():
+                raise
+            first = " ".join(line for line in str(error).splitlines()[:3] if line.strip())
+            pytest.skip(f"{jax.default_backend()} does not run it: {first}")
         closed = jax.make_jaxpr(op)(*flat)
         out_tree = jax.tree_util.tree_structure(expected)
         actual = jax.tree_util.tree_unflatten(out_tree, sjax.eval_jaxpr(closed.jaxpr, closed.consts, *flat))
@@ -235,7 +284,8 @@ def test_vectorized_dot_general_equals_threads_bit_for_bit():
         threads = np.asarray(sjax.pmap(f, "i", in_axes=(0, None))(x, w))
         vectorized = np.asarray(sjax.pmap(f, "i", in_axes=(0, None), executor="vectorized")(x, w))
     assert threads.shape == (8, 4, 16, 64) and threads.tobytes() == vectorized.tobytes()
-    real = np.asarray(jax.jit(jax.vmap(f, in_axes=(0, None)))(x, w))
+    with float32_products():
+        real = np.asarray(jax.jit(jax.vmap(f, in_axes=(0, None)))(x, w))
     allowed = tolerance("dot_general", "float32")
     if isinstance(allowed, tuple):  # an order spmdsim does not model on this CPU: the reordering's bound
         bound = 2 * 63 * 2.0 ** -24 * np.max(np.einsum("iscd,dh->isch", np.abs(x), np.abs(w)))  # k = 64 terms

@@ -6,7 +6,8 @@ Writes ``PATH`` (Markdown, default ``conformance/REPORT.md``) and the same data 
 (``REPORT.json``), with the jax version, platform and device count. Other options go to pytest (``-k psum``,
 ``-x``, ...); such a filtered run writes a report only where ``--report`` says, so that the tracked report
 always describes the whole suite. On a machine with GPUs or TPUs,
-``--platform gpu`` compares against the accelerators (axis sizes up to the devices present). The suite lives
+``--platform gpu`` compares against the accelerators: checks that map over more devices than are present are
+skipped, floats compare by size (docs/compare_and_conformance.md, "Against a GPU"). The suite lives
 in the source tree (``conformance/``): run the command from a checkout.
 """
 from __future__ import annotations

@@ -21,7 +21,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["assert_pmap_matches_jax", "assert_trees_match", "ensure_jax_devices", "tolerance", "Mismatch", "compare"]
+__all__ = ["assert_pmap_matches_jax", "assert_trees_match", "ensure_jax_devices", "tolerance", "Mismatch",
+           "TooFewJaxDevices", "compare"]
 
 # (rtol, atol) per dtype name; integers, bools and unknown kinds compare exactly.
 _TOLERANCES = {"float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2), "float32": (2e-6, 1e-6),
@@ -78,6 +79,12 @@ def assert_trees_match(actual, expected, *, out_axis: int | None = 0, what=("spm
                            f"rtol={r}, atol={t})")
 
 
+class TooFewJaxDevices(RuntimeError):
+    """Real jax has fewer devices than a check maps over and cannot be given more: its CPU backend has
+    started, or its devices are accelerators (whose count is the hardware's). A RuntimeError; the message says
+    how to get them. ``spmdsim conformance --platform gpu`` skips the cases that raise it."""
+
+
 def ensure_jax_devices(n: int, *, api: str = "ensure_jax_devices") -> None:
     """Make real jax offer at least ``n`` devices to ``jax.pmap``.
 
@@ -89,8 +96,8 @@ def ensure_jax_devices(n: int, *, api: str = "ensure_jax_devices") -> None:
         api: the function named in the error.
 
     Raises:
-        RuntimeError: jax's backend already started with fewer than ``n`` devices; the message says what to set
-            and where.
+        TooFewJaxDevices: (a RuntimeError) jax has fewer than ``n`` devices and cannot be given more (its CPU
+            backend already started, or they are accelerators); the message says what to set and where.
     """
     import jax
     from spmdsim.jax._internals import xla_bridge
@@ -102,13 +109,21 @@ def ensure_jax_devices(n: int, *, api: str = "ensure_jax_devices") -> None:
             jax.config.update("jax_num_cpu_devices", max(n, spmdsim.device_count()))
         return
     have = jax.device_count()
-    if have < n:
-        raise RuntimeError(
-            f"{api}: jax.pmap needs {n} devices, but jax has {have} ({jax.default_backend()}), and its backend has "
-            f"already started, so the CPU device count can no longer be raised. Set it before jax runs anything: "
-            f"put `jax.config.update(\"jax_num_cpu_devices\", {max(n, 8)})` right after `import jax` at the top of "
-            f"your conftest.py (or test module), or set the environment variable "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={max(n, 8)} before starting Python.")
+    if have >= n:
+        return
+    backend = jax.default_backend()
+    if backend != "cpu":
+        raise TooFewJaxDevices(
+            f"{api}: jax.pmap needs {n} devices, but jax has {have} ({backend}), and an accelerator's device count "
+            f"is the hardware's. Run the check on a machine with {n} {backend} devices, or on CPU devices: set "
+            f"JAX_PLATFORMS=cpu and XLA_FLAGS=--xla_force_host_platform_device_count={max(n, 8)} before starting "
+            f"Python.")
+    raise TooFewJaxDevices(
+        f"{api}: jax.pmap needs {n} devices, but jax has {have} ({backend}), and its backend has "
+        f"already started, so the CPU device count can no longer be raised. Set it before jax runs anything: "
+        f"put `jax.config.update(\"jax_num_cpu_devices\", {max(n, 8)})` right after `import jax` at the top of "
+        f"your conftest.py (or test module), or set the environment variable "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count={max(n, 8)} before starting Python.")
 
 
 def _mapped_size(args: tuple, pmap_kwargs: dict) -> int | None:
@@ -155,7 +170,7 @@ def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, ato
     Raises:
         Mismatch: the results differ (the first difference: key path, device, index), or only one side
             raised, or they raised different exception classes.
-        RuntimeError: jax's backend already started with too few devices (the message says what to set).
+        TooFewJaxDevices: (a RuntimeError) real jax has too few devices (the message says what to set).
         Exception: the error both sides raised (spmdsim's, for inspection).
     """
     import jax

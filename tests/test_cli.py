@@ -196,3 +196,26 @@ def test_the_launchers_mistakes_are_one_line_errors(tmp_path):
     assert line.endswith("--devices 3 cannot be split evenly over --hosts 2")
     line = one_line_error(spmdsim_command("run", "--hosts", "2", "nonexist.py", cwd=tmp_path), "spmdsim run")
     assert "no such script: 'nonexist.py'" in line
+
+
+@pytest.mark.parametrize("version, used", [("mpiexec (Open MPI) 4.1.6", False), ("HYDRA build details:", True)])
+def test_only_mpichs_mpiexec_launches_hosts(tmp_path, monkeypatch, version, used):
+    """No mpiexec beside this Python, one on PATH: MPICH's (Hydra) is used; another MPI's (Open MPI's takes no
+    ``-iface``) is not, and ``--hosts`` says which it found and what to install."""
+    pytest.importorskip("mpi4py")
+    from spmdsim.tools import _launch
+
+    fake = tmp_path / "bin" / "mpiexec"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho '{version}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(fake.parent))
+    _launch.mpiexec_path.cache_clear()
+    try:
+        assert _launch.mpiexec_path() == (str(fake) if used else None)
+        if not used:
+            with pytest.raises(UsageError, match=rf"MPICH's mpiexec\).*the mpiexec on PATH, {fake}, is another MPI's"):
+                _launch.launch(2, ["run", "x.py"])
+    finally:
+        _launch.mpiexec_path.cache_clear()

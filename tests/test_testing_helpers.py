@@ -54,14 +54,30 @@ def test_a_users_test_files_pass_with_jax_left_at_its_defaults(tmp_path):
     assert "3 passed" in proc.stdout
 
 
+TOO_FEW = ("import jax, numpy as np\njax.numpy.zeros(1)  # the backend starts with 1 CPU device\n{patch}"
+           "from spmdsim.testing import TooFewJaxDevices, assert_pmap_matches_jax\n"
+           "assert issubclass(TooFewJaxDevices, RuntimeError)\n"
+           "assert_pmap_matches_jax(lambda x: jax.lax.psum(x, 'i'), np.arange(4.0), axis_name='i')")
+
+
 def test_too_late_to_add_devices_says_what_to_set_and_where(tmp_path):
-    proc = run(["-c", "import jax, numpy as np\njax.numpy.zeros(1)  # the backend starts with 1 CPU device\n"
-                      "from spmdsim.testing import assert_pmap_matches_jax\n"
-                      "assert_pmap_matches_jax(lambda x: jax.lax.psum(x, 'i'), np.arange(4.0), axis_name='i')"],
-               tmp_path)
+    proc = run(["-c", TOO_FEW.format(patch="")], tmp_path)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError: assert_pmap_matches_jax: jax.pmap needs 4 devices, but jax has 1 (cpu)")
+    assert last.startswith("spmdsim.testing.TooFewJaxDevices: assert_pmap_matches_jax: jax.pmap needs 4 devices, "
+                           "but jax has 1 (cpu)")
     assert 'jax.config.update("jax_num_cpu_devices", 8)` right after `import jax` at the top of your ' \
            'conftest.py' in last
     assert "XLA_FLAGS=--xla_force_host_platform_device_count=8" in last
+
+
+def test_on_an_accelerator_the_message_says_its_count_is_the_hardwares(tmp_path):
+    """One GPU (jax's default backend, patched: no GPU here): no CPU setting gives it four; the message says
+    where four are."""
+    proc = run(["-c", TOO_FEW.format(patch="jax.default_backend = lambda: 'gpu'\n")], tmp_path)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("spmdsim.testing.TooFewJaxDevices: assert_pmap_matches_jax: jax.pmap needs 4 devices, "
+                           "but jax has 1 (gpu), and an accelerator's device count is the hardware's.")
+    assert "on a machine with 4 gpu devices, or on CPU devices: set JAX_PLATFORMS=cpu" in last
+    assert "jax_num_cpu_devices" not in last

@@ -44,10 +44,25 @@ STOP_SECONDS = 10.0
 LOOPBACK_ENV = {"UCX_NET_DEVICES": "lo"}  # UCX: the loopback device only (shared memory between hosts)
 
 
+@functools.cache
 def mpiexec_path() -> str | None:
-    """The ``mpiexec`` of this Python's environment (where the ``mpich`` wheel puts it), else the one on PATH."""
+    """MPICH's ``mpiexec`` (its Hydra launcher, whose options the launch passes): this Python environment's
+    (where the ``mpich`` wheel puts it), else the one on PATH where that is MPICH's; else None (Open MPI's
+    ``mpiexec`` takes other options: ``-iface`` is an error there)."""
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    found = shutil.which("mpiexec")
+    return found if found is not None and _is_hydra(found) else None
+
+
+def _is_hydra(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is MPICH's Hydra (``--version`` says "HYDRA"; Open MPI's says "Open MPI")."""
+    try:
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in done.stdout + done.stderr
 
 
 def _die_with_parent() -> None:
@@ -101,7 +116,7 @@ def launch(hosts: int, argv: list[str]) -> int:
     Ctrl-C).
 
     Raises:
-      UsageError: no ``mpiexec`` or no ``mpi4py`` (the ``mpi`` extra is not installed).
+      UsageError: no MPICH ``mpiexec`` or no ``mpi4py`` (the ``mpi`` extra is not installed).
     """
     mpiexec = mpiexec_path()
     try:
@@ -109,7 +124,9 @@ def launch(hosts: int, argv: list[str]) -> int:
     except ImportError:
         mpiexec = None
     if mpiexec is None:
-        raise UsageError('--hosts needs MPI (mpi4py and an mpiexec): python -m pip install "spmdsim[mpi]"')
+        other = shutil.which("mpiexec")
+        raise UsageError('--hosts needs MPI (mpi4py and MPICH\'s mpiexec): python -m pip install "spmdsim[mpi]"' +
+                         (f" (the mpiexec on PATH, {other}, is another MPI's)" if other else ""))
     command = [*private_network(), mpiexec, "-iface", "lo", "-disable-auto-cleanup", "-n", str(hosts),
                sys.executable, "-m", "spmdsim", *argv]
     env = {**LOOPBACK_ENV, **os.environ}
