@@ -57,7 +57,7 @@ def mpiexec_path() -> str | None:
 
 
 def _is_hydra(mpiexec: str) -> bool:
-    """Whether ``mpiexec`` is MPICH's Hydra (``--version`` says "HYDRA"; Open MPI's says "Open MPI")."""
+    """Whether ``mpiexec`` is MPICH's Hydra: its ``--version`` says "HYDRA" (Open MPI's names OpenRTE or Open MPI)."""
     try:
         done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
