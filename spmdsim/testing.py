@@ -169,7 +169,8 @@ def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, ato
 
     Raises:
         Mismatch: the results differ (the first difference: key path, device, index), or only one side
-            raised, or they raised different exception classes.
+            raised, or they raised different exception classes. Where jax.pmap ran on an accelerator, the
+            message adds that spmdsim computes XLA:CPU's arithmetic (XLA:GPU's float32 products are TF32).
         TooFewJaxDevices: (a RuntimeError) real jax has too few devices (the message says what to set).
         Exception: the error both sides raised (spmdsim's, for inspection).
     """
@@ -195,8 +196,15 @@ def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, ato
             raise Mismatch(f"jax.pmap raised {type(jax_error).__name__}: {jax_error}\nbut spmdsim returned a result")
         actual = ours(*args)
     out_axes = pmap_kwargs.get("out_axes", 0)
-    assert_trees_match(actual, expected, out_axis=out_axes if isinstance(out_axes, int) else None, rtol=rtol,
-                       atol=atol)
+    try:
+        assert_trees_match(actual, expected, out_axis=out_axes if isinstance(out_axes, int) else None, rtol=rtol,
+                           atol=atol)
+    except Mismatch as e:
+        if jax.default_backend() == "cpu":
+            raise
+        raise Mismatch(f"{e}\n(jax.pmap ran on {jax.default_backend()}: spmdsim computes XLA:CPU's arithmetic, and "
+                       f"XLA:GPU's float32 products are TF32 by default; compare under "
+                       f"jax.default_matmul_precision('highest'), or with a wider rtol)") from None
     return actual
 
 

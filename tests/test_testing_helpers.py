@@ -81,3 +81,18 @@ def test_on_an_accelerator_the_message_says_its_count_is_the_hardwares(tmp_path)
                            "but jax has 1 (gpu), and an accelerator's device count is the hardware's.")
     assert "on a machine with 4 gpu devices, or on CPU devices: set JAX_PLATFORMS=cpu" in last
     assert "jax_num_cpu_devices" not in last
+
+
+def test_a_mismatch_against_a_gpu_says_what_xla_gpu_computes_otherwise(tmp_path):
+    """Values that differ where jax.pmap ran on a GPU (the backend's name patched; the comparison made to fail):
+    the Mismatch adds that spmdsim computes XLA:CPU's arithmetic and what to do about TF32."""
+    code = ("import jax, numpy as np\nimport spmdsim.testing as t\n"
+            "def differ(*a, **k):\n    raise t.Mismatch('values differ at index (0,)')\n"
+            "t.assert_trees_match = differ\njax.default_backend = lambda: 'gpu'\n"
+            "t.assert_pmap_matches_jax(lambda x: x * 2, np.arange(1.0), axis_name='i')")
+    proc = run(["-c", code], tmp_path)
+    assert proc.returncode == 1
+    tail = proc.stderr.strip().splitlines()[-2:]
+    assert tail[0] == "spmdsim.testing.Mismatch: values differ at index (0,)"
+    assert "jax.pmap ran on gpu: spmdsim computes XLA:CPU's arithmetic" in tail[1]
+    assert "jax.default_matmul_precision('highest')" in tail[1]
