@@ -3,6 +3,7 @@ with options after the script and `-m MODULE`, `conformance -k`. Run as subproce
 are skipped without it (this file never imports jax)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -215,7 +216,8 @@ def test_only_mpichs_mpiexec_launches_hosts(tmp_path, monkeypatch, version, used
     try:
         assert _launch.mpiexec_path() == (str(fake) if used else None)
         if not used:
-            with pytest.raises(UsageError, match=rf"MPICH's mpiexec\).*the mpiexec on PATH, {fake}, is another MPI's"):
+            with pytest.raises(UsageError, match=rf"MPICH's mpiexec\).*the mpiexec on PATH, {re.escape(str(fake))}, "
+                                                 r"is another MPI's"):
                 _launch.launch(2, ["run", "x.py"])
     finally:
         _launch.mpiexec_path.cache_clear()
