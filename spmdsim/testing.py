@@ -170,7 +170,8 @@ def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, ato
     Raises:
         Mismatch: the results differ (the first difference: key path, device, index), or only one side
             raised, or they raised different exception classes. Where jax.pmap ran on an accelerator, the
-            message adds that spmdsim computes XLA:CPU's arithmetic (XLA:GPU's float32 products are TF32).
+            message adds that spmdsim computes XLA:CPU's arithmetic (a GPU's float32 products are TF32, a
+            TPU's bfloat16 passes, by default).
         TooFewJaxDevices: (a RuntimeError) real jax has too few devices (the message says what to set).
         Exception: the error both sides raised (spmdsim's, for inspection).
     """
@@ -203,8 +204,9 @@ def assert_pmap_matches_jax(fun: Callable, *args, rtol: float | None = None, ato
         if jax.default_backend() == "cpu":
             raise
         raise Mismatch(f"{e}\n(jax.pmap ran on {jax.default_backend()}: spmdsim computes XLA:CPU's arithmetic, and "
-                       f"XLA:GPU's float32 products are TF32 by default; compare under "
-                       f"jax.default_matmul_precision('highest'), or with a wider rtol)") from None
+                       f"an accelerator's float32 products are of lower precision by default (TF32 on GPUs, "
+                       f"bfloat16 passes on TPUs); compare under jax.default_matmul_precision('highest'), or with "
+                       f"a wider rtol)") from None
     return actual
 
 
