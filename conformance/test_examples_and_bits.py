@@ -99,15 +99,6 @@ def spmdsim_run(*args) -> subprocess.CompletedProcess:
                           env=env, timeout=300)
 
 
-def test_cnn_example_under_spmdsim_run(tmp_path):
-    out = tmp_path / "cnn.npz"
-    proc = spmdsim_run(os.path.join(EXAMPLES, "cnn_batchnorm.py"), "--out", out, "--devices", "8")
-    assert proc.returncode == 0, proc.stderr
-    real = real_run("cnn_batchnorm")
-    assert_trees_match(dict(np.load(out)), {k: np.asarray(v) for k, v in real.items()}, out_axis=None, rtol=1e-4,
-                       atol=1e-6)
-
-
 def test_named_psum_seed_number():
     assert np.asarray(run_example("named_psum", True)["result"]).tolist() == [56.0] * 8  # 2 * (0 + ... + 7)
 

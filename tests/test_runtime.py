@@ -172,14 +172,14 @@ def test_many_calls_leave_no_threads_or_memory_behind(monkeypatch):
     threads = threading.active_count()
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
-    for _ in range(10_000):
+    for _ in range(3_000):
         f(x)
     gc.collect()
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     grown = sum(stat.size_diff for stat in after.compare_to(before, "filename") if "spmdsim" in str(stat))
     assert threading.active_count() == threads
-    assert grown < 64 * 1024, f"spmdsim kept {grown} bytes after 10,000 calls"
+    assert grown < 16 * 1024, f"spmdsim kept {grown} bytes after 3,000 calls"  # 8 bytes a call would show
 
 
 def test_a_call_after_clean_calls_starts_afresh():
