@@ -4,7 +4,9 @@ back, not compiled again: eager shard_map compiles the same small programs case 
 (conformance/test_shard_map.py and test_collectives.py on 2 workers: 262 s without, 173 s with). A hit is the
 executable XLA compiled in this process on this CPU, so no result depends on the cache; JAX writes no program with
 host callbacks into it. One directory per process: no process reads an entry another is still writing. The processes
-that tests start compile without it. A run with its own JAX_COMPILATION_CACHE_DIR keeps that."""
+that tests start compile without it (one directory for the whole run would need JAX's file-locked mode, the only
+one safe across processes, which lists the directory at each write: slower, measured in docs/getting_started.md).
+A run with its own JAX_COMPILATION_CACHE_DIR keeps that."""
 import shutil
 import sys
 import tempfile
