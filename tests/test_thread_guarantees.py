@@ -160,13 +160,12 @@ def assert_prints(program: str, lines: list, **environment) -> None:
 
 
 def assert_calls_keep_nothing(call, monkeypatch) -> None:
-    """``call()`` (a mapped call over 8 devices) 4,000 times after 200 warm-up calls: Python objects and threads
-    counted over all of them (one object kept in 25 calls would show); bytes held by spmdsim's code (tracemalloc)
-    over the last 1,000, after 500 more that fill NumPy's and JAX's own caches (a leak of one small object per
-    call would show as ~50 KiB). The calls
-    run with an idle time no test outlasts, so every call must find the same 8 parked threads (a pause for
-    gc.collect or a snapshot on a loaded machine cannot end them); afterwards, with a short idle time, they end
-    by themselves after the next call."""
+    """``call()`` (a mapped call over 8 devices) 4,000 times after 200 warm-up calls: threads counted over all of
+    them, Python objects over the first 2,500 (one object kept in 25 calls would show), bytes held by spmdsim's
+    code (tracemalloc) over the last 1,000, after 500 more that fill NumPy's and JAX's own caches (a leak of one
+    small object per call would show as ~50 KiB). The calls run with an idle time no test outlasts, so every call
+    must find the same 8 parked threads (a pause for gc.collect or a snapshot on a loaded machine cannot end them);
+    afterwards, with a short idle time, they end by themselves after the next call."""
     monkeypatch.setattr(_threads, "IDLE_SECONDS", NEVER)
     for _ in range(200):  # warm the caches
         call()
