@@ -166,7 +166,9 @@ def run_as_host_child(argv: list[str]) -> int:
     """Under mpiexec: run ``python -m spmdsim ARGV`` as a child of this process (in the same process group, with
     MPICH's connection passed on) and return its exit status, 128 + the signal when a signal killed it, without
     dying of a signal here (see the module docstring). Ctrl-C and MPICH's failure notice (SIGUSR1) reach the child
-    through the process group; this process ignores them."""
+    through the process group; this process ignores them. The child ignores the notice from its start (its host's
+    watcher, :mod:`spmdsim.hosts.mpi`, takes it over once the host is up): one that came while it still imported
+    JAX killed it with status 138 and no message (seen once, in a CI run on a loaded machine)."""
     for sig in (signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     fds = [int(os.environ[v]) for v in ("PMI_FD", "HYDI_CONTROL_FD") if os.environ.get(v, "").isdigit()]
@@ -178,9 +180,10 @@ def run_as_host_child(argv: list[str]) -> int:
 
 
 def _child_setup() -> None:
-    """In the host child before exec: default Ctrl-C handling, and SIGKILL when its parent dies."""
+    """In the host child before exec: default Ctrl-C handling, MPICH's failure notice ignored (a lost host is the
+    watcher's to report), and SIGKILL when its parent dies."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
