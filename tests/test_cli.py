@@ -167,14 +167,17 @@ def test_driving_a_terminal_from_a_process_running_jax_gives_jax_no_fork_to_warn
 @needs_jax
 def test_a_host_child_outlives_mpichs_failure_notice_sent_before_its_watcher_is_up():
     """The host child starts with SIGUSR1 (MPICH's "a process died") ignored: one sent while it still imports
-    does not kill it (its default action would: status -10); its host's watcher reports a lost host instead."""
-    from spmdsim.tools import _launch
-
-    code = ("import os, signal; os.kill(os.getpid(), signal.SIGUSR1); "
-            "print('alive', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)")
-    proc = subprocess.run([sys.executable, "-c", code], preexec_fn=_launch._child_setup, capture_output=True,
-                          text=True, timeout=60)
-    assert (proc.returncode, proc.stdout) == (0, "alive True\n"), proc.stderr
+    does not kill it (its default action would: status -10); its host's watcher reports a lost host instead.
+    Started as the launch starts it: from a process without JAX (a fork of one with JAX's threads may deadlock)."""
+    inner = ("import os, signal; os.kill(os.getpid(), signal.SIGUSR1); "
+             "print('alive', signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)")
+    code = (f"import subprocess, sys\nfrom spmdsim.tools import _launch\n"
+            f"p = subprocess.run([sys.executable, '-c', {inner!r}], preexec_fn=_launch._child_setup, "
+            f"capture_output=True, text=True, timeout=60)\n"
+            f"print(p.returncode, p.stdout.strip(), 'jax' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "0 alive True False\n", ""), proc.stderr
 
 
 def test_the_launcher_of_hosts_and_the_parent_of_each_host_import_no_jax(tmp_path):
