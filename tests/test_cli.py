@@ -164,7 +164,6 @@ def test_driving_a_terminal_from_a_process_running_jax_gives_jax_no_fork_to_warn
     assert [str(w.message) for w in caught if "fork" in str(w.message)] == []
 
 
-@needs_jax
 def test_a_host_child_outlives_mpichs_failure_notice_sent_before_its_watcher_is_up():
     """The host child starts with SIGUSR1 (MPICH's "a process died") ignored: one sent while it still imports
     does not kill it (its default action would: status -10); its host's watcher reports a lost host instead.
@@ -180,6 +179,7 @@ def test_a_host_child_outlives_mpichs_failure_notice_sent_before_its_watcher_is_
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "0 alive True False\n", ""), proc.stderr
 
 
+@needs_jax
 def test_the_launcher_of_hosts_and_the_parent_of_each_host_import_no_jax(tmp_path):
     """``spmdsim run --hosts H`` and the process mpiexec starts for each host (of run or compare) only start other
     processes and wait for them: they do it before JAX is imported (about 1.3 s of CPU per process saved)."""
